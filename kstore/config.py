@@ -1,0 +1,176 @@
+"""Topic configuration: Kafka's names, Kafka's defaults where they exist, and validation.
+
+Only explicitly set values are stored in the topic log; defaults are applied when read, so a
+later release can change a default without rewriting any topic (and `describe` can tell the
+two apart, as ``kafka-configs --describe`` does).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kstore.errors import InvalidConfigurationError
+
+INT64_MAX = 9_223_372_036_854_775_807
+
+CLEANUP_POLICIES = ("delete", "compact")
+# Arrow IPC supports exactly these two codecs; "producer" keeps whatever the producer chose.
+COMPRESSION_TYPES = ("producer", "uncompressed", "zstd", "lz4")
+TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    name: str
+    default: Any
+    parse: Callable[[str, Any], Any]
+    doc: str
+
+
+def _int(minimum: int, maximum: int = INT64_MAX, *, allow_minus_one: bool = False) -> Callable[[str, Any], int]:
+    def parse(name: str, value: Any) -> int:
+        if isinstance(value, bool):
+            raise InvalidConfigurationError(f"config {name!r}: expected an integer, got a boolean")
+        if isinstance(value, str):
+            try:
+                value = int(value.strip())
+            except ValueError:
+                raise InvalidConfigurationError(
+                    f"config {name!r}: expected an integer, got {value!r}"
+                ) from None
+        if not isinstance(value, int):
+            raise InvalidConfigurationError(
+                f"config {name!r}: expected an integer, got {type(value).__name__}"
+            )
+        if allow_minus_one and value == -1:
+            return value
+        if not minimum <= value <= maximum:
+            extra = " (or -1 for unlimited)" if allow_minus_one else ""
+            raise InvalidConfigurationError(
+                f"config {name!r}: {value} is out of range [{minimum}, {maximum}]{extra}"
+            )
+        return value
+
+    return parse
+
+
+def _ratio(name: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InvalidConfigurationError(f"config {name!r}: expected a number, got {value!r}") from None
+    if isinstance(value, bool) or not 0.0 <= number <= 1.0:
+        raise InvalidConfigurationError(f"config {name!r}: {value!r} is out of range [0, 1]")
+    return number
+
+
+def _choice(choices: tuple[str, ...], aliases: Mapping[str, str] | None = None) -> Callable[[str, Any], str]:
+    def parse(name: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise InvalidConfigurationError(f"config {name!r}: expected a string, got {type(value).__name__}")
+        text = (aliases or {}).get(value.strip(), value.strip())
+        if text not in choices:
+            raise InvalidConfigurationError(
+                f"config {name!r}: {value!r} is not one of {', '.join(choices)}"
+            )
+        return text
+
+    return parse
+
+
+def _cleanup_policy(name: str, value: Any) -> str:
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    parts = [str(p).strip() for p in items if str(p).strip()]
+    if not parts:
+        raise InvalidConfigurationError(f"config {name!r}: must name at least one of delete, compact")
+    for part in parts:
+        if part not in CLEANUP_POLICIES:
+            raise InvalidConfigurationError(
+                f"config {name!r}: {part!r} is not a cleanup policy (delete, compact, or both)"
+            )
+    # Canonical order so that "delete,compact" and "compact,delete" compare equal.
+    return ",".join(p for p in CLEANUP_POLICIES if p in parts)
+
+
+_SPECS = [
+    ConfigSpec("cleanup.policy", "delete", _cleanup_policy,
+               "delete (retention), compact (latest value per key), or compact,delete"),
+    ConfigSpec("retention.ms", 604_800_000, _int(0, allow_minus_one=True),
+               "remove segments whose newest record is older than this; -1: keep forever"),
+    ConfigSpec("retention.bytes", -1, _int(0, allow_minus_one=True),
+               "remove the oldest segments while a partition is larger; -1: no limit"),
+    ConfigSpec("segment.bytes", 1_073_741_824, _int(14),
+               "target size of merged segments"),
+    ConfigSpec("segment.ms", 604_800_000, _int(1),
+               "segments younger than this are not merged or compacted away from the head"),
+    ConfigSpec("min.compaction.lag.ms", 0, _int(0),
+               "a record stays uncompacted at least this long"),
+    ConfigSpec("max.compaction.lag.ms", INT64_MAX, _int(1),
+               "a record is eligible for compaction at most this long after it was written"),
+    ConfigSpec("delete.retention.ms", 86_400_000, _int(0),
+               "how long tombstones survive compaction"),
+    ConfigSpec("max.message.bytes", 1_048_588, _int(0),
+               "largest record (key + value + headers) accepted"),
+    ConfigSpec("compression.type", "producer",
+               _choice(COMPRESSION_TYPES, {"none": "uncompressed"}),
+               "segment compression: producer, uncompressed, zstd, lz4"),
+    ConfigSpec("min.cleanable.dirty.ratio", 0.5, _ratio,
+               "compact only when at least this fraction of the log is uncompacted"),
+    ConfigSpec("file.delete.delay.ms", 60_000, _int(0),
+               "grace period between removing a file from the manifest and deleting it"),
+    ConfigSpec("message.timestamp.type", "CreateTime", _choice(TIMESTAMP_TYPES),
+               "CreateTime (the producer's) or LogAppendTime (the commit's)"),
+    ConfigSpec("checkpoint.interval", 100, _int(1, 100_000),
+               "write a partition checkpoint every this many commits (kstore-specific)"),
+]
+SPECS: dict[str, ConfigSpec] = {spec.name: spec for spec in _SPECS}
+
+
+def _unknown(name: str) -> InvalidConfigurationError:
+    close = difflib.get_close_matches(name, list(SPECS), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return InvalidConfigurationError(f"unknown topic config {name!r}{hint}")
+
+
+def validate_config(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate explicitly set values; return them parsed into canonical types."""
+    if not isinstance(values, Mapping):
+        raise InvalidConfigurationError(f"topic config must be a mapping, got {type(values).__name__}")
+    parsed: dict[str, Any] = {}
+    for name, value in values.items():
+        if not isinstance(name, str) or name not in SPECS:
+            raise _unknown(str(name))
+        parsed[name] = SPECS[name].parse(name, value)
+    _check_relations({**defaults(), **parsed})
+    return parsed
+
+
+def _check_relations(effective: Mapping[str, Any]) -> None:
+    if effective["min.compaction.lag.ms"] > effective["max.compaction.lag.ms"]:
+        raise InvalidConfigurationError(
+            "config 'min.compaction.lag.ms' must not exceed 'max.compaction.lag.ms'"
+        )
+
+
+def validate_names(names: list[str]) -> None:
+    for name in names:
+        if not isinstance(name, str) or name not in SPECS:
+            raise _unknown(str(name))
+
+
+def defaults() -> dict[str, Any]:
+    return {name: spec.default for name, spec in SPECS.items()}
+
+
+def effective(explicit: Mapping[str, Any]) -> dict[str, Any]:
+    """Every config value: explicit ones over the defaults."""
+    return {**defaults(), **explicit}
+
+
+def parse_config_value(name: str, value: Any) -> Any:
+    if name not in SPECS:
+        raise _unknown(name)
+    return SPECS[name].parse(name, value)

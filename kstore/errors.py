@@ -1,0 +1,146 @@
+"""Errors. One root, Kafka's names where they fit.
+
+Every error carries ``retriable``: True when the same call may succeed if repeated (a conflict,
+a timeout), False when repeating it cannot help (bad input, corruption, fencing).
+"""
+
+from __future__ import annotations
+
+
+class KStoreError(Exception):
+    """Root of every error this library raises."""
+
+    retriable: bool = False
+
+
+# --- input -------------------------------------------------------------------------------------
+
+
+class InvalidTopicError(KStoreError, ValueError):
+    """A topic name breaks the naming rules."""
+
+
+class InvalidGroupIdError(KStoreError, ValueError):
+    """A consumer group name breaks the naming rules."""
+
+
+class InvalidConfigurationError(KStoreError, ValueError):
+    """A config name is unknown or its value is out of range."""
+
+
+class InvalidPartitionsError(KStoreError, ValueError):
+    """A partition count is invalid (zero, negative, or not an increase)."""
+
+
+class InvalidStoreError(KStoreError, ValueError):
+    """A store URL or storage option is unusable."""
+
+
+class RecordTooLargeError(KStoreError, ValueError):
+    """A record exceeds ``max.message.bytes`` or the producer's ``max_request_size``."""
+
+
+class InvalidRecordError(KStoreError, TypeError):
+    """A record (or a batch of records) does not have the expected shape or types."""
+
+
+# --- lookup ------------------------------------------------------------------------------------
+
+
+class UnknownTopicOrPartitionError(KStoreError):
+    """The topic or partition does not exist (or was deleted)."""
+
+
+class TopicAlreadyExistsError(KStoreError):
+    """A topic of that name already exists."""
+
+
+class OffsetOutOfRangeError(KStoreError):
+    """The requested offset is outside the partition's live range."""
+
+
+class StoreNotFoundError(KStoreError):
+    """No store exists at the URL (and creating one was not asked for)."""
+
+
+# --- format and data ---------------------------------------------------------------------------
+
+
+class CorruptRecordError(KStoreError):
+    """A segment's bytes do not match its checksum, or it cannot be decoded."""
+
+
+class CorruptLogError(KStoreError):
+    """A manifest log file or checkpoint is malformed, truncated or inconsistent."""
+
+
+class MissingSegmentError(CorruptLogError):
+    """A segment the manifest references is missing from storage."""
+
+
+class UnsupportedFormatVersionError(KStoreError):
+    """The store or log was written by a newer format version than this reader knows."""
+
+
+class UnsafeStorageError(KStoreError):
+    """The filesystem offers no atomic put-if-absent; writing could lose commits."""
+
+
+# --- commits -----------------------------------------------------------------------------------
+
+
+class CommitConflictError(KStoreError):
+    """Another writer committed the same log version first; reload and retry.
+
+    Raised out of the library only when the bounded retries are exhausted.
+    """
+
+    retriable = True
+
+
+class CommitStateUnknownError(KStoreError):
+    """A commit may or may not have landed and the log could not tell which.
+
+    Never replay such a commit blindly: read the log to resolve it.
+    """
+
+    retriable = True
+
+
+class ConcurrentModificationError(KStoreError):
+    """A concurrent commit removed or changed what this commit depends on (not retriable as is)."""
+
+
+class StorageError(KStoreError):
+    """The storage failed in a way that may be transient (network, throttling)."""
+
+    retriable = True
+
+
+# --- producers, groups -------------------------------------------------------------------------
+
+
+class ProducerFencedError(KStoreError):
+    """A newer instance of the same producer identity (transactional id) took over."""
+
+
+class OutOfOrderSequenceError(KStoreError):
+    """A producer's batch sequence does not follow the last one committed to the partition."""
+
+
+class DuplicateSequenceError(KStoreError):
+    """A producer batch was already committed (its sequence is at or below the last one)."""
+
+
+class KafkaTimeoutError(KStoreError):
+    """An operation did not finish within its configured time."""
+
+    retriable = True
+
+
+class CommitFailedError(KStoreError):
+    """A consumer-group offset commit was rejected (fenced generation, or not a member)."""
+
+
+class IllegalStateError(KStoreError):
+    """The call is not valid in the object's current state (closed, not subscribed, ...)."""

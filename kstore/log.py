@@ -1,0 +1,467 @@
+"""The manifest log: numbered JSON commit files, replay, checkpoints, optimistic commits.
+
+One mechanism serves every log in a store (topic metadata, partition manifests, consumer
+groups, producer identities); each kind brings its own state class (a :class:`LogState`).
+The normative description is docs/PROTOCOL.md; this module is its implementation.
+
+A commit file holds one JSON object per line. Its first line is ``commitInfo``, whose
+``actions`` field counts the lines after it, so a truncated file is detected even when the
+cut falls on a line boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from kstore import __version__
+from kstore.errors import (
+    CommitConflictError,
+    CommitStateUnknownError,
+    CorruptLogError,
+    StorageError,
+    UnsupportedFormatVersionError,
+)
+from kstore.storage import Storage
+
+log = logging.getLogger(__name__)
+
+READER_VERSION = 1  # highest minReaderVersion this code can read
+WRITER_VERSION = 1  # highest minWriterVersion this code can write
+LAST_CHECKPOINT = "_last_checkpoint"
+MAX_LOG_FILE_BYTES = 256 * 1024 * 1024  # a limit on everything: refuse absurd files early
+
+Action = dict[str, Any]
+
+
+def version_file(version: int) -> str:
+    return f"{version:020d}.json"
+
+
+def checkpoint_file(version: int) -> str:
+    return f"{version:020d}.checkpoint.json"
+
+
+def parse_log_file_name(name: str) -> tuple[int, bool] | None:
+    """(version, is_checkpoint) for a log file name, None for anything else."""
+    stem, dot, rest = name.partition(".")
+    if len(stem) != 20 or not stem.isdigit() or not dot:
+        return None
+    if rest == "json":
+        return int(stem), False
+    if rest == "checkpoint.json":
+        return int(stem), True
+    return None
+
+
+class LogState:
+    """Base of every log's replayed state. Subclasses add fields and handle their actions.
+
+    States are copy-on-write: :meth:`copy` then :meth:`apply` builds the next state, so a
+    state handed to a reader never changes under it.
+    """
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.min_reader_version = 1
+        self.min_writer_version = 1
+        self.last_commit_ms: int | None = None
+
+    def copy(self) -> LogState:
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        return clone
+
+    def apply(self, name: str, body: dict[str, Any]) -> None:
+        """Apply one action. Unknown action names are ignored (forward compatibility)."""
+        if name == "protocol":
+            self.min_reader_version = _int_field(body, "minReaderVersion", name)
+            self.min_writer_version = _int_field(body, "minWriterVersion", name)
+            if self.min_reader_version > READER_VERSION:
+                raise UnsupportedFormatVersionError(
+                    f"log requires reader version {self.min_reader_version}; this kstore "
+                    f"{__version__} reads up to {READER_VERSION}: upgrade kstore"
+                )
+
+    def checkpoint_actions(self) -> list[Action]:
+        """The whole state as actions; replaying them onto an empty state rebuilds it."""
+        return [
+            {"protocol": {"minReaderVersion": self.min_reader_version,
+                          "minWriterVersion": self.min_writer_version}}
+        ]
+
+
+S = TypeVar("S", bound=LogState)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries for commit conflicts: exponential backoff with full jitter.
+
+    Hand-written rather than a retry library because a retry here is not a repeat of the
+    same call: each attempt reloads the log and rebuilds the commit from the new state.
+    """
+
+    max_attempts: int = 200
+    timeout_s: float = 120.0
+    base_backoff_s: float = 0.002
+    max_backoff_s: float = 0.25
+
+    def backoff(self, attempt: int) -> float:
+        return random.uniform(0, min(self.max_backoff_s, self.base_backoff_s * (2**attempt)))
+
+
+@dataclass(frozen=True)
+class CommitResult(Generic[S]):
+    version: int
+    state: S  # the state right after this commit
+    actions: list[Action]
+    attempts: int
+
+
+def encode_commit(actions: Sequence[Action], info: dict[str, Any]) -> bytes:
+    lines = [json.dumps({"commitInfo": {**info, "actions": len(actions)}}, separators=(",", ":"))]
+    lines.extend(json.dumps(a, separators=(",", ":")) for a in actions)
+    return ("\n".join(lines) + "\n").encode()
+
+
+def decode_commit(data: bytes, where: str) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
+    """Parse a commit file into (commitInfo, [(action name, body)]); CorruptLogError if bad."""
+    if len(data) > MAX_LOG_FILE_BYTES:
+        raise CorruptLogError(f"{where}: {len(data)} bytes exceeds the {MAX_LOG_FILE_BYTES} limit")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptLogError(f"{where}: not UTF-8 ({exc})") from None
+    if not text.endswith("\n"):
+        raise CorruptLogError(f"{where}: truncated (no final newline)")
+    actions: list[tuple[str, dict[str, Any]]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CorruptLogError(f"{where}: line {number} is not valid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict) or len(obj) != 1:
+            raise CorruptLogError(f"{where}: line {number} is not a single-action object")
+        ((name, body),) = obj.items()
+        if not isinstance(body, dict):
+            raise CorruptLogError(f"{where}: line {number}: action {name!r} body is not an object")
+        actions.append((name, body))
+    if not actions or actions[0][0] != "commitInfo":
+        raise CorruptLogError(f"{where}: first line must be commitInfo")
+    info = actions[0][1]
+    expected = info.get("actions")
+    if not isinstance(expected, int) or expected != len(actions) - 1:
+        raise CorruptLogError(
+            f"{where}: commitInfo announces {expected!r} actions but {len(actions) - 1} follow "
+            "(truncated or altered file)"
+        )
+    return info, actions[1:]
+
+
+def _int_field(body: dict[str, Any], field: str, action: str) -> int:
+    value = body.get(field)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise CorruptLogError(f"action {action!r}: field {field!r} must be an integer, got {value!r}")
+    return value
+
+
+class Log(Generic[S]):
+    """A manifest log directory on a storage, replayed into states of type ``S``."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        directory: str,
+        state_factory: Callable[[], S],
+        *,
+        checkpoint_interval: int = 100,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.storage = storage
+        self.directory = directory.rstrip("/")
+        self.state_factory = state_factory
+        self.checkpoint_interval = checkpoint_interval
+        self.retry = retry or RetryPolicy()
+
+    def _path(self, name: str) -> str:
+        return f"{self.directory}/{name}"
+
+    def describe(self, version: int) -> str:
+        return f"{self.storage.url}/{self._path(version_file(version))}"
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def read_commit(self, version: int) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]] | None:
+        """The parsed commit at ``version``, or None if it does not exist (yet)."""
+        data = self.storage.read_if_exists(self._path(version_file(version)))
+        if data is None:
+            return None
+        return decode_commit(data, self.describe(version))
+
+    def load(self) -> S:
+        """The latest state: the newest checkpoint plus the commits after it."""
+        state = self._load_checkpoint()
+        return self.update(state)
+
+    def update(self, state: S) -> S:
+        """``state`` advanced past every commit that exists after it (polls by name, no listing).
+
+        Returns ``state`` itself when nothing is new.
+        """
+        next_state: S | None = None
+        version = state.version
+        while True:
+            commit = self.read_commit(version + 1)
+            if commit is None:
+                break
+            if next_state is None:
+                next_state = state.copy()  # type: ignore[assignment]
+                assert next_state is not None
+            info, actions = commit
+            self._apply_commit(next_state, version + 1, info, actions)
+            version += 1
+        return next_state if next_state is not None else state
+
+    def load_version(self, version: int) -> S:
+        """The state as of an older ``version`` (time travel), from version 0 or a checkpoint."""
+        base = self._checkpoint_at_or_below(version)
+        state = base if base is not None else self.state_factory()
+        if state.version == -1 and version >= 0 and self.read_commit(0) is None:
+            raise CorruptLogError(f"{self.storage.url}/{self.directory}: version {version} is not available")
+        while state.version < version:
+            commit = self.read_commit(state.version + 1)
+            if commit is None:
+                raise CorruptLogError(
+                    f"{self.storage.url}/{self.directory}: version {state.version + 1} is missing"
+                )
+            state = state.copy()  # type: ignore[assignment]
+            self._apply_commit(state, state.version + 1, *commit)
+        return state
+
+    def _apply_commit(
+        self, state: S, version: int, info: dict[str, Any], actions: list[tuple[str, dict[str, Any]]]
+    ) -> None:
+        try:
+            for name, body in actions:
+                state.apply(name, body)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptLogError(f"{self.describe(version)}: malformed action ({exc})") from None
+        except CorruptLogError as exc:
+            raise CorruptLogError(f"{self.describe(version)}: {exc}") from None
+        state.version = version
+        ts = info.get("timestamp")
+        if isinstance(ts, int):
+            state.last_commit_ms = ts
+
+    def _load_checkpoint(self) -> S:
+        hint = self.storage.read_if_exists(self._path(LAST_CHECKPOINT))
+        if hint is not None:
+            try:
+                version = json.loads(hint)["version"]
+                if isinstance(version, int):
+                    loaded = self._read_checkpoint(version)
+                    if loaded is not None:
+                        return loaded
+            except (ValueError, KeyError, TypeError):
+                log.warning("ignoring malformed %s in %s", LAST_CHECKPOINT, self.directory)
+        # No usable hint: list once to find the newest checkpoint, and to make sure that
+        # a log whose early versions were cleaned up is not mistaken for an empty one.
+        versions: list[int] = []
+        checkpoints: list[int] = []
+        for info in self.storage.list_dir(self.directory):
+            parsed = parse_log_file_name(info.name)
+            if parsed is not None:
+                (checkpoints if parsed[1] else versions).append(parsed[0])
+        for version in sorted(checkpoints, reverse=True):
+            loaded = self._read_checkpoint(version)
+            if loaded is not None:
+                return loaded
+        if versions and min(versions) > 0:
+            raise CorruptLogError(
+                f"{self.storage.url}/{self.directory}: versions before {min(versions)} are gone "
+                "and no checkpoint covers them"
+            )
+        return self.state_factory()
+
+    def _checkpoint_at_or_below(self, version: int) -> S | None:
+        found = [
+            parsed[0]
+            for info in self.storage.list_dir(self.directory)
+            if (parsed := parse_log_file_name(info.name)) is not None and parsed[1]
+            and parsed[0] <= version
+        ]
+        for candidate in sorted(found, reverse=True):
+            loaded = self._read_checkpoint(candidate)
+            if loaded is not None:
+                return loaded
+        return None
+
+    def _read_checkpoint(self, version: int) -> S | None:
+        where = f"{self.storage.url}/{self._path(checkpoint_file(version))}"
+        data = self.storage.read_if_exists(self._path(checkpoint_file(version)))
+        if data is None:
+            return None
+        info, actions = decode_commit(data, where)
+        if info.get("checkpointVersion") != version:
+            raise CorruptLogError(f"{where}: checkpoint header names version {info.get('checkpointVersion')!r}")
+        state = self.state_factory()
+        try:
+            for name, body in actions:
+                state.apply(name, body)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptLogError(f"{where}: malformed action ({exc})") from None
+        state.version = version
+        ts = info.get("timestamp")
+        if isinstance(ts, int):
+            state.last_commit_ms = ts
+        return state
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def commit(
+        self,
+        state: S,
+        build: Callable[[S], list[Action] | None],
+        *,
+        operation: str,
+        durable: bool = True,
+        info: dict[str, Any] | None = None,
+    ) -> CommitResult[S] | None:
+        """Build a commit from the newest state and publish it as the next version.
+
+        ``build`` receives the state the commit will follow and returns its actions, None when
+        there is nothing to commit, or raises when the state makes the commit invalid (it is
+        re-run after every conflict, so validation always sees the latest state). Returns None
+        when ``build`` returned None.
+        """
+        self.storage.check_writable()
+        commit_id = uuid.uuid4().hex
+        deadline = time.monotonic() + self.retry.timeout_s
+        attempt = 0
+        while True:
+            attempt += 1
+            check_writer_version(state)
+            actions = build(state)
+            if actions is None:
+                return None
+            version = state.version + 1
+            meta = {
+                "timestamp": int(time.time() * 1000),
+                "operation": operation,
+                "commitId": commit_id,
+                "writer": f"kstore/{__version__}",
+                **(info or {}),
+            }
+            payload = encode_commit(actions, meta)
+            landed = self._publish(version, payload, commit_id, durable=durable)
+            if landed:
+                new_state: S = state.copy()  # type: ignore[assignment]
+                self._apply_commit(new_state, version, meta, list(_split(actions)))
+                self._maybe_checkpoint(new_state)
+                return CommitResult(version, new_state, actions, attempt)
+            # Lost the race for this version: reload and rebuild on the newer state.
+            if attempt >= self.retry.max_attempts or time.monotonic() > deadline:
+                raise CommitConflictError(
+                    f"{self.storage.url}/{self.directory}: gave up after {attempt} conflicting "
+                    f"attempts ({operation})"
+                )
+            time.sleep(self.retry.backoff(min(attempt, 10)))
+            state = self.update(state)
+
+    def _publish(self, version: int, payload: bytes, commit_id: str, *, durable: bool) -> bool:
+        """Try to create ``version``; True if our payload is there now, False if another is.
+
+        An error that leaves the outcome unknown is resolved by reading the version back;
+        re-sending the identical payload is safe because put-if-absent admits only one.
+        """
+        path = self._path(version_file(version))
+        unknown_attempts = 0
+        while True:
+            try:
+                self.storage.put_if_absent(path, payload, durable=durable)
+                return True
+            except FileExistsError:
+                pass  # someone's commit is there; maybe ours, if a lower layer retried the PUT
+            except StorageError as exc:
+                unknown_attempts += 1
+                log.warning("commit %s of %s: outcome unknown (%s); reading it back", version, self.directory, exc)
+                if unknown_attempts > 5:
+                    raise CommitStateUnknownError(
+                        f"{self.describe(version)}: the storage kept failing; whether the commit "
+                        f"landed is unknown ({exc})"
+                    ) from exc
+                time.sleep(self.retry.backoff(unknown_attempts + 3))
+            try:
+                existing = self.storage.read_if_exists(path)
+            except StorageError as exc:
+                unknown_attempts += 1
+                if unknown_attempts > 5:
+                    raise CommitStateUnknownError(
+                        f"{self.describe(version)}: cannot read back an uncertain commit ({exc})"
+                    ) from exc
+                continue
+            if existing is None:
+                continue  # nothing landed: send the same payload again
+            return _commit_id_of(existing) == commit_id
+
+    def _maybe_checkpoint(self, state: S) -> None:
+        if state.version <= 0 or state.version % self.checkpoint_interval:
+            return
+        try:
+            self.write_checkpoint(state)
+        except Exception as exc:  # a checkpoint is an optimisation; the commit has landed
+            log.warning("checkpoint %s of %s failed: %s", state.version, self.directory, exc)
+
+    def write_checkpoint(self, state: S) -> None:
+        actions = state.checkpoint_actions()
+        payload = encode_commit(
+            actions,
+            {"checkpointVersion": state.version, "timestamp": state.last_commit_ms or 0,
+             "writer": f"kstore/{__version__}"},
+        )
+        try:
+            self.storage.put_if_absent(self._path(checkpoint_file(state.version)), payload)
+        except FileExistsError:
+            pass  # another writer checkpointed the same version: same content by construction
+        self.storage.put(
+            self._path(LAST_CHECKPOINT), json.dumps({"version": state.version}).encode()
+        )
+
+
+def check_writer_version(state: LogState) -> None:
+    if state.min_writer_version > WRITER_VERSION:
+        raise UnsupportedFormatVersionError(
+            f"log requires writer version {state.min_writer_version}; this kstore {__version__} "
+            f"writes up to {WRITER_VERSION}: upgrade kstore to write here"
+        )
+
+
+def protocol_action() -> Action:
+    return {"protocol": {"minReaderVersion": READER_VERSION, "minWriterVersion": WRITER_VERSION}}
+
+
+def _split(actions: Sequence[Action]) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for action in actions:
+        ((name, body),) = action.items()
+        out.append((name, body))
+    return out
+
+
+def _commit_id_of(data: bytes) -> str | None:
+    first = data.split(b"\n", 1)[0]
+    try:
+        obj = json.loads(first)
+        value = obj["commitInfo"]["commitId"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, str) else None

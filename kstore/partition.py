@@ -1,0 +1,568 @@
+"""A partition: its manifest log, its state, appends and range reads."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kstore.errors import (
+    CorruptLogError,
+    DuplicateSequenceError,
+    OffsetOutOfRangeError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+)
+from kstore.log import Action, CommitResult, Log, LogState, RetryPolicy, protocol_action
+from kstore.segments import (
+    FORMAT_ARROW,
+    SegmentCache,
+    TIMESTAMP_TYPE,
+    SegmentFile,
+    decode_segment,
+    read_segment_bytes,
+    write_segment,
+)
+
+if TYPE_CHECKING:
+    from kstore.storage import Storage
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A live segment as the manifest records it. ``base_offset``..``last_offset`` is the
+    offset range it covers; a sparse segment may hold fewer records than that range."""
+
+    path: str
+    base_offset: int
+    last_offset: int
+    record_count: int
+    min_timestamp_ms: int
+    max_timestamp_ms: int
+    size_bytes: int
+    checksum: str
+    format: str
+    sparse: bool
+    created_ms: int
+
+    def to_action(self) -> Action:
+        return {
+            "add": {
+                "path": self.path,
+                "baseOffset": self.base_offset,
+                "lastOffset": self.last_offset,
+                "records": self.record_count,
+                "minTimestamp": self.min_timestamp_ms,
+                "maxTimestamp": self.max_timestamp_ms,
+                "size": self.size_bytes,
+                "checksum": self.checksum,
+                "format": self.format,
+                "sparse": self.sparse,
+                "createdTime": self.created_ms,
+            }
+        }
+
+    @classmethod
+    def from_action(cls, body: dict[str, Any]) -> Segment:
+        seg = cls(
+            path=_str(body, "path"),
+            base_offset=_int(body, "baseOffset"),
+            last_offset=_int(body, "lastOffset"),
+            record_count=_int(body, "records"),
+            min_timestamp_ms=_int(body, "minTimestamp"),
+            max_timestamp_ms=_int(body, "maxTimestamp"),
+            size_bytes=_int(body, "size"),
+            checksum=_str(body, "checksum"),
+            format=_str(body, "format"),
+            sparse=bool(body.get("sparse", False)),
+            created_ms=int(body.get("createdTime", 0)),
+        )
+        if not seg.path.startswith("segments/") or ".." in seg.path or "\\" in seg.path:
+            raise CorruptLogError(f"add: illegal segment path {seg.path!r}")
+        if seg.base_offset < 0 or seg.last_offset < seg.base_offset - 1 or seg.record_count < 0:
+            raise CorruptLogError(f"add {seg.path}: inconsistent offsets/records")
+        if not seg.sparse and seg.record_count != seg.last_offset - seg.base_offset + 1:
+            raise CorruptLogError(f"add {seg.path}: dense segment record count does not match its offsets")
+        return seg
+
+
+@dataclass(frozen=True)
+class ProducerEntry:
+    """The last batch a producer committed to this partition (idempotence and fencing)."""
+
+    epoch: int
+    first_sequence: int
+    last_sequence: int
+    base_offset: int
+    last_offset: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    version: int | None  # None when the batch had already been committed (a duplicate)
+    log_append_time_ms: int
+    duplicate: bool = False
+
+
+class PartitionState(LogState):
+    """A partition's replayed manifest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.segments: list[Segment] = []  # sorted by base_offset, non-overlapping
+        self.end_offset = 0  # the next offset to assign (Kafka's log end offset)
+        self.log_start_offset = 0
+        self.producers: dict[str, ProducerEntry] = {}
+        self.txns: dict[str, int] = {}  # app id -> highest committed version
+        self.removed: dict[str, int] = {}  # path -> time removed (for vacuum)
+        self.cleaned_offset = 0  # compaction's cleaner point: below it the log is compacted
+        self._time_index: list[int] | None = None  # running max of segment max timestamps
+
+    def copy(self) -> PartitionState:
+        clone: PartitionState = super().copy()  # type: ignore[assignment]
+        clone.segments = list(self.segments)
+        clone.producers = dict(self.producers)
+        clone.txns = dict(self.txns)
+        clone.removed = dict(self.removed)
+        clone._time_index = None
+        return clone
+
+    # -- replay --------------------------------------------------------------------------------
+
+    def apply(self, name: str, body: dict[str, Any]) -> None:
+        if name == "add":
+            seg = Segment.from_action(body)
+            if seg.base_offset < self.end_offset and self._overlaps(seg):
+                raise CorruptLogError(f"add {seg.path}: overlaps a live segment")
+            bisect.insort(self.segments, seg, key=lambda s: s.base_offset)
+            self.end_offset = max(self.end_offset, seg.last_offset + 1)
+            self.removed.pop(seg.path, None)
+        elif name == "remove":
+            path = _str(body, "path")
+            kept = [s for s in self.segments if s.path != path]
+            if len(kept) == len(self.segments):
+                raise CorruptLogError(f"remove {path}: not a live segment")
+            self.segments = kept
+            self.removed[path] = _int(body, "deletionTimestamp")
+        elif name == "logStart":
+            self.log_start_offset = max(self.log_start_offset, _int(body, "offset"))
+        elif name == "endOffset":  # only in checkpoints: the end survives removal of all segments
+            self.end_offset = max(self.end_offset, _int(body, "offset"))
+        elif name == "producer":
+            self.producers[_str(body, "id")] = ProducerEntry(
+                epoch=_int(body, "epoch"),
+                first_sequence=_int(body, "firstSequence"),
+                last_sequence=_int(body, "lastSequence"),
+                base_offset=_int(body, "baseOffset"),
+                last_offset=_int(body, "lastOffset"),
+                timestamp_ms=int(body.get("timestamp", 0)),
+            )
+        elif name == "txn":
+            app = _str(body, "appId")
+            self.txns[app] = max(self.txns.get(app, -1), _int(body, "version"))
+        elif name == "cleaned":
+            self.cleaned_offset = max(self.cleaned_offset, _int(body, "offset"))
+        elif name == "tombstone":  # only in checkpoints: a removed file awaiting vacuum
+            self.removed[_str(body, "path")] = _int(body, "deletionTimestamp")
+        else:
+            super().apply(name, body)
+
+    def _overlaps(self, seg: Segment) -> bool:
+        i = bisect.bisect_right(self.segments, seg.base_offset, key=lambda s: s.base_offset)
+        if i > 0 and self.segments[i - 1].last_offset >= seg.base_offset:
+            return True
+        return i < len(self.segments) and self.segments[i].base_offset <= seg.last_offset
+
+    def checkpoint_actions(self) -> list[Action]:
+        actions = super().checkpoint_actions()
+        actions.append({"endOffset": {"offset": self.end_offset}})
+        actions.append({"logStart": {"offset": self.log_start_offset}})
+        if self.cleaned_offset:
+            actions.append({"cleaned": {"offset": self.cleaned_offset}})
+        actions.extend(s.to_action() for s in self.segments)
+        for pid, p in sorted(self.producers.items()):
+            actions.append({"producer": {
+                "id": pid, "epoch": p.epoch, "firstSequence": p.first_sequence,
+                "lastSequence": p.last_sequence, "baseOffset": p.base_offset,
+                "lastOffset": p.last_offset, "timestamp": p.timestamp_ms,
+            }})
+        for app, version in sorted(self.txns.items()):
+            actions.append({"txn": {"appId": app, "version": version}})
+        for path, when in sorted(self.removed.items()):
+            actions.append({"tombstone": {"path": path, "deletionTimestamp": when}})
+        return actions
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    @property
+    def start_offset(self) -> int:
+        """The first offset a reader may ask for (Kafka's log start offset)."""
+        return self.log_start_offset
+
+    def segment_index_for(self, offset: int) -> int:
+        """Index of the first live segment that may hold ``offset`` or anything after it."""
+        i = bisect.bisect_right(self.segments, offset, key=lambda s: s.base_offset) - 1
+        if i >= 0 and self.segments[i].last_offset >= offset:
+            return i
+        return i + 1
+
+    def segments_for_time(self, timestamp_ms: int) -> int:
+        """Index of the first segment that has a record at or after ``timestamp_ms``.
+
+        Timestamps are not monotonic across segments (CreateTime), but the running maximum of
+        each segment's newest timestamp is, and it first reaches ``timestamp_ms`` exactly at
+        the first segment holding such a record: a binary search over it is exact.
+        """
+        if self._time_index is None:
+            running, index = -(1 << 62), []
+            for seg in self.segments:
+                running = max(running, seg.max_timestamp_ms)
+                index.append(running)
+            self._time_index = index
+        return bisect.bisect_left(self._time_index, timestamp_ms)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size_bytes for s in self.segments)
+
+    @property
+    def record_count(self) -> int:
+        return sum(s.record_count for s in self.segments)
+
+
+class Partition:
+    """One partition of one topic. Thread-safe; keeps the newest state it has seen."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        topic: str,
+        partition: int,
+        directory: str,
+        *,
+        checkpoint_interval: int = 100,
+        cache: SegmentCache | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.storage = storage
+        self.topic = topic
+        self.partition = partition
+        self.directory = directory
+        self.log: Log[PartitionState] = Log(
+            storage, f"{directory}/_log", PartitionState,
+            checkpoint_interval=checkpoint_interval, retry=retry,
+        )
+        self.cache = cache or SegmentCache()
+        self._state: PartitionState | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Partition({self.topic!r}, {self.partition})"
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def state(self, *, refresh: bool = True) -> PartitionState:
+        """The newest state (polls the next log version by name unless ``refresh`` is False)."""
+        with self._lock:
+            current = self._state
+        if current is None:
+            current = self.log.load()
+        elif refresh:
+            current = self.log.update(current)
+        self._remember(current)
+        return current
+
+    def _remember(self, state: PartitionState) -> None:
+        with self._lock:
+            if self._state is None or state.version > self._state.version:
+                self._state = state
+
+    def end_offset(self) -> int:
+        return self.state().end_offset
+
+    def start_offset(self) -> int:
+        return self.state().start_offset
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def write_segment(self, table: pa.Table, *, compression: str = "uncompressed",
+                      durable: bool = True, fmt: str = FORMAT_ARROW) -> SegmentFile:
+        """Write records to a new, not yet committed segment file (phase one of an append)."""
+        return write_segment(self.storage, self.directory, table,
+                             compression=compression, durable=durable, fmt=fmt)
+
+    def append(
+        self,
+        table: pa.Table | pa.RecordBatch,
+        *,
+        compression: str = "uncompressed",
+        durable: bool = True,
+        producer: ProducerBatch | None = None,
+        txn: tuple[str, int] | None = None,
+        log_append_time: bool = False,
+    ) -> AppendResult:
+        """Append records as one segment and one commit; returns the offsets they got."""
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        if log_append_time:
+            # LogAppendTime: the time the segment is written, a moment before its commit.
+            stamp = pa.array([int(time.time() * 1_000_000)] * table.num_rows, TIMESTAMP_TYPE)
+            if "timestamp" in table.column_names:
+                table = table.set_column(table.schema.get_field_index("timestamp"), "timestamp", stamp)
+            else:
+                table = table.append_column("timestamp", stamp)
+        segment = self.write_segment(table, compression=compression, durable=durable)
+        return self.commit_segments([segment], durable=durable, producer=producer, txn=txn)
+
+    def commit_segments(
+        self,
+        files: Sequence[SegmentFile],
+        *,
+        durable: bool = True,
+        producer: ProducerBatch | None = None,
+        txn: tuple[str, int] | None = None,
+        operation: str = "APPEND",
+    ) -> AppendResult:
+        """Publish written dense segments at the end of the log (phase two of an append).
+
+        Offsets are assigned here, from the state the commit follows. A producer batch is
+        checked for fencing and duplicates against that same state; a transaction identifier
+        whose version is already committed makes this a no-op (exactly-once sinks).
+        """
+        if not files:
+            raise ValueError("commit_segments needs at least one segment")
+        for f in files:
+            if f.sparse:
+                raise ValueError(f"{f.path}: only dense segments can be appended")
+        outcome: dict[str, Any] = {}
+
+        def build(state: PartitionState) -> list[Action] | None:
+            if txn is not None and state.txns.get(txn[0], -1) >= txn[1]:
+                outcome["duplicate"] = (state.end_offset, state.end_offset - 1)
+                return None
+            if producer is not None:
+                dup = producer.check(state)
+                if dup is not None:
+                    outcome["duplicate"] = (dup.base_offset, dup.last_offset)
+                    return None
+            now = int(time.time() * 1000)
+            actions: list[Action] = [] if state.version >= 0 else [protocol_action()]
+            offset = state.end_offset
+            base = offset
+            for f in files:
+                seg = Segment(
+                    path=f.path, base_offset=offset, last_offset=offset + f.record_count - 1,
+                    record_count=f.record_count, min_timestamp_ms=f.min_timestamp_ms,
+                    max_timestamp_ms=f.max_timestamp_ms, size_bytes=f.size_bytes,
+                    checksum=f.checksum, format=f.format, sparse=False, created_ms=now,
+                )
+                actions.append(seg.to_action())
+                offset += f.record_count
+            if producer is not None:
+                actions.append(producer.action(base, offset - 1, now))
+            if txn is not None:
+                actions.append({"txn": {"appId": txn[0], "version": txn[1]}})
+            outcome["range"] = (base, offset - 1, now)
+            return actions
+
+        result = self._commit(build, operation=operation, durable=durable)
+        if result is None:
+            base, last = outcome["duplicate"]
+            return AppendResult(base, last, None, 0, duplicate=True)
+        base, last, now = outcome["range"]
+        return AppendResult(base, last, result.version, now)
+
+    def commit_actions(self, build: Any, *, operation: str, durable: bool = True) -> CommitResult[PartitionState] | None:
+        """A maintenance commit (compaction, retention, merging): ``build(state)`` returns the
+        actions or None; it is re-run on every conflict against the newest state."""
+
+        def guarded(state: PartitionState) -> list[Action] | None:
+            actions: list[Action] | None = build(state)
+            if actions is not None and state.version < 0:
+                actions = [protocol_action(), *actions]
+            return actions
+
+        return self._commit(guarded, operation=operation, durable=durable)
+
+    def _commit(self, build: Any, *, operation: str, durable: bool) -> CommitResult[PartitionState] | None:
+        state = self.state(refresh=False)
+        result = self.log.commit(state, build, operation=operation, durable=durable,
+                                 info={"topic": self.topic, "partition": self.partition})
+        if result is not None:
+            self._remember(result.state)
+        else:
+            self._remember(self.log.update(state))
+        return result
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def read_segment(self, seg: Segment, columns: list[str] | None = None) -> pa.Table:
+        """A live segment's records (READ_SCHEMA), verified against its checksum."""
+        key = seg.path if columns is None else f"{seg.path}|{','.join(columns)}"
+        cached = self.cache.get(f"{self.directory}/{key}")
+        if cached is not None:
+            return cached
+        where = f"{self.storage.url}/{self.directory}/{seg.path} ({self.topic}-{self.partition})"
+        data = read_segment_bytes(self.storage, f"{self.directory}/{seg.path}", where)
+        table = decode_segment(
+            data, where=where, expected_checksum=seg.checksum, fmt=seg.format, sparse=seg.sparse,
+            base_offset=seg.base_offset, record_count=seg.record_count, columns=columns,
+        )
+        if seg.sparse and table.num_rows:
+            offsets = table.column("offset") if "offset" in table.column_names else None
+            if offsets is not None and (
+                offsets[0].as_py() < seg.base_offset or offsets[-1].as_py() > seg.last_offset
+            ):
+                raise CorruptLogError(f"{where}: offsets outside the manifest range")
+        self.cache.put(f"{self.directory}/{key}", table)
+        return table
+
+    def read(
+        self,
+        from_offset: int,
+        max_records: int | None = None,
+        *,
+        max_bytes: int | None = None,
+        end_offset: int | None = None,
+        state: PartitionState | None = None,
+        columns: list[str] | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """Records at ``from_offset`` and after, as Arrow batches (READ_SCHEMA), up to
+        ``max_records`` / ``max_bytes`` (at least one record is returned when any exists)
+        and below ``end_offset``. Raises OffsetOutOfRangeError outside the live range."""
+        state = state or self.state()
+        if from_offset < state.start_offset or from_offset > state.end_offset:
+            raise OffsetOutOfRangeError(
+                f"{self.topic}-{self.partition}: offset {from_offset} is outside the live range "
+                f"[{state.start_offset}, {state.end_offset}]"
+            )
+        stop = state.end_offset if end_offset is None else min(end_offset, state.end_offset)
+        remaining = max_records if max_records is not None else 1 << 62
+        budget = max_bytes if max_bytes is not None else 1 << 62
+        want = columns if columns is None or "offset" in columns else [*columns, "offset"]
+        i = state.segment_index_for(from_offset)
+        position = from_offset
+        while i < len(state.segments) and remaining > 0 and position < stop:
+            seg = state.segments[i]
+            i += 1
+            table = self.read_segment(seg, want)
+            if seg.sparse:
+                offsets = table.column("offset")
+                lo = _search(offsets, position)
+                hi = _search(offsets, stop)
+            else:
+                lo = max(0, position - seg.base_offset)
+                hi = min(table.num_rows, stop - seg.base_offset)
+            hi = min(hi, lo + remaining)
+            if hi <= lo:
+                position = seg.last_offset + 1
+                continue
+            piece = table.slice(lo, hi - lo)
+            if budget < piece.nbytes:
+                # Trim to the byte budget, but never below one record so a consumer progresses.
+                avg = max(1, piece.nbytes // max(piece.num_rows, 1))
+                keep = max(1, budget // avg)
+                piece = piece.slice(0, keep)
+            for batch in piece.to_batches():
+                yield batch
+            remaining -= piece.num_rows
+            budget -= piece.nbytes
+            last = piece.column("offset")[-1].as_py()
+            position = last + 1
+            if budget <= 0:
+                return
+
+    def offset_for_timestamp(self, timestamp_ms: int, state: PartitionState | None = None) -> int | None:
+        """The earliest offset whose timestamp is at or after ``timestamp_ms`` (Kafka's
+        offsetsForTimes), or None when no record is that new."""
+        state = state or self.state()
+        i = state.segments_for_time(timestamp_ms)
+        target = pa.scalar(timestamp_ms * 1000, pa.timestamp("us", tz="UTC"))
+        while i < len(state.segments):
+            seg = state.segments[i]
+            i += 1
+            if seg.max_timestamp_ms < timestamp_ms:
+                continue
+            table = self.read_segment(seg, ["timestamp", "offset"])
+            mask = pc.greater_equal(table.column("timestamp"), target)
+            index = pc.index(mask, True).as_py()
+            if index is not None and index >= 0:
+                offset: int = table.column("offset")[index].as_py()
+                return max(offset, state.start_offset)
+        return None
+
+
+def _search(offsets: pa.ChunkedArray | pa.Array, value: int) -> int:
+    """First index whose offset is >= value (offsets are strictly increasing)."""
+    array = offsets.combine_chunks() if isinstance(offsets, pa.ChunkedArray) else offsets
+    return int(np.searchsorted(array.to_numpy(zero_copy_only=False), value, side="left"))
+
+
+@dataclass
+class ProducerBatch:
+    """Idempotence data a producer attaches to one partition commit."""
+
+    producer_id: str
+    epoch: int
+    first_sequence: int
+    last_sequence: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def check(self, state: PartitionState) -> ProducerEntry | None:
+        """None if this batch is new and in order; the committed entry if it is the last
+        batch already committed (a retried or ambiguous commit); raises otherwise."""
+        entry = state.producers.get(self.producer_id)
+        if entry is None:
+            return None
+        if self.epoch < entry.epoch:
+            raise ProducerFencedError(
+                f"producer {self.producer_id} epoch {self.epoch} is fenced by epoch {entry.epoch}"
+            )
+        if self.epoch > entry.epoch:
+            return None  # a new instance; sequences restart
+        if self.first_sequence == entry.first_sequence and self.last_sequence == entry.last_sequence:
+            return entry
+        if self.first_sequence <= entry.last_sequence:
+            raise DuplicateSequenceError(
+                f"producer {self.producer_id}: sequence {self.first_sequence} was already committed "
+                f"(last {entry.last_sequence})"
+            )
+        if self.first_sequence != entry.last_sequence + 1:
+            raise OutOfOrderSequenceError(
+                f"producer {self.producer_id}: sequence {self.first_sequence} does not follow "
+                f"{entry.last_sequence}"
+            )
+        return None
+
+    def action(self, base_offset: int, last_offset: int, now_ms: int) -> Action:
+        return {"producer": {
+            "id": self.producer_id, "epoch": self.epoch, "firstSequence": self.first_sequence,
+            "lastSequence": self.last_sequence, "baseOffset": base_offset,
+            "lastOffset": last_offset, "timestamp": now_ms, **self.extra,
+        }}
+
+
+def _str(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str):
+        raise CorruptLogError(f"field {name!r} must be a string, got {value!r}")
+    return value
+
+
+def _int(body: dict[str, Any], name: str) -> int:
+    value = body.get(name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise CorruptLogError(f"field {name!r} must be an integer, got {value!r}")
+    return value
+
+

@@ -1,0 +1,274 @@
+"""Segments: immutable files of records, Arrow IPC (producers) or Parquet (compaction, merging).
+
+A *dense* segment holds records at consecutive offsets starting at the ``base_offset`` its
+manifest entry assigns at commit time; the file itself holds no offsets, so a lost commit race
+costs one retry of the small commit, never a rewrite of data. A *sparse* segment (written by
+compaction) carries an explicit ``offset`` column. Every file has a CRC-32C checksum (Kafka's
+record-batch checksum) recorded in the manifest and verified on every read.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from kstore.errors import CorruptRecordError, InvalidRecordError, MissingSegmentError
+from kstore.storage import Storage
+
+HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+HEADERS_TYPE = pa.list_(pa.field("element", HEADER_TYPE))
+TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
+
+# Exactly the types Spark's Python data source accepts (binary, not large_binary; every field
+# nullable), so batches flow to Spark without a cast.
+RECORD_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("timestamp", TIMESTAMP_TYPE),
+        pa.field("headers", HEADERS_TYPE),
+    ]
+)
+OFFSET_FIELD = pa.field("offset", pa.int64())
+# What readers get back, and what sparse and Parquet segments store.
+READ_SCHEMA = RECORD_SCHEMA.append(OFFSET_FIELD)
+
+FORMAT_ARROW = "arrow"
+FORMAT_PARQUET = "parquet"
+CHECKSUM_ALGORITHM = "crc32c"
+COMPRESSIONS = {"uncompressed": None, "zstd": "zstd", "lz4": "lz4"}
+
+
+@dataclass(frozen=True)
+class SegmentFile:
+    """A segment written to storage but not yet (or no longer) part of any manifest."""
+
+    path: str  # relative to the partition directory, e.g. "segments/<name>.arrow"
+    record_count: int
+    min_timestamp_ms: int
+    max_timestamp_ms: int
+    size_bytes: int
+    checksum: str
+    format: str
+    sparse: bool
+    first_offset: int | None = None  # sparse segments only: first and last record offsets
+    last_offset: int | None = None
+
+
+def new_segment_name(extension: str) -> str:
+    # Time-ordered and unique: listings sort by age, and no two writers ever collide.
+    return f"segments/{int(time.time() * 1000):013d}-{uuid.uuid4().hex}.{extension}"
+
+
+def checksum(data: bytes | memoryview) -> str:
+    return f"{CHECKSUM_ALGORITHM}:{crc32c.crc32c(data):08x}"
+
+
+def conform(table: pa.Table | pa.RecordBatch, schema: pa.Schema = RECORD_SCHEMA) -> pa.Table:
+    """Cast/arrange a table to ``schema`` exactly; InvalidRecordError naming what is wrong."""
+    if isinstance(table, pa.RecordBatch):
+        table = pa.Table.from_batches([table])
+    columns = []
+    for field in schema:
+        if field.name not in table.column_names:
+            if field.name in ("key", "headers", "timestamp"):
+                columns.append(pa.nulls(table.num_rows, field.type))
+                continue
+            raise InvalidRecordError(f"records need a {field.name!r} column; got {table.column_names}")
+        column = table.column(field.name)
+        if column.type != field.type:
+            try:
+                column = column.cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise InvalidRecordError(
+                    f"column {field.name!r} has type {column.type}, expected {field.type}: {exc}"
+                ) from None
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _timestamp_range_ms(table: pa.Table) -> tuple[int, int]:
+    column = table.column("timestamp")
+    if column.null_count:
+        raise InvalidRecordError("every record needs a timestamp (null timestamp found)")
+    bounds = pc.min_max(column.cast(pa.int64()))
+    return int(bounds["min"].as_py()) // 1000, int(bounds["max"].as_py()) // 1000
+
+
+def encode_arrow(table: pa.Table, compression: str) -> pa.Buffer:
+    if compression not in COMPRESSIONS:
+        raise InvalidRecordError(f"unknown segment compression {compression!r}; use {sorted(COMPRESSIONS)}")
+    options = ipc.IpcWriteOptions(compression=COMPRESSIONS[compression])
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, table.schema, options=options) as writer:
+        writer.write_table(table, max_chunksize=max(table.num_rows, 1))
+    return sink.getvalue()
+
+
+def write_segment(
+    storage: Storage,
+    partition_dir: str,
+    table: pa.Table,
+    *,
+    compression: str = "uncompressed",
+    durable: bool = True,
+    fmt: str = FORMAT_ARROW,
+    parquet_row_group_size: int = 1 << 20,
+) -> SegmentFile:
+    """Write ``table`` as a new segment under a unique name.
+
+    A table with an ``offset`` column becomes a sparse segment (offsets must be strictly
+    increasing); otherwise a dense one. Parquet segments always carry offsets.
+    """
+    sparse = "offset" in table.column_names or fmt == FORMAT_PARQUET
+    if table.num_rows == 0:
+        raise InvalidRecordError("a segment needs at least one record")
+    table = conform(table, READ_SCHEMA if sparse else RECORD_SCHEMA)
+    first_offset = last_offset = None
+    if sparse:
+        offsets = table.column("offset").to_numpy()
+        if table.column("offset").null_count or (len(offsets) > 1 and not bool(np.all(np.diff(offsets) > 0))):
+            raise InvalidRecordError("sparse segment offsets must be non-null and strictly increasing")
+        first_offset, last_offset = int(offsets[0]), int(offsets[-1])
+    min_ts, max_ts = _timestamp_range_ms(table)
+    if fmt == FORMAT_ARROW:
+        buf = encode_arrow(table, compression)
+        name = new_segment_name("arrow")
+    elif fmt == FORMAT_PARQUET:
+        sink = pa.BufferOutputStream()
+        codec = COMPRESSIONS.get(compression) or "none"
+        pq.write_table(table, sink, compression=codec, row_group_size=parquet_row_group_size)
+        buf = sink.getvalue()
+        name = new_segment_name("parquet")
+    else:
+        raise InvalidRecordError(f"unknown segment format {fmt!r}")
+    data = memoryview(buf)
+    storage.put_if_absent(f"{partition_dir}/{name}", data if storage.is_local else data.tobytes(), durable=durable)
+    return SegmentFile(
+        path=name,
+        record_count=table.num_rows,
+        min_timestamp_ms=min_ts,
+        max_timestamp_ms=max_ts,
+        size_bytes=len(data),
+        checksum=checksum(data),
+        format=fmt,
+        sparse=sparse,
+        first_offset=first_offset,
+        last_offset=last_offset,
+    )
+
+
+def decode_segment(
+    data: bytes,
+    *,
+    where: str,
+    expected_checksum: str | None,
+    fmt: str,
+    sparse: bool,
+    base_offset: int,
+    record_count: int,
+    columns: list[str] | None = None,
+) -> pa.Table:
+    """Verify and decode a segment's bytes into a table with READ_SCHEMA (or ``columns`` of it)."""
+    if expected_checksum is not None:
+        algorithm, _, _ = expected_checksum.partition(":")
+        if algorithm != CHECKSUM_ALGORITHM:
+            raise CorruptRecordError(f"{where}: unknown checksum algorithm {algorithm!r}")
+        actual = checksum(data)
+        if actual != expected_checksum:
+            raise CorruptRecordError(
+                f"{where}: checksum mismatch (manifest {expected_checksum}, file {actual}): "
+                "the segment is corrupt"
+            )
+    wanted = [c for c in (columns or READ_SCHEMA.names) if c != "offset"]
+    try:
+        if fmt == FORMAT_ARROW:
+            reader = ipc.open_file(pa.BufferReader(data))
+            file_schema = reader.schema
+            table = reader.read_all()
+        elif fmt == FORMAT_PARQUET:
+            pf = pq.ParquetFile(pa.BufferReader(data))
+            file_schema = pf.schema_arrow
+            read_cols = wanted + (["offset"] if sparse else [])
+            table = pf.read(columns=read_cols)
+        else:
+            raise CorruptRecordError(f"{where}: unknown segment format {fmt!r}")
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        raise CorruptRecordError(f"{where}: cannot decode segment ({exc})") from None
+    expected_schema = READ_SCHEMA if sparse else RECORD_SCHEMA
+    if not file_schema.equals(expected_schema):
+        raise CorruptRecordError(f"{where}: unexpected segment schema {file_schema}")
+    if table.num_rows != record_count:
+        raise CorruptRecordError(
+            f"{where}: holds {table.num_rows} records, the manifest says {record_count}"
+        )
+    if sparse:
+        offsets = table.column("offset")
+    else:
+        offsets = pa.array(np.arange(base_offset, base_offset + table.num_rows, dtype=np.int64))
+    out_cols = [table.column(c) for c in wanted]
+    names = list(wanted)
+    if columns is None or "offset" in columns:
+        out_cols.append(offsets if isinstance(offsets, pa.ChunkedArray) else pa.chunked_array([offsets]))
+        names.append("offset")
+    schema = pa.schema([READ_SCHEMA.field(n) for n in names])
+    return pa.Table.from_arrays(out_cols, schema=schema).combine_chunks()
+
+
+class SegmentCache:
+    """A small LRU of decoded segments, bounded in bytes. Segments never change, so a cached
+    table is valid for as long as its path exists; reading it again re-verifies nothing."""
+
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, pa.Table] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> pa.Table | None:
+        with self._lock:
+            table = self._items.get(key)
+            if table is not None:
+                self._items.move_to_end(key)
+            return table
+
+    def put(self, key: str, table: pa.Table) -> None:
+        size = table.nbytes
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = table
+            self._bytes += size
+            while self._bytes > self.max_bytes and self._items:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= old.nbytes
+
+
+def read_segment_bytes(storage: Storage, path: str, where: str) -> bytes:
+    try:
+        return storage.read(path)
+    except FileNotFoundError:
+        raise MissingSegmentError(f"{where}: segment file is missing from storage") from None
+
+
+def describe_file(seg: SegmentFile) -> dict[str, Any]:
+    return {
+        "path": seg.path,
+        "records": seg.record_count,
+        "bytes": seg.size_bytes,
+        "format": seg.format,
+        "sparse": seg.sparse,
+    }

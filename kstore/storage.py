@@ -1,0 +1,378 @@
+"""The one storage abstraction everything goes through.
+
+Every backend offers the same small set of operations on paths relative to the store root:
+``read``, ``put`` (overwrite; only for files with unique names or hints), ``put_if_absent``
+(the commit primitive), ``exists``, ``list_dir``, ``delete`` and ``delete_tree``.
+
+``put_if_absent`` must be atomic: of two concurrent calls for one path exactly one succeeds and
+the other raises :class:`FileExistsError`, and no reader ever sees a half-written file.
+
+- local disk: write a temporary file, fsync it, ``os.link`` it to the final name (fails if the
+  name exists), fsync the directory. ``O_EXCL`` create-then-write would expose a partial file.
+- S3: a PUT with ``If-None-Match: *`` (s3fs ``pipe_file(mode="create")``); a 412 is
+  ``FileExistsError``. The bodies are never empty (an empty body bypasses the condition).
+- memory: a process-wide lock around check-then-write (tests and single-process use only).
+
+Any other fsspec filesystem has no known atomic create; writing to it is refused with
+:class:`UnsafeStorageError` unless the user opts in with ``allow_unsafe_writes=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+from kstore.errors import InvalidStoreError, StorageError, UnsafeStorageError
+
+_LOCAL_PROTOCOLS = ("file", "local")
+_S3_PROTOCOLS = ("s3", "s3a")
+_MEMORY_LOCK = threading.Lock()
+_SECRET_WORDS = ("secret", "password", "token", "key", "credential", "session")
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    name: str  # base name within the listed directory
+    size: int
+    mtime_ms: int | None  # None when the backend does not report it
+
+
+def redact_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of storage options safe to print: every secret-looking value replaced."""
+    shown: dict[str, Any] = {}
+    for name, value in options.items():
+        if isinstance(value, Mapping):
+            shown[name] = redact_options(value)
+        elif any(word in name.lower() for word in _SECRET_WORDS) and name.lower() not in (
+            "endpoint_url", "region_name"
+        ):
+            shown[name] = "***"
+        else:
+            shown[name] = value
+    return shown
+
+
+def redact_url(url: str) -> str:
+    """Remove credentials embedded in a URL (``s3://key:secret@bucket`` style)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rsplit("@", 1)[1]
+    return f"{scheme}{sep}{authority}{slash}{path}"
+
+
+class Storage:
+    """A store root on some filesystem. Picklable: Spark ships it to executors."""
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        allow_unsafe_writes: bool = False,
+    ) -> None:
+        if not isinstance(url, str) or not url.strip():
+            raise InvalidStoreError(f"store URL must be a non-empty string, got {url!r}")
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise InvalidStoreError(
+                f"storage_options must be a mapping, got {type(storage_options).__name__}"
+            )
+        self.url = url.rstrip("/") if url.rstrip("/") else url
+        self.storage_options: dict[str, Any] = dict(storage_options or {})
+        self.allow_unsafe_writes = allow_unsafe_writes
+        protocol, _, rest = self.url.partition("://")
+        if not _:
+            protocol, rest = "file", self.url  # a bare path means the local disk
+        self.protocol = protocol.lower()
+        try:
+            self._fs_cls = fsspec.get_filesystem_class(self.protocol)
+        except (ValueError, ImportError) as exc:
+            raise InvalidStoreError(
+                f"store URL {redact_url(url)!r}: unsupported filesystem {protocol!r} ({exc})"
+            ) from None
+        if self.protocol in _LOCAL_PROTOCOLS:
+            self.root = os.path.abspath(os.path.expanduser(rest))
+        else:
+            self.root = rest.strip("/")
+            if self.protocol in _S3_PROTOCOLS and not self.root:
+                raise InvalidStoreError(f"store URL {redact_url(url)!r} names no bucket")
+        self._fs: Any = None
+        self._known_dirs: set[str] = set()
+
+    # -- pickling: ship the address and options, never a live connection ----------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "storage_options": self.storage_options,
+            "allow_unsafe_writes": self.allow_unsafe_writes,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(  # type: ignore[misc]
+            state["url"], state["storage_options"], allow_unsafe_writes=state["allow_unsafe_writes"]
+        )
+
+    def __repr__(self) -> str:
+        return f"Storage({redact_url(self.url)!r})"
+
+    # -- capabilities ------------------------------------------------------------------------
+
+    @property
+    def is_local(self) -> bool:
+        return self.protocol in _LOCAL_PROTOCOLS
+
+    @property
+    def atomic_create(self) -> str | None:
+        """How this backend makes put-if-absent atomic, or None when it cannot."""
+        if self.is_local:
+            return "link"
+        if self.protocol in _S3_PROTOCOLS:
+            return "if-none-match"
+        if self.protocol == "memory":
+            return "lock"
+        return None
+
+    def check_writable(self) -> None:
+        if self.atomic_create is None and not self.allow_unsafe_writes:
+            raise UnsafeStorageError(
+                f"filesystem {self.protocol!r} offers no atomic put-if-absent, so concurrent "
+                "writers could overwrite each other's commits; pass allow_unsafe_writes=True "
+                "only if a single writer ever writes to this store"
+            )
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            try:
+                self._fs = self._fs_cls(**self.storage_options)
+            except TypeError as exc:
+                raise InvalidStoreError(
+                    f"store {redact_url(self.url)!r}: bad storage options "
+                    f"{sorted(self.storage_options)}: {exc}"
+                ) from None
+        return self._fs
+
+    def full_path(self, rel: str) -> str:
+        if self.is_local:
+            return os.path.join(self.root, *rel.split("/")) if rel else self.root
+        return f"{self.root}/{rel}" if rel else self.root
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def read(self, rel: str) -> bytes:
+        """The whole file. Raises FileNotFoundError when absent."""
+        path = self.full_path(rel)
+        if self.is_local:
+            with open(path, "rb") as f:
+                return f.read()
+        try:
+            data: bytes = self.fs.cat_file(path)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise StorageError(f"reading {rel!r} from {redact_url(self.url)!r} failed: {exc}") from exc
+        return data
+
+    def read_if_exists(self, rel: str) -> bytes | None:
+        try:
+            return self.read(rel)
+        except FileNotFoundError:
+            return None
+
+    def exists(self, rel: str) -> bool:
+        path = self.full_path(rel)
+        if self.is_local:
+            return os.path.exists(path)
+        try:
+            return bool(self.fs.exists(path))
+        except Exception as exc:
+            raise StorageError(f"checking {rel!r} failed: {exc}") from exc
+
+    def list_dir(self, rel: str) -> list[FileInfo]:
+        """Direct children of a directory (files and sub-directories); [] if it is absent."""
+        path = self.full_path(rel)
+        if self.is_local:
+            try:
+                entries = list(os.scandir(path))
+            except FileNotFoundError:
+                return []
+            out = []
+            for entry in entries:
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:
+                    continue  # deleted while listing
+                out.append(FileInfo(entry.name, st.st_size, int(st.st_mtime * 1000)))
+            return out
+        try:
+            self.fs.invalidate_cache(path)
+            items = self.fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            raise StorageError(f"listing {rel!r} failed: {exc}") from exc
+        out = []
+        for item in items:
+            name = str(item["name"]).rstrip("/").rsplit("/", 1)[-1]
+            mtime = item.get("LastModified") or item.get("mtime") or item.get("created")
+            out.append(FileInfo(name, int(item.get("size") or 0), _to_ms(mtime)))
+        return out
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def put_if_absent(self, rel: str, data: bytes, *, durable: bool = True) -> None:
+        """Create ``rel`` with ``data`` atomically; FileExistsError if it already exists.
+
+        Any other failure raises :class:`StorageError`: the write may or may not have landed
+        and the caller must read the path to find out.
+        """
+        self.check_writable()
+        if not data:
+            raise ValueError("put_if_absent needs a non-empty body (empty bodies bypass If-None-Match)")
+        if self.is_local:
+            self._local_put(rel, data, durable=durable, exclusive=True)
+        elif self.protocol in _S3_PROTOCOLS:
+            try:
+                self.fs.pipe_file(self.full_path(rel), data, mode="create")
+            except FileExistsError:
+                raise
+            except Exception as exc:
+                raise StorageError(f"conditional write of {rel!r} failed: {exc}") from exc
+        elif self.protocol == "memory":
+            path = self.full_path(rel)
+            with _MEMORY_LOCK:
+                if self.fs.exists(path):
+                    raise FileExistsError(errno.EEXIST, "exists", rel)
+                self.fs.pipe_file(path, data)
+        else:  # allow_unsafe_writes: check-then-write, documented as single-writer only
+            path = self.full_path(rel)
+            if self.fs.exists(path):
+                raise FileExistsError(errno.EEXIST, "exists", rel)
+            self.fs.pipe_file(path, data)
+
+    def put(self, rel: str, data: bytes, *, durable: bool = True) -> None:
+        """Write ``rel`` whole, replacing any previous file. Readers see old or new, never half."""
+        self.check_writable()
+        if self.is_local:
+            self._local_put(rel, data, durable=durable, exclusive=False)
+            return
+        try:
+            self.fs.pipe_file(self.full_path(rel), data)
+        except Exception as exc:
+            raise StorageError(f"writing {rel!r} failed: {exc}") from exc
+
+    def delete(self, rels: Iterable[str]) -> None:
+        """Delete files; files already gone are not an error."""
+        self.check_writable()
+        paths = [self.full_path(r) for r in rels]
+        if not paths:
+            return
+        if self.is_local:
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            return
+        for path in paths:
+            try:
+                self.fs.rm_file(path)
+            except FileNotFoundError:
+                pass
+            except Exception as exc:
+                raise StorageError(f"deleting {path!r} failed: {exc}") from exc
+
+    def delete_tree(self, rel: str) -> None:
+        """Delete a directory and everything below it; absent is not an error."""
+        self.check_writable()
+        path = self.full_path(rel)
+        if self.is_local:
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+            self._known_dirs = {d for d in self._known_dirs if not d.startswith(path)}
+            return
+        try:
+            self.fs.invalidate_cache(path)
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            raise StorageError(f"deleting {rel!r} failed: {exc}") from exc
+
+    # -- local disk ----------------------------------------------------------------------------
+
+    def _ensure_dir(self, directory: str) -> None:
+        if directory in self._known_dirs:
+            return
+        if not os.path.isdir(directory):
+            os.makedirs(directory, exist_ok=True)
+            parent = os.path.dirname(directory)
+            # Make the new directory entry itself durable.
+            _fsync_dir(parent)
+        self._known_dirs.add(directory)
+
+    def _local_put(self, rel: str, data: bytes, *, durable: bool, exclusive: bool) -> None:
+        final = self.full_path(rel)
+        directory = os.path.dirname(final)
+        self._ensure_dir(directory)
+        # Temp names start with '.' so listings (vacuum's orphan scan) can tell them apart.
+        tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                if durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            if exclusive:
+                os.link(tmp, final)  # atomic; EEXIST when another writer won
+                os.unlink(tmp)
+            else:
+                os.replace(tmp, final)
+        except FileExistsError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        except OSError as exc:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise StorageError(f"writing {rel!r} failed: {exc}") from exc
+        if durable:
+            _fsync_dir(directory)
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _to_ms(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return int(value * 1000) if value < 10**11 else int(value)
+    timestamp = getattr(value, "timestamp", None)
+    if callable(timestamp):
+        return int(timestamp() * 1000)
+    return None

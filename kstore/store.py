@@ -1,0 +1,381 @@
+"""The store: one root URL holding topics, consumer groups and producer identities."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kstore import __version__
+from kstore import config as topic_config
+from kstore.errors import (
+    CorruptLogError,
+    InvalidPartitionsError,
+    StoreNotFoundError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+    UnsupportedFormatVersionError,
+)
+from kstore.layout import (
+    STORE_MARKER,
+    TOPICS,
+    partition_dir,
+    topic_data_dir,
+    topic_log_dir,
+)
+from kstore.log import Action, Log, LogState, RetryPolicy, protocol_action
+from kstore.names import validate_topic_name
+from kstore.partition import Partition, PartitionState
+from kstore.segments import SegmentCache
+from kstore.storage import Storage, redact_url
+
+STORE_FORMAT_VERSION = 1
+MAX_PARTITIONS = 100_000  # a limit on everything
+
+
+@dataclass(frozen=True)
+class TopicMetadata:
+    name: str
+    topic_id: str
+    partitions: int
+    config: dict[str, Any]  # explicitly set values only
+    created_ms: int
+    version: int  # topic log version this was read at
+
+    @property
+    def effective_config(self) -> dict[str, Any]:
+        return topic_config.effective(self.config)
+
+
+@dataclass(frozen=True)
+class PartitionDescription:
+    partition: int
+    log_start_offset: int
+    log_end_offset: int
+    segments: int
+    size_bytes: int
+    records: int
+    oldest_timestamp_ms: int | None
+    newest_timestamp_ms: int | None
+    version: int
+
+
+@dataclass(frozen=True)
+class TopicDescription:
+    metadata: TopicMetadata
+    partitions: list[PartitionDescription] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    def config_entries(self) -> list[tuple[str, Any, bool]]:
+        """(name, value, is_default) for every config, as ``kafka-configs --describe`` shows."""
+        explicit = self.metadata.config
+        return [
+            (name, explicit.get(name, spec.default), name not in explicit)
+            for name, spec in sorted(topic_config.SPECS.items())
+        ]
+
+
+class TopicState(LogState):
+    """A topic's metadata log replayed: the current incarnation, or deleted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metadata: dict[str, Any] | None = None
+        self.deleted = False
+
+    def apply(self, name: str, body: dict[str, Any]) -> None:
+        if name == "metaData":
+            for key, kind in (("name", str), ("id", str), ("partitions", int), ("config", dict),
+                              ("createdTime", int)):
+                if not isinstance(body.get(key), kind):
+                    raise CorruptLogError(f"metaData: field {key!r} missing or not {kind.__name__}")
+            self.metadata = body
+            self.deleted = False
+        elif name == "delete":
+            self.deleted = True
+        else:
+            super().apply(name, body)
+
+    def checkpoint_actions(self) -> list[Action]:
+        actions = super().checkpoint_actions()
+        if self.metadata is not None:
+            actions.append({"metaData": self.metadata})
+        if self.deleted:
+            actions.append({"delete": {}})
+        return actions
+
+    def to_metadata(self) -> TopicMetadata | None:
+        if self.metadata is None or self.deleted:
+            return None
+        m = self.metadata
+        return TopicMetadata(
+            name=m["name"], topic_id=m["id"], partitions=m["partitions"],
+            config=topic_config.validate_config(m["config"]) if m["config"] else {},
+            created_ms=m["createdTime"], version=self.version,
+        )
+
+
+class Store:
+    """A kstore store at ``url`` (``file://``, ``s3://``, ``memory://`` or a bare path).
+
+    ``create`` makes the store marker when none exists; with ``create=False`` a URL that holds
+    no store raises :class:`StoreNotFoundError` (so a mistyped URL is never silently empty).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        create: bool = True,
+        allow_unsafe_writes: bool = False,
+        retry: RetryPolicy | None = None,
+        segment_cache_bytes: int = 256 * 1024 * 1024,
+    ) -> None:
+        self.storage = Storage(url, storage_options, allow_unsafe_writes=allow_unsafe_writes)
+        self.retry = retry
+        self.segment_cache = SegmentCache(segment_cache_bytes)
+        self._lock = threading.Lock()
+        self._topic_logs: dict[str, TopicState] = {}
+        self._partitions: dict[tuple[str, str, int], Partition] = {}
+        self.store_id = self._open_marker(create)
+
+    @property
+    def url(self) -> str:
+        return self.storage.url
+
+    def __repr__(self) -> str:
+        return f"Store({redact_url(self.url)!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"storage": self.storage, "retry": self.retry,
+                "cache": self.segment_cache.max_bytes}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        storage: Storage = state["storage"]
+        self.__init__(  # type: ignore[misc]
+            storage.url, storage.storage_options, create=False,
+            allow_unsafe_writes=storage.allow_unsafe_writes, retry=state["retry"],
+            segment_cache_bytes=state["cache"],
+        )
+
+    def _open_marker(self, create: bool) -> str:
+        data = self.storage.read_if_exists(STORE_MARKER)
+        if data is None:
+            if not create:
+                raise StoreNotFoundError(f"no kstore store at {redact_url(self.url)!r}")
+            marker = {"format": "kstore", "formatVersion": STORE_FORMAT_VERSION,
+                      "storeId": uuid.uuid4().hex, "createdTime": int(time.time() * 1000),
+                      "createdBy": f"kstore/{__version__}"}
+            try:
+                self.storage.put_if_absent(STORE_MARKER, json.dumps(marker).encode())
+            except FileExistsError:
+                pass  # created concurrently: read the winner's
+            data = self.storage.read(STORE_MARKER)
+        where = f"{redact_url(self.url)}/{STORE_MARKER}"
+        try:
+            marker = json.loads(data)
+        except ValueError as exc:
+            raise CorruptLogError(f"{where}: not valid JSON ({exc})") from None
+        if not isinstance(marker, dict) or not isinstance(marker.get("formatVersion"), int):
+            raise CorruptLogError(f"{where}: not a kstore store marker")
+        if marker["formatVersion"] > STORE_FORMAT_VERSION:
+            raise UnsupportedFormatVersionError(
+                f"store {redact_url(self.url)!r} has format version {marker['formatVersion']}; "
+                f"this kstore {__version__} supports up to {STORE_FORMAT_VERSION}: upgrade kstore"
+            )
+        return str(marker.get("storeId", ""))
+
+    # -- topic logs ----------------------------------------------------------------------------
+
+    def _topic_log(self, name: str) -> Log[TopicState]:
+        return Log(self.storage, topic_log_dir(name), TopicState, checkpoint_interval=20,
+                   retry=self.retry)
+
+    def _topic_state(self, name: str) -> TopicState:
+        validate_topic_name(name)
+        log = self._topic_log(name)
+        with self._lock:
+            cached = self._topic_logs.get(name)
+        state = log.load() if cached is None else log.update(cached)
+        with self._lock:
+            self._topic_logs[name] = state
+        return state
+
+    def topic(self, name: str) -> TopicMetadata:
+        """The topic's current metadata; UnknownTopicOrPartitionError if it does not exist."""
+        meta = self._topic_state(name).to_metadata()
+        if meta is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist in {redact_url(self.url)!r}")
+        return meta
+
+    def topic_exists(self, name: str) -> bool:
+        return self._topic_state(name).to_metadata() is not None
+
+    # -- administration ------------------------------------------------------------------------
+
+    def create_topic(
+        self, name: str, partitions: int = 1, config: Mapping[str, Any] | None = None
+    ) -> TopicMetadata:
+        """Create a topic. Of concurrent creators of one name exactly one succeeds; the
+        others get TopicAlreadyExistsError."""
+        validate_topic_name(name)
+        _check_partitions(partitions)
+        explicit = topic_config.validate_config(config or {})
+        metadata = {"name": name, "id": uuid.uuid4().hex, "partitions": partitions,
+                    "config": explicit, "createdTime": int(time.time() * 1000)}
+
+        def build(state: TopicState) -> list[Action]:
+            if state.metadata is not None and not state.deleted:
+                raise TopicAlreadyExistsError(f"topic {name!r} already exists")
+            actions: list[Action] = [protocol_action()] if state.version < 0 else []
+            return [*actions, {"metaData": metadata}]
+
+        log = self._topic_log(name)
+        result = log.commit(self._topic_state(name), build, operation="CREATE TOPIC")
+        assert result is not None
+        with self._lock:
+            self._topic_logs[name] = result.state
+        meta = result.state.to_metadata()
+        assert meta is not None
+        return meta
+
+    def list_topics(self) -> list[str]:
+        names = []
+        for info in self.storage.list_dir(TOPICS):
+            try:
+                validate_topic_name(info.name)
+            except ValueError:
+                continue  # not ours (a stray file); never follow an unchecked name
+            try:
+                if self.topic_exists(info.name):
+                    names.append(info.name)
+            except CorruptLogError:
+                names.append(info.name)  # visible, so that describe can report what is wrong
+        return sorted(names)
+
+    def _change_metadata(self, name: str, operation: str, change: Any) -> TopicMetadata:
+        def build(state: TopicState) -> list[Action]:
+            current = state.to_metadata()
+            if current is None:
+                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+            return [{"metaData": change(dict(state.metadata or {}), current)}]
+
+        result = self._topic_log(name).commit(self._topic_state(name), build, operation=operation)
+        assert result is not None
+        with self._lock:
+            self._topic_logs[name] = result.state
+        meta = result.state.to_metadata()
+        assert meta is not None
+        return meta
+
+    def alter_topic_config(
+        self,
+        name: str,
+        set: Mapping[str, Any] | None = None,  # noqa: A002 - Kafka's own word for it
+        delete: Iterable[str] = (),
+    ) -> TopicMetadata:
+        """Set some config values and return others to their defaults, in one commit."""
+        updates = topic_config.validate_config(set or {})
+        removals = list(delete)
+        topic_config.validate_names(removals)
+
+        def change(raw: dict[str, Any], current: TopicMetadata) -> dict[str, Any]:
+            merged = {k: v for k, v in current.config.items() if k not in removals}
+            merged.update(updates)
+            topic_config.validate_config(merged)  # relations between values
+            return {**raw, "config": merged}
+
+        return self._change_metadata(name, "ALTER CONFIG", change)
+
+    def add_partitions(self, name: str, total: int) -> TopicMetadata:
+        """Grow the topic to ``total`` partitions (Kafka allows no shrinking)."""
+        _check_partitions(total)
+
+        def change(raw: dict[str, Any], current: TopicMetadata) -> dict[str, Any]:
+            if total <= current.partitions:
+                raise InvalidPartitionsError(
+                    f"topic {name!r} has {current.partitions} partitions; the new count {total} "
+                    "must be larger"
+                )
+            return {**raw, "partitions": total}
+
+        return self._change_metadata(name, "ADD PARTITIONS", change)
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic: atomically gone for every reader, then its files are removed."""
+        removed: dict[str, str] = {}
+
+        def build(state: TopicState) -> list[Action]:
+            current = state.to_metadata()
+            if current is None:
+                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+            removed["id"] = current.topic_id
+            return [{"delete": {"id": current.topic_id, "deletedTime": int(time.time() * 1000)}}]
+
+        result = self._topic_log(name).commit(self._topic_state(name), build, operation="DELETE TOPIC")
+        assert result is not None
+        with self._lock:
+            self._topic_logs[name] = result.state
+            for key in [k for k in self._partitions if k[0] == name]:
+                del self._partitions[key]
+        self.storage.delete_tree(topic_data_dir(name, removed["id"]))
+
+    def describe_topic(self, name: str) -> TopicDescription:
+        meta = self.topic(name)
+        parts = []
+        for p in range(meta.partitions):
+            state = self.partition(name, p, meta).state()
+            parts.append(_describe_partition(p, state))
+        return TopicDescription(meta, parts)
+
+    # -- partitions ----------------------------------------------------------------------------
+
+    def partition(self, topic: str, partition: int, metadata: TopicMetadata | None = None) -> Partition:
+        """The partition object (shared within this Store, so its cached state is shared)."""
+        meta = metadata or self.topic(topic)
+        if not isinstance(partition, int) or isinstance(partition, bool) or not 0 <= partition < meta.partitions:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has partitions 0..{meta.partitions - 1}; {partition!r} does not exist"
+            )
+        key = (topic, meta.topic_id, partition)
+        with self._lock:
+            existing = self._partitions.get(key)
+            if existing is not None:
+                return existing
+        interval = int(meta.effective_config["checkpoint.interval"])
+        created = Partition(
+            self.storage, topic, partition, partition_dir(topic, meta.topic_id, partition),
+            checkpoint_interval=interval, cache=self.segment_cache, retry=self.retry,
+        )
+        with self._lock:
+            return self._partitions.setdefault(key, created)
+
+
+def _check_partitions(count: object) -> None:
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise InvalidPartitionsError(f"partition count must be an integer, got {type(count).__name__}")
+    if not 1 <= count <= MAX_PARTITIONS:
+        raise InvalidPartitionsError(f"partition count {count} is out of range [1, {MAX_PARTITIONS}]")
+
+
+def _describe_partition(p: int, state: PartitionState) -> PartitionDescription:
+    segs = state.segments
+    return PartitionDescription(
+        partition=p,
+        log_start_offset=state.start_offset,
+        log_end_offset=state.end_offset,
+        segments=len(segs),
+        size_bytes=state.size_bytes,
+        records=state.record_count,
+        oldest_timestamp_ms=min((s.min_timestamp_ms for s in segs), default=None),
+        newest_timestamp_ms=max((s.max_timestamp_ms for s in segs), default=None),
+        version=state.version,
+    )
