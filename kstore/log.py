@@ -24,6 +24,7 @@ from kstore import __version__
 from kstore.errors import (
     CommitConflictError,
     CommitStateUnknownError,
+    ConcurrentModificationError,
     CorruptLogError,
     StorageError,
     UnsupportedFormatVersionError,
@@ -361,11 +362,23 @@ class Log(Generic[S]):
                 "writer": f"kstore/{__version__}",
                 **(info or {}),
             }
+            # Apply the actions to a copy *before* publishing: a commit that does not apply (an
+            # add overlapping a live segment, a remove of a segment already gone) must never
+            # land, or every later reader of the log would fail on it for good.
+            new_state: S = state.copy()  # type: ignore[assignment]
+            try:
+                for name, body in _split(actions):
+                    new_state.apply(name, body)
+            except (CorruptLogError, KeyError, TypeError, ValueError) as exc:
+                raise ConcurrentModificationError(
+                    f"{self.storage.url}/{self.directory}: {operation} commit does not apply to "
+                    f"version {state.version}; nothing was written ({exc})"
+                ) from None
+            new_state.version = version
+            new_state.last_commit_ms = meta["timestamp"]
             payload = encode_commit(actions, meta)
             landed = self._publish(version, payload, commit_id, durable=durable)
             if landed:
-                new_state: S = state.copy()  # type: ignore[assignment]
-                self._apply_commit(new_state, version, meta, list(_split(actions)))
                 self._maybe_checkpoint(new_state)
                 return CommitResult(version, new_state, actions, attempt)
             # Lost the race for this version: reload and rebuild on the newer state.

@@ -468,10 +468,12 @@ class Partition:
                 position = seg.last_offset + 1
                 continue
             piece = table.slice(lo, hi - lo)
+            trimmed = False
             if budget < piece.nbytes:
                 # Trim to the byte budget, but never below one record so a consumer progresses.
                 avg = max(1, piece.nbytes // max(piece.num_rows, 1))
                 keep = max(1, budget // avg)
+                trimmed = keep < piece.num_rows
                 piece = piece.slice(0, keep)
             for batch in piece.to_batches():
                 yield batch
@@ -479,7 +481,9 @@ class Partition:
             budget -= piece.nbytes
             last = piece.column("offset")[-1].as_py()
             position = last + 1
-            if budget <= 0:
+            # Stop once the budget cut this segment short: going on to the next segment would
+            # skip the rest of this one and leave a gap in what the reader sees.
+            if budget <= 0 or trimmed:
                 return
 
     def offset_for_timestamp(self, timestamp_ms: int, state: PartitionState | None = None) -> int | None:

@@ -248,6 +248,8 @@ class Storage:
             except FileExistsError:
                 raise
             except Exception as exc:
+                if _is_precondition_failed(exc):
+                    raise FileExistsError(errno.EEXIST, "exists", rel) from exc
                 raise StorageError(f"conditional write of {rel!r} failed: {exc}") from exc
         elif self.protocol == "memory":
             path = self.full_path(rel)
@@ -304,11 +306,31 @@ class Storage:
         try:
             self.fs.invalidate_cache(path)
             if self.fs.exists(path):
+                s3 = self.protocol in _S3_PROTOCOLS
+                files = self.fs.find(path) if s3 else []
                 self.fs.rm(path, recursive=True)
+                if s3:
+                    self._remove_directory_entries(path, files)
         except FileNotFoundError:
             pass
         except Exception as exc:
             raise StorageError(f"deleting {rel!r} failed: {exc}") from exc
+
+    def _remove_directory_entries(self, path: str, files: list[str]) -> None:
+        """SeaweedFS keeps a directory entry after the last file below it is deleted (listings
+        still show it and ``exists`` stays true); deleting the key ``<dir>/`` removes it. On
+        plain S3 no such keys exist and each DELETE is a no-op."""
+        dirs = {path}
+        for file in files:
+            parent = file.rsplit("/", 1)[0]
+            while parent.startswith(path + "/"):
+                dirs.add(parent)
+                parent = parent.rsplit("/", 1)[0]
+        for directory in sorted(dirs, key=len, reverse=True):  # children before parents
+            bucket, key, _ = self.fs.split_path(directory)
+            if key:
+                self.fs.call_s3("delete_object", Bucket=bucket, Key=key + "/")
+        self.fs.invalidate_cache(path)
 
     # -- local disk ----------------------------------------------------------------------------
 
@@ -354,6 +376,23 @@ class Storage:
             raise StorageError(f"writing {rel!r} failed: {exc}") from exc
         if durable:
             _fsync_dir(directory)
+
+
+def _is_precondition_failed(exc: BaseException) -> bool:
+    """True for an S3 412 PreconditionFailed that s3fs did not map to FileExistsError.
+
+    s3fs raises FileExistsError only when the error body names the ``If-None-Match``
+    condition; SeaweedFS's 412 body does not, so s3fs raises ``OSError(EINVAL)`` whose cause is
+    the botocore ``ClientError``. Without this, a lost commit race there looks like a storage
+    failure (an ambiguous commit) instead of a plain conflict.
+    """
+    cause = exc.__cause__
+    response = getattr(cause, "response", None)
+    if isinstance(response, Mapping):
+        error = response.get("Error") or {}
+        meta = response.get("ResponseMetadata") or {}
+        return bool(error.get("Code") == "PreconditionFailed" or meta.get("HTTPStatusCode") == 412)
+    return False
 
 
 def _fsync_dir(directory: str) -> None:

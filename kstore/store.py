@@ -139,7 +139,26 @@ class Store:
         retry: RetryPolicy | None = None,
         segment_cache_bytes: int = 256 * 1024 * 1024,
     ) -> None:
-        self.storage = Storage(url, storage_options, allow_unsafe_writes=allow_unsafe_writes)
+        self._setup(Storage(url, storage_options, allow_unsafe_writes=allow_unsafe_writes),
+                    create=create, retry=retry, segment_cache_bytes=segment_cache_bytes)
+
+    @classmethod
+    def from_storage(
+        cls,
+        storage: Storage,
+        *,
+        create: bool = True,
+        retry: RetryPolicy | None = None,
+        segment_cache_bytes: int = 256 * 1024 * 1024,
+    ) -> Store:
+        """A store over an existing Storage object (a wrapped or instrumented one, say)."""
+        store = cls.__new__(cls)
+        store._setup(storage, create=create, retry=retry, segment_cache_bytes=segment_cache_bytes)
+        return store
+
+    def _setup(self, storage: Storage, *, create: bool, retry: RetryPolicy | None,
+               segment_cache_bytes: int) -> None:
+        self.storage = storage
         self.retry = retry
         self.segment_cache = SegmentCache(segment_cache_bytes)
         self._lock = threading.Lock()

@@ -1,0 +1,665 @@
+"""The consumer: Kafka's client API over the store, alone or as a member of a group.
+
+A consumer reads partitions by polling their manifest logs for the next version by name (no
+listing) and reading the segments that hold the requested offsets. In a group, a heartbeat
+thread keeps the member's lease in the group log; ``poll()`` applies rebalances (calling the
+listener) and auto-commits positions, as Kafka's client does.
+
+Rebalances are cooperative: a member keeps the partitions it still owns, and a partition that
+moves is read by its new owner only once the previous owner has released it (committing its
+final position) or left the group, so no two live members ever read a partition at once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from kstore.assignors import check_assignors
+from kstore.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    InvalidConfigurationError,
+    KStoreError,
+    OffsetOutOfRangeError,
+    UnknownTopicOrPartitionError,
+)
+from kstore.groups import Group, GroupState, Member
+from kstore.names import validate_group_id, validate_topic_name
+from kstore.partition import Partition, PartitionState
+from kstore.records import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+from kstore.store import Store
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONFIG: dict[str, Any] = {
+    "client_id": None,
+    "group_instance_id": None,
+    "key_deserializer": None,
+    "value_deserializer": None,
+    "auto_offset_reset": "latest",
+    "enable_auto_commit": True,
+    "auto_commit_interval_ms": 5_000,
+    "max_poll_records": 500,
+    "fetch_max_bytes": 52_428_800,
+    "max_partition_fetch_bytes": 1_048_576,
+    "fetch_max_wait_ms": 100,  # an idle poll looks for new commits at most this far apart
+    "session_timeout_ms": 10_000,
+    "heartbeat_interval_ms": 3_000,
+    "max_poll_interval_ms": 300_000,
+    "partition_assignment_strategy": ("sticky", "range", "roundrobin"),
+    "consumer_timeout_ms": float("inf"),
+    "metadata_max_age_ms": 300_000,
+    "storage_options": None,
+}
+
+
+class ConsumerRebalanceListener(Protocol):
+    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None: ...
+
+    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None: ...
+
+
+def _ms_config(cfg: dict[str, Any], name: str, minimum: int = 0) -> int:
+    value = cfg[name]
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidConfigurationError(f"consumer config {name!r} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+class Consumer:
+    """Reads records from a store's topics, with kafka-python's ``KafkaConsumer`` API.
+
+    >>> consumer = Consumer("clicks", store="file:///tmp/ks", group_id="stats")  # doctest: +SKIP
+    >>> for record in consumer: ...  # doctest: +SKIP
+    """
+
+    def __init__(self, *topics: str, store: Store | str, group_id: str | None = None, **configs: Any) -> None:
+        unknown = sorted(set(configs) - set(DEFAULT_CONFIG))
+        if unknown:
+            raise InvalidConfigurationError(
+                f"unknown consumer config {unknown[0]!r}; known: {', '.join(sorted(DEFAULT_CONFIG))}"
+            )
+        cfg = {**DEFAULT_CONFIG, **configs}
+        self.config = cfg
+        if cfg["auto_offset_reset"] not in ("earliest", "latest", "none"):
+            raise InvalidConfigurationError(
+                f"auto_offset_reset must be earliest, latest or none, got {cfg['auto_offset_reset']!r}"
+            )
+        for name in ("auto_commit_interval_ms", "fetch_max_bytes", "max_partition_fetch_bytes",
+                     "fetch_max_wait_ms", "max_poll_interval_ms", "metadata_max_age_ms"):
+            _ms_config(cfg, name)
+        _ms_config(cfg, "max_poll_records", 1)
+        session = _ms_config(cfg, "session_timeout_ms", 1)
+        heartbeat = _ms_config(cfg, "heartbeat_interval_ms", 1)
+        if heartbeat >= session:
+            raise InvalidConfigurationError("heartbeat_interval_ms must be lower than session_timeout_ms")
+        self._assignors = check_assignors(cfg["partition_assignment_strategy"])
+        for name in ("key_deserializer", "value_deserializer"):
+            if cfg[name] is not None and not callable(cfg[name]):
+                raise InvalidConfigurationError(f"consumer config {name!r} must be callable")
+        self.store = store if isinstance(store, Store) else Store(store, cfg["storage_options"], create=False)
+        self.group_id = validate_group_id(group_id) if group_id is not None else None
+        self.client_id = cfg["client_id"] or f"consumer-{uuid.uuid4().hex[:8]}"
+
+        self._lock = threading.RLock()  # guards group state shared with the heartbeat thread
+        self._subscription: set[str] | None = None
+        self._pattern: re.Pattern[str] | None = None
+        self._listener: ConsumerRebalanceListener | None = None
+        self._manual = False
+        self._assigned: list[TopicPartition] = []
+        self._positions: dict[TopicPartition, int] = {}
+        self._paused: set[TopicPartition] = set()
+        self._rotation = 0
+        self._closed = False
+        self._timestamp_types: dict[str, int] = {}
+
+        self._group: Group | None = Group(self.store, self.group_id) if self.group_id else None
+        self._member_id: str | None = None
+        self._generation = -1
+        self._needs_rejoin = False
+        self._last_poll = time.monotonic()
+        self._last_commit = time.monotonic()
+        self._last_group_refresh = 0.0
+        self._heartbeat_stop = threading.Event()
+        self._heartbeat_thread: threading.Thread | None = None
+        self._async_commits: concurrent.futures.ThreadPoolExecutor | None = None
+        self._metrics = {"records-consumed-total": 0, "bytes-consumed-total": 0, "poll-total": 0,
+                         "rebalance-total": 0, "commit-total": 0}
+        if topics:
+            self.subscribe(topics)
+
+    # -- subscription and assignment ------------------------------------------------------------
+
+    def subscribe(self, topics: Iterable[str] = (), pattern: str | None = None,
+                  listener: ConsumerRebalanceListener | None = None) -> None:
+        """Subscribe to topics (or a regex ``pattern``); with a group, partitions are assigned
+        by the group, otherwise every partition of every topic is read."""
+        if self._manual:
+            raise IllegalStateError("subscribe() after assign(): call unsubscribe() first")
+        topics = [topics] if isinstance(topics, str) else list(topics)
+        if bool(topics) == bool(pattern):
+            raise IllegalStateError("subscribe() needs either topics or a pattern, not both")
+        for topic in topics:
+            validate_topic_name(topic)
+        self._pattern = re.compile(pattern) if pattern else None
+        self._listener = listener
+        self._subscription = set(topics) if topics else self._matching_topics()
+        with self._lock:
+            if self._group is not None:
+                self._join()
+            else:
+                self._set_assignment(self._all_partitions(self._subscription))
+
+    def unsubscribe(self) -> None:
+        with self._lock:
+            self._leave_group()
+            self._set_assignment([])
+            self._subscription = None
+            self._pattern = None
+            self._manual = False
+
+    def subscription(self) -> set[str] | None:
+        return set(self._subscription) if self._subscription is not None else None
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Read exactly these partitions, outside any group assignment."""
+        if self._subscription is not None:
+            raise IllegalStateError("assign() after subscribe(): call unsubscribe() first")
+        parts = []
+        for tp in partitions:
+            if not isinstance(tp, tuple) or len(tp) != 2:
+                raise TypeError(f"assign() takes TopicPartition values, got {tp!r}")
+            tp = TopicPartition(validate_topic_name(tp[0]), tp[1])
+            self.store.partition(tp.topic, tp.partition)  # exists?
+            parts.append(tp)
+        self._manual = True
+        self._set_assignment(parts)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._assigned)
+
+    def _set_assignment(self, partitions: Iterable[TopicPartition]) -> None:
+        self._assigned = sorted(set(partitions))
+        keep = set(self._assigned)
+        self._positions = {tp: o for tp, o in self._positions.items() if tp in keep}
+        self._paused &= keep
+
+    def _matching_topics(self) -> set[str]:
+        assert self._pattern is not None
+        return {t for t in self.store.list_topics() if self._pattern.fullmatch(t)}
+
+    def _all_partitions(self, topics: Iterable[str]) -> list[TopicPartition]:
+        out = []
+        for topic in sorted(topics):
+            meta = self.store.topic(topic)
+            out.extend(TopicPartition(topic, p) for p in range(meta.partitions))
+        return out
+
+    # -- group membership --------------------------------------------------------------------------
+
+    def _join(self) -> None:
+        assert self._group is not None and self._subscription is not None
+        self._member_id = f"{self.client_id}-{uuid.uuid4().hex[:12]}"
+        member = Member(
+            member_id=self._member_id, instance_id=self.config["group_instance_id"],
+            client_id=self.client_id, topics=tuple(sorted(self._subscription)),
+            assignors=tuple(self._assignors), session_timeout_ms=self.config["session_timeout_ms"],
+            rebalance_timeout_ms=self.config["max_poll_interval_ms"], joined_ms=0, last_seen_ms=0,
+        )
+        state = self._group.join(member)
+        self._needs_rejoin = False
+        self._apply_group_state(state)
+        if self._heartbeat_thread is None:
+            self._heartbeat_stop.clear()
+            self._heartbeat_thread = threading.Thread(
+                target=self._heartbeat_loop, name=f"kstore-heartbeat-{self.client_id}", daemon=True)
+            self._heartbeat_thread.start()
+
+    def _leave_group(self) -> None:
+        self._heartbeat_stop.set()
+        if self._heartbeat_thread is not None and self._heartbeat_thread is not threading.current_thread():
+            self._heartbeat_thread.join()
+        self._heartbeat_thread = None
+        if self._group is not None and self._member_id is not None and self.config["group_instance_id"] is None:
+            try:
+                self._group.leave(self._member_id)
+            except KStoreError as exc:
+                log.warning("consumer %s: leaving group %s failed: %s", self.client_id, self.group_id, exc)
+        self._member_id = None
+        self._generation = -1
+
+    def _heartbeat_loop(self) -> None:
+        interval = self.config["heartbeat_interval_ms"] / 1000
+        metadata_age = self.config["metadata_max_age_ms"] / 1000
+        last_metadata = time.monotonic()
+        while not self._heartbeat_stop.wait(interval):
+            try:
+                with self._lock:
+                    if self._group is None or self._member_id is None or self._needs_rejoin:
+                        continue
+                    if time.monotonic() - self._last_poll > self.config["max_poll_interval_ms"] / 1000:
+                        log.warning("consumer %s: no poll() within max_poll_interval_ms; leaving group %s",
+                                    self.client_id, self.group_id)
+                        self._group.leave(self._member_id, "max_poll_interval_ms exceeded")
+                        self._needs_rejoin = True
+                        continue
+                    check = time.monotonic() - last_metadata > metadata_age
+                    if check:
+                        last_metadata = time.monotonic()
+                        if self._pattern is not None and self._matching_topics() != self._subscription:
+                            self._needs_rejoin = True  # poll() rejoins with the new topic list
+                            continue
+                    self._group.heartbeat(self._member_id, check_metadata=check)
+            except CommitFailedError as exc:
+                log.warning("consumer %s: %s", self.client_id, exc)
+                self._needs_rejoin = True
+            except Exception:
+                log.exception("consumer %s: heartbeat failed", self.client_id)
+
+    def _refresh_group(self, force: bool = False) -> None:
+        """Apply the group's newest generation (rebalance callbacks run here, in poll())."""
+        if self._group is None or self._manual or self._subscription is None:
+            return
+        with self._lock:
+            if self._needs_rejoin:
+                lost = set(self._assigned)
+                if lost and self._listener is not None:
+                    self._listener.on_partitions_revoked(lost)
+                self._set_assignment([])
+                if self._pattern is not None:
+                    self._subscription = self._matching_topics()
+                self._join()
+                return
+            now = time.monotonic()
+            if not force and now - self._last_group_refresh < min(0.1, self.config["heartbeat_interval_ms"] / 1000):
+                return
+            self._last_group_refresh = now
+            self._apply_group_state(self._group.state())
+
+    def _apply_group_state(self, state: GroupState) -> None:
+        assert self._group is not None and self._member_id is not None
+        if self._member_id not in state.members:
+            self._needs_rejoin = True
+            return
+        owned = set(state.assignment.get(self._member_id, []))
+        current = set(self._assigned)
+        if state.generation == self._generation and owned == current:
+            return
+        revoked = current - owned
+        if revoked:
+            if self._listener is not None:
+                self._listener.on_partitions_revoked(revoked)
+            final = {tp: OffsetAndMetadata(self._positions[tp]) for tp in revoked
+                     if tp in self._positions and self.config["enable_auto_commit"]}
+            self._group.release(self._member_id, revoked, final)
+        assigned = owned - current
+        self._generation = state.generation
+        self._set_assignment(owned)
+        self._metrics["rebalance-total"] += 1
+        if assigned and self._listener is not None:
+            self._listener.on_partitions_assigned(assigned)
+
+    def _fetchable(self, tp: TopicPartition) -> bool:
+        if tp in self._paused:
+            return False
+        if self._group is not None and not self._manual and self._group._state is not None:
+            owner = self._group._state.pending_release.get(tp)
+            if owner is not None and owner != self._member_id:
+                return False  # its previous owner has not handed it over yet
+        return True
+
+    # -- positions -----------------------------------------------------------------------------
+
+    def _partition(self, tp: TopicPartition) -> Partition:
+        return self.store.partition(tp.topic, tp.partition)
+
+    def _reset(self, tp: TopicPartition, state: PartitionState, why: str) -> int:
+        policy = self.config["auto_offset_reset"]
+        if policy == "earliest":
+            return state.start_offset
+        if policy == "latest":
+            return state.end_offset
+        raise OffsetOutOfRangeError(f"{tp.topic}-{tp.partition}: {why} and auto_offset_reset is 'none'")
+
+    def _position_for(self, tp: TopicPartition, state: PartitionState) -> int:
+        position = self._positions.get(tp)
+        if position is None:
+            committed = self._committed_offset(tp)
+            if committed is not None:
+                position = committed
+            else:
+                position = self._reset(tp, state, "no committed offset")
+        if position < state.start_offset or position > state.end_offset:
+            position = self._reset(
+                tp, state,
+                f"offset {position} is outside the live range [{state.start_offset}, {state.end_offset}]",
+            )
+        self._positions[tp] = position
+        return position
+
+    def _committed_offset(self, tp: TopicPartition) -> int | None:
+        if self._group is None:
+            return None
+        with self._lock:
+            om = self._group.state().offsets.get(tp)
+        return om.offset if om is not None else None
+
+    def position(self, tp: TopicPartition) -> int:
+        if tp not in self._assigned:
+            raise IllegalStateError(f"{tp} is not assigned to this consumer")
+        return self._position_for(tp, self._partition(tp).state())
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        if partition not in self._assigned:
+            raise IllegalStateError(f"{partition} is not assigned to this consumer")
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ValueError(f"seek offset must be a non-negative integer, got {offset!r}")
+        self._positions[partition] = offset
+
+    def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        for tp in partitions or tuple(self._assigned):
+            self.seek(tp, self._partition(tp).state().start_offset)
+
+    def seek_to_end(self, *partitions: TopicPartition) -> None:
+        for tp in partitions or tuple(self._assigned):
+            self.seek(tp, self._partition(tp).state().end_offset)
+
+    def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self._partition(tp).state().start_offset for tp in partitions}
+
+    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self._partition(tp).state().end_offset for tp in partitions}
+
+    def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """For each partition, the earliest offset whose timestamp is at or after the given one."""
+        out: dict[TopicPartition, OffsetAndTimestamp | None] = {}
+        for tp, ts in timestamps.items():
+            if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
+                raise ValueError(f"timestamp for {tp} must be a non-negative integer (ms), got {ts!r}")
+            part = self._partition(tp)
+            state = part.state()
+            offset = part.offset_for_timestamp(ts, state)
+            if offset is None:
+                out[tp] = None
+                continue
+            batch = next(part.read(offset, 1, state=state, columns=["timestamp", "offset"]))
+            found = int(batch.column("timestamp").cast(pa.int64())[0].as_py()) // 1000
+            out[tp] = OffsetAndTimestamp(offset, found)
+        return out
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        for tp in partitions:
+            if tp not in self._assigned:
+                raise IllegalStateError(f"{tp} is not assigned to this consumer")
+            self._paused.add(tp)
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        self._paused -= set(partitions)
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self._paused)
+
+    def topics(self) -> set[str]:
+        return set(self.store.list_topics())
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        try:
+            return set(range(self.store.topic(topic).partitions))
+        except UnknownTopicOrPartitionError:
+            return set()
+
+    # -- fetching ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise IllegalStateError("consumer is closed")
+        if self._subscription is None and not self._manual:
+            raise IllegalStateError("consumer is not subscribed to any topic or assigned any partition")
+
+    def _fetch_batches(self, max_records: int) -> dict[TopicPartition, list[pa.RecordBatch]]:
+        out: dict[TopicPartition, list[pa.RecordBatch]] = {}
+        remaining = max_records
+        budget = self.config["fetch_max_bytes"]
+        parts = self._assigned
+        if not parts:
+            return out
+        start = self._rotation % len(parts)
+        self._rotation += 1
+        for tp in parts[start:] + parts[:start]:
+            if remaining <= 0 or budget <= 0:
+                break
+            if not self._fetchable(tp):
+                continue
+            partition = self._partition(tp)
+            state = partition.state()
+            position = self._position_for(tp, state)
+            if position >= state.end_offset:
+                continue
+            batches = list(partition.read(
+                position, remaining, state=state,
+                max_bytes=min(budget, self.config["max_partition_fetch_bytes"]),
+            ))
+            count = sum(b.num_rows for b in batches)
+            if count == 0:
+                # Only compaction gaps up to the end: skip past them.
+                self._positions[tp] = state.end_offset
+                continue
+            out[tp] = batches
+            self._positions[tp] = int(batches[-1].column("offset")[-1].as_py()) + 1
+            remaining -= count
+            nbytes = sum(b.nbytes for b in batches)
+            budget -= nbytes
+            self._metrics["records-consumed-total"] += count
+            self._metrics["bytes-consumed-total"] += nbytes
+        return out
+
+    def _poll_loop(self, timeout_ms: float, fetch: Callable[[], dict[TopicPartition, Any]]) -> dict[TopicPartition, Any]:
+        self._check_open()
+        self._last_poll = time.monotonic()
+        self._metrics["poll-total"] += 1
+        deadline = time.monotonic() + max(0.0, timeout_ms) / 1000
+        backoff = 0.0005
+        cap = self.config["fetch_max_wait_ms"] / 1000
+        while True:
+            self._refresh_group()
+            self._maybe_auto_commit()
+            result = fetch()
+            if result:
+                return result
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return {}
+            time.sleep(min(backoff, left))
+            backoff = min(cap, backoff * 2)
+
+    def poll(self, timeout_ms: float = 0, max_records: int | None = None,
+             update_offsets: bool = True) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """Records from the assigned partitions, waiting up to ``timeout_ms`` for some."""
+        limit = self._limit(max_records)
+
+        def fetch() -> dict[TopicPartition, Any]:
+            saved = dict(self._positions)
+            batches = self._fetch_batches(limit)
+            if not update_offsets:
+                self._positions = saved
+            return {tp: self._to_records(tp, bs) for tp, bs in batches.items()}
+
+        return self._poll_loop(timeout_ms, fetch)
+
+    def poll_batches(self, timeout_ms: float = 0, max_records: int | None = None) -> dict[TopicPartition, list[pa.RecordBatch]]:
+        """Like poll(), but records come as Arrow batches (columns key, value, timestamp,
+        headers, offset): no per-record Python objects, for bulk readers."""
+        limit = self._limit(max_records)
+        return self._poll_loop(timeout_ms, lambda: self._fetch_batches(limit))
+
+    def _limit(self, max_records: int | None) -> int:
+        limit = self.config["max_poll_records"] if max_records is None else max_records
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(f"max_records must be a positive integer, got {max_records!r}")
+        return int(limit)
+
+    def _timestamp_type(self, topic: str) -> int:
+        kind = self._timestamp_types.get(topic)
+        if kind is None:
+            effective = self.store.topic(topic).effective_config
+            kind = 1 if effective["message.timestamp.type"] == "LogAppendTime" else 0
+            self._timestamp_types[topic] = kind
+        return kind
+
+    def _to_records(self, tp: TopicPartition, batches: list[pa.RecordBatch]) -> list[ConsumerRecord]:
+        key_de = self.config["key_deserializer"]
+        value_de = self.config["value_deserializer"]
+        ts_type = self._timestamp_type(tp.topic)
+        topic, partition = tp.topic, tp.partition
+        new = tuple.__new__
+        out: list[ConsumerRecord] = []
+        for batch in batches:
+            keys = batch.column(0).to_pylist()
+            values = batch.column(1).to_pylist()
+            stamps = (batch.column(2).cast(pa.int64()).to_numpy(zero_copy_only=False) // 1000).tolist()
+            offsets = batch.column(4).to_numpy(zero_copy_only=False).tolist()
+            header_col = batch.column(3)
+            if header_col.null_count == len(header_col):
+                headers: list[Any] = [[] for _ in range(len(keys))]
+            else:
+                headers = [[(h["key"], h["value"]) for h in hs] if hs else [] for hs in header_col.to_pylist()]
+            key_sizes = [len(k) if k is not None else -1 for k in keys]
+            value_sizes = [len(v) if v is not None else -1 for v in values]
+            if key_de is not None:
+                keys = [key_de(k) if k is not None else None for k in keys]
+            if value_de is not None:
+                values = [value_de(v) if v is not None else None for v in values]
+            out.extend(
+                new(ConsumerRecord, (topic, partition, o, t, ts_type, k, v, h, None, ks, vs, -1, -1))
+                for o, t, k, v, h, ks, vs in zip(offsets, stamps, keys, values, headers, key_sizes, value_sizes, strict=True)
+            )
+        return out
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        timeout = self.config["consumer_timeout_ms"]
+        last_record = time.monotonic()
+        while True:
+            batch = self.poll(timeout_ms=min(1000.0, timeout))
+            if batch:
+                last_record = time.monotonic()
+                for records in batch.values():
+                    yield from records
+            elif (time.monotonic() - last_record) * 1000 >= timeout:
+                return
+
+    # -- commits -------------------------------------------------------------------------------
+
+    def _maybe_auto_commit(self) -> None:
+        if not self.config["enable_auto_commit"] or self._group is None:
+            return
+        if time.monotonic() - self._last_commit < self.config["auto_commit_interval_ms"] / 1000:
+            return
+        self._last_commit = time.monotonic()
+        if not self._positions:
+            return
+        try:
+            self.commit()
+        except CommitFailedError as exc:
+            log.warning("consumer %s: auto-commit rejected (%s); will rejoin", self.client_id, exc)
+            self._refresh_group(force=True)
+
+    def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata | int] | None = None) -> None:
+        """Commit offsets (default: the current positions) in one atomic group log entry."""
+        if self._group is None:
+            raise IllegalStateError("commit() needs a group_id")
+        if offsets is None:
+            offsets = {tp: OffsetAndMetadata(o) for tp, o in self._positions.items() if tp in self._assigned}
+        normalised = {
+            tp: om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
+            for tp, om in offsets.items()
+        }
+        if not normalised:
+            return
+        with self._lock:
+            if self._manual:
+                self._group.commit_offsets(normalised, member_id=None, generation=-1)
+            else:
+                if self._member_id is None:
+                    raise CommitFailedError("this consumer is not a member of the group (it must rejoin)")
+                self._group.commit_offsets(normalised, member_id=self._member_id, generation=self._generation)
+        self._metrics["commit-total"] += 1
+        self._last_commit = time.monotonic()
+
+    def commit_async(self, offsets: dict[TopicPartition, OffsetAndMetadata | int] | None = None,
+                     callback: Callable[[dict[TopicPartition, Any], BaseException | None], Any] | None = None,
+                     ) -> concurrent.futures.Future[None]:
+        """Commit in the background; ``callback(offsets, exception)`` runs when done."""
+        if offsets is None:
+            offsets = {tp: OffsetAndMetadata(o) for tp, o in self._positions.items() if tp in self._assigned}
+        if self._async_commits is None:
+            self._async_commits = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kstore-commit")
+        snapshot = dict(offsets)
+
+        def run() -> None:
+            error: BaseException | None = None
+            try:
+                self.commit(snapshot)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                if callback is not None:
+                    callback(snapshot, error)
+
+        return self._async_commits.submit(run)
+
+    def committed(self, partition: TopicPartition, metadata: bool = False) -> int | OffsetAndMetadata | None:
+        if self._group is None:
+            raise IllegalStateError("committed() needs a group_id")
+        with self._lock:
+            om = self._group.state().offsets.get(partition)
+        if om is None:
+            return None
+        return om if metadata else om.offset
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def close(self, autocommit: bool = True) -> None:
+        if self._closed:
+            return
+        try:
+            if autocommit and self.config["enable_auto_commit"] and self._group is not None and self._positions:
+                try:
+                    self.commit()
+                except KStoreError as exc:
+                    log.warning("consumer %s: final commit failed: %s", self.client_id, exc)
+            with self._lock:
+                self._leave_group()
+        finally:
+            if self._async_commits is not None:
+                self._async_commits.shutdown(wait=True)
+            self._closed = True
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self._metrics)
+
+    @property
+    def member_id(self) -> str | None:
+        return self._member_id
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+
+

@@ -1,0 +1,606 @@
+"""Consumer groups without a broker: membership, assignment and offsets in one manifest log.
+
+Kafka's group coordinator is a broker; here the group's log is the coordinator. Every change
+is a commit to ``groups/<group>/_log``: a member joining, heart-beating or leaving, a new
+generation with its assignment, an offset commit. Commits are put-if-absent, so the log orders
+them and each rebalance is decided exactly once: a member that notices a change (a join, a
+leave, a member whose session expired, a topic that grew) computes the next assignment with a
+deterministic assignor and publishes it together with the change; if another commit lands
+first it reloads and decides again.
+
+An offset commit is one log entry holding all of the member's partitions, tagged with its
+member id and generation; it is accepted only if that member is in the current generation and
+owns every partition it commits (a fenced zombie gets :class:`CommitFailedError`).
+
+Liveness uses the time each member writes into its heartbeats, so members' clocks are assumed
+to agree to well within ``session_timeout_ms`` (NTP-synchronised hosts do).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kstore.assignors import ASSIGNORS, Assignment
+from kstore.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KStoreError,
+    UnknownTopicOrPartitionError,
+)
+from kstore.layout import GROUPS, group_log_dir
+from kstore.log import Action, CommitResult, Log, LogState, RetryPolicy, protocol_action
+from kstore.names import validate_group_id
+from kstore.records import OffsetAndMetadata, TopicPartition
+
+if TYPE_CHECKING:
+    from kstore.store import Store
+
+ADMIN_MEMBER = "admin"  # the member id of offset resets made by tools, outside any generation
+
+
+@dataclass(frozen=True)
+class Member:
+    member_id: str
+    instance_id: str | None
+    client_id: str
+    topics: tuple[str, ...]
+    assignors: tuple[str, ...]
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    joined_ms: int
+    last_seen_ms: int
+
+    def live(self, now_ms: int) -> bool:
+        return now_ms - self.last_seen_ms <= self.session_timeout_ms
+
+
+class GroupState(LogState):
+    def __init__(self) -> None:
+        super().__init__()
+        self.generation = 0
+        self.assignor: str | None = None
+        self.members: dict[str, Member] = {}
+        self.assignment: dict[str, list[TopicPartition]] = {}
+        self.assigned_partitions: dict[str, int] = {}  # topic -> partition count used
+        self.subscriptions: dict[str, tuple[str, ...]] = {}  # member -> topics, as assigned
+        self.offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        self.offset_times: dict[TopicPartition, int] = {}
+        self.transactions: dict[str, int] = {}  # transactional id -> last committed version
+        # Partitions whose new owner must wait: the previous owner is still a member and has
+        # not released them yet (commits its final offsets and lets go), so no two live
+        # members ever read one partition at once. Cleared by `release` or by the previous
+        # owner leaving (or expiring).
+        self.pending_release: dict[TopicPartition, str] = {}
+
+    def copy(self) -> GroupState:
+        clone: GroupState = super().copy()  # type: ignore[assignment]
+        clone.members = dict(self.members)
+        clone.assignment = dict(self.assignment)
+        clone.assigned_partitions = dict(self.assigned_partitions)
+        clone.subscriptions = dict(self.subscriptions)
+        clone.offsets = dict(self.offsets)
+        clone.offset_times = dict(self.offset_times)
+        clone.transactions = dict(self.transactions)
+        clone.pending_release = dict(self.pending_release)
+        return clone
+
+    def apply(self, name: str, body: dict[str, Any]) -> None:
+        if name == "join":
+            member = Member(
+                member_id=str(body["memberId"]), instance_id=body.get("instanceId"),
+                client_id=str(body.get("clientId", "")), topics=tuple(body["topics"]),
+                assignors=tuple(body["assignors"]), session_timeout_ms=int(body["sessionTimeoutMs"]),
+                rebalance_timeout_ms=int(body["rebalanceTimeoutMs"]), joined_ms=int(body["time"]),
+                last_seen_ms=int(body["time"]),
+            )
+            if member.instance_id is not None:
+                # Static membership: a restarted instance replaces its old member id and keeps
+                # its partitions, with no new generation.
+                for old_id, old in list(self.members.items()):
+                    if old.instance_id == member.instance_id and old_id != member.member_id:
+                        del self.members[old_id]
+                        if old_id in self.assignment:
+                            self.assignment[member.member_id] = self.assignment.pop(old_id)
+                        if old_id in self.subscriptions:
+                            self.subscriptions[member.member_id] = self.subscriptions.pop(old_id)
+                        self.pending_release = {
+                            tp: (member.member_id if m == old_id else m)
+                            for tp, m in self.pending_release.items()
+                        }
+            self.members[member.member_id] = member
+        elif name == "heartbeat":
+            member_id = str(body["memberId"])
+            if member_id in self.members:
+                m = self.members[member_id]
+                self.members[member_id] = Member(**{**m.__dict__, "last_seen_ms": int(body["time"])})
+        elif name == "leave":
+            member_id = str(body["memberId"])
+            self.members.pop(member_id, None)
+            self.assignment.pop(member_id, None)
+            self.pending_release = {tp: m for tp, m in self.pending_release.items() if m != member_id}
+        elif name == "release":
+            member_id = str(body["memberId"])
+            for t, p in body["partitions"]:
+                tp = TopicPartition(str(t), int(p))
+                if self.pending_release.get(tp) == member_id:
+                    del self.pending_release[tp]
+        elif name == "assignment":
+            previous = self.assignment
+            self.generation = int(body["generation"])
+            self.assignor = body.get("assignor")
+            self.assignment = {
+                m: [TopicPartition(str(t), int(p)) for t, p in parts]
+                for m, parts in dict(body["members"]).items()
+            }
+            owner_before = {tp: m for m, parts in previous.items() for tp in parts}
+            pending = {}
+            for member_id, parts in self.assignment.items():
+                for tp in parts:
+                    before = self.pending_release.get(tp) or owner_before.get(tp)
+                    if before is not None and before != member_id and before in self.members:
+                        pending[tp] = before
+            self.pending_release = pending
+            if "pendingRelease" in body:  # checkpoints restore it exactly
+                self.pending_release = {
+                    TopicPartition(str(t), int(p)): str(m) for t, p, m in body["pendingRelease"]
+                }
+            self.assigned_partitions = {str(k): int(v) for k, v in dict(body.get("partitions", {})).items()}
+            self.subscriptions = {str(m): tuple(t) for m, t in dict(body.get("subscriptions", {})).items()}
+        elif name == "offsets":
+            when = int(body.get("time", 0))
+            for item in body["offsets"]:
+                tp = TopicPartition(str(item["topic"]), int(item["partition"]))
+                self.offsets[tp] = OffsetAndMetadata(int(item["offset"]), str(item.get("metadata", "")))
+                self.offset_times[tp] = when
+            txn = body.get("transaction")
+            if isinstance(txn, dict):
+                self.transactions[str(txn["id"])] = int(txn["version"])
+        elif name == "deleteOffsets":
+            for item in body["partitions"]:
+                tp = TopicPartition(str(item["topic"]), int(item["partition"]))
+                self.offsets.pop(tp, None)
+                self.offset_times.pop(tp, None)
+        elif name == "deleteGroup":
+            generation = self.generation
+            self.__init__()  # type: ignore[misc]
+            self.generation = generation  # never reuse a generation: old members stay fenced
+        else:
+            super().apply(name, body)
+
+    def checkpoint_actions(self) -> list[Action]:
+        actions = super().checkpoint_actions()
+        for m in self.members.values():
+            actions.append({"join": _join_body(m, m.joined_ms)})
+            actions.append({"heartbeat": {"memberId": m.member_id, "time": m.last_seen_ms}})
+        body = _assignment_body(self.generation, self.assignor, self.assignment, self.assigned_partitions)
+        body["pendingRelease"] = [[tp.topic, tp.partition, m] for tp, m in sorted(self.pending_release.items())]
+        body["subscriptions"] = {m: list(t) for m, t in sorted(self.subscriptions.items())}
+        actions.append({"assignment": body})
+        by_time: dict[int, list[dict[str, Any]]] = {}
+        for tp, om in sorted(self.offsets.items()):
+            by_time.setdefault(self.offset_times.get(tp, 0), []).append(
+                {"topic": tp.topic, "partition": tp.partition, "offset": om.offset, "metadata": om.metadata})
+        for when, items in sorted(by_time.items()):
+            actions.append({"offsets": {"memberId": ADMIN_MEMBER, "generation": -1, "time": when, "offsets": items}})
+        for tid, version in sorted(self.transactions.items()):
+            actions.append({"offsets": {"memberId": ADMIN_MEMBER, "generation": -1, "time": 0, "offsets": [],
+                                        "transaction": {"id": tid, "version": version}}})
+        return actions
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def live_members(self, now_ms: int) -> dict[str, Member]:
+        return {mid: m for mid, m in self.members.items() if m.live(now_ms)}
+
+    def owner_of(self, tp: TopicPartition) -> str | None:
+        for member, parts in self.assignment.items():
+            if tp in parts:
+                return member
+        return None
+
+
+def _join_body(m: Member, when: int) -> dict[str, Any]:
+    return {"memberId": m.member_id, "instanceId": m.instance_id, "clientId": m.client_id,
+            "topics": list(m.topics), "assignors": list(m.assignors),
+            "sessionTimeoutMs": m.session_timeout_ms, "rebalanceTimeoutMs": m.rebalance_timeout_ms,
+            "time": when}
+
+
+def _assignment_body(generation: int, assignor: str | None, assignment: Mapping[str, list[TopicPartition]],
+                     partitions: Mapping[str, int]) -> dict[str, Any]:
+    return {"generation": generation, "assignor": assignor,
+            "members": {m: [[tp.topic, tp.partition] for tp in parts] for m, parts in sorted(assignment.items())},
+            "partitions": dict(sorted(partitions.items()))}
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Group:
+    """A consumer group's log, with the operations members and tools perform on it."""
+
+    def __init__(self, store: Store, group_id: str, *, retry: RetryPolicy | None = None) -> None:
+        self.store = store
+        self.group_id = validate_group_id(group_id)
+        self.log: Log[GroupState] = Log(store.storage, group_log_dir(group_id), GroupState,
+                                        checkpoint_interval=100, retry=retry or store.retry)
+        self._state: GroupState | None = None
+
+    def state(self) -> GroupState:
+        self._state = self.log.load() if self._state is None else self.log.update(self._state)
+        return self._state
+
+    def exists(self) -> bool:
+        return self.state().version >= 0
+
+    def _commit(self, build: Callable[[GroupState], list[Action] | None], operation: str) -> CommitResult[GroupState] | None:
+        def guarded(state: GroupState) -> list[Action] | None:
+            actions = build(state)
+            if actions is not None and state.version < 0:
+                actions = [protocol_action(), *actions]
+            return actions
+
+        result = self.log.commit(self.state(), guarded, operation=operation)
+        self._state = result.state if result is not None else self.log.update(self.state())
+        return result
+
+    # -- rebalancing -----------------------------------------------------------------------------
+
+    def _partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
+        counts = {}
+        for topic in sorted(set(topics)):
+            try:
+                counts[topic] = self.store.topic(topic).partitions
+            except UnknownTopicOrPartitionError:
+                continue  # subscribed to a topic that does not exist (yet): nothing to assign
+        return counts
+
+    def plan(self, state: GroupState, now_ms: int, pending: list[Action],
+             counts: Mapping[str, int] | None = None) -> list[Action]:
+        """The actions ``pending`` plus, when membership, subscriptions or partition counts
+        changed, the expiry of dead members and a new generation's assignment."""
+        trial = state.copy()
+        for action in pending:
+            ((name, body),) = action.items()
+            trial.apply(name, body)
+        actions = list(pending)
+        for member_id, member in list(trial.members.items()):
+            if not member.live(now_ms):
+                leave: Action = {"leave": {"memberId": member_id, "reason": "session expired", "time": now_ms}}
+                actions.append(leave)
+                trial.apply("leave", leave["leave"])
+        live = trial.members
+        topics = {t for m in live.values() for t in m.topics}
+        counts = dict(counts) if counts is not None else self._partition_counts(topics)
+        subscriptions = {mid: m.topics for mid, m in live.items()}
+        # Compare with the members the current generation was computed for (a leave removes a
+        # member from the assignment, but not from the subscriptions it was computed from).
+        unchanged = (
+            set(state.subscriptions) == set(live)
+            and counts == state.assigned_partitions
+            and all(state.subscriptions.get(mid) == m.topics for mid, m in live.items())
+        )
+        if unchanged and state.generation > 0:
+            return actions
+        if not live and not state.assignment:
+            return actions
+        assignor = _common_assignor(live.values())
+        assignment: Assignment = ASSIGNORS[assignor](subscriptions, counts, trial.assignment)
+        body = _assignment_body(trial.generation + 1, assignor, assignment, counts)
+        body["subscriptions"] = {mid: list(t) for mid, t in sorted(subscriptions.items())}
+        actions.append({"assignment": body})
+        return actions
+
+    def join(self, member: Member) -> GroupState:
+        """Add (or, for a static member, replace) a member and rebalance if needed."""
+
+        def build(state: GroupState) -> list[Action]:
+            now = _now_ms()
+            body = _join_body(member, now)
+            static_rejoin = member.instance_id is not None and any(
+                m.instance_id == member.instance_id and m.live(now) and m.topics == member.topics
+                for m in state.members.values()
+            )
+            if static_rejoin:
+                return [{"join": body}]  # same partitions, same generation: no rebalance
+            return self.plan(state, now, [{"join": body}])
+
+        self._commit(build, "JOIN GROUP")
+        return self.state()
+
+    def heartbeat(self, member_id: str, *, check_metadata: bool = False) -> GroupState:
+        """Renew the member's lease; expire dead members and rebalance when something changed.
+        Raises CommitFailedError if the member was removed from the group."""
+
+        def build(state: GroupState) -> list[Action]:
+            if member_id not in state.members:
+                raise CommitFailedError(
+                    f"group {self.group_id!r}: member {member_id} is no longer in the group "
+                    "(session expired or fenced); it must rejoin"
+                )
+            now = _now_ms()
+            pending: list[Action] = [{"heartbeat": {"memberId": member_id, "time": now}}]
+            counts = None
+            if not check_metadata:
+                counts = dict(state.assigned_partitions)
+                for m in state.members.values():
+                    for t in m.topics:
+                        if t not in counts:
+                            counts = None  # a new subscription: look the topics up
+                            break
+            return self.plan(state, now, pending, counts)
+
+        self._commit(build, "HEARTBEAT")
+        return self.state()
+
+    def leave(self, member_id: str, reason: str = "consumer closed") -> None:
+        def build(state: GroupState) -> list[Action] | None:
+            if member_id not in state.members:
+                return None
+            now = _now_ms()
+            return self.plan(state, now, [{"leave": {"memberId": member_id, "reason": reason, "time": now}}])
+
+        self._commit(build, "LEAVE GROUP")
+
+    # -- offsets -------------------------------------------------------------------------------
+
+    def commit_offsets(
+        self,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata],
+        *,
+        member_id: str | None,
+        generation: int,
+        transaction: tuple[str, int] | None = None,
+    ) -> GroupState:
+        """Commit offsets in one log entry. A member must be in ``generation`` (the current one)
+        and own every partition; ``member_id=None`` commits outside any generation, which is
+        allowed only while the group has no live members (manual assignment, tools)."""
+        items = [
+            {"topic": tp.topic, "partition": tp.partition, "offset": om.offset, "metadata": om.metadata}
+            for tp, om in sorted(offsets.items())
+        ]
+        for tp, om in offsets.items():
+            if not isinstance(om.offset, int) or om.offset < 0:
+                raise ValueError(f"offset for {tp} must be a non-negative integer, got {om.offset!r}")
+
+        def build(state: GroupState) -> list[Action] | None:
+            now = _now_ms()
+            if transaction is not None and state.transactions.get(transaction[0], -1) >= transaction[1]:
+                return None  # this transaction's offsets are already committed
+            if member_id is None:
+                live = state.live_members(now)
+                if live:
+                    raise CommitFailedError(
+                        f"group {self.group_id!r} has {len(live)} live member(s); commits outside "
+                        "the group's generation are refused while it is active"
+                    )
+            else:
+                if member_id not in state.members:
+                    raise CommitFailedError(
+                        f"group {self.group_id!r}: member {member_id} is not in the group "
+                        "(session expired, left, or replaced): commit rejected"
+                    )
+                releasing = {tp for tp, m in state.pending_release.items() if m == member_id}
+                if offsets and set(offsets) <= releasing:
+                    pass  # the previous owner's final commit for partitions it is handing over
+                elif generation != state.generation:
+                    raise CommitFailedError(
+                        f"group {self.group_id!r}: commit from generation {generation} rejected; "
+                        f"the group is at generation {state.generation} (a rebalance happened)"
+                    )
+                owned = set(state.assignment.get(member_id, [])) | releasing
+                foreign = sorted(tp for tp in offsets if tp not in owned)
+                if foreign:
+                    raise CommitFailedError(
+                        f"group {self.group_id!r}: member {member_id} does not own {foreign[:3]}: commit rejected"
+                    )
+            body: dict[str, Any] = {"memberId": member_id or ADMIN_MEMBER, "generation": generation,
+                                    "time": now, "offsets": items}
+            if transaction is not None:
+                body["transaction"] = {"id": transaction[0], "version": transaction[1]}
+            return [{"offsets": body}]
+
+        self._commit(build, "COMMIT OFFSETS")
+        return self.state()
+
+    def release(self, member_id: str, partitions: Iterable[TopicPartition],
+                offsets: Mapping[TopicPartition, OffsetAndMetadata] | None = None) -> GroupState:
+        """Hand partitions over to their new owners, with final offsets, in one commit."""
+        parts = sorted(set(partitions))
+
+        def build(state: GroupState) -> list[Action] | None:
+            mine = [tp for tp in parts if state.pending_release.get(tp) == member_id]
+            if not mine:
+                return None
+            actions: list[Action] = []
+            final = {tp: om for tp, om in (offsets or {}).items() if tp in mine}
+            if final:
+                actions.append({"offsets": {
+                    "memberId": member_id, "generation": state.generation, "time": _now_ms(),
+                    "offsets": [{"topic": tp.topic, "partition": tp.partition, "offset": om.offset,
+                                 "metadata": om.metadata} for tp, om in sorted(final.items())],
+                }})
+            actions.append({"release": {"memberId": member_id,
+                                        "partitions": [[tp.topic, tp.partition] for tp in mine]}})
+            return actions
+
+        self._commit(build, "RELEASE PARTITIONS")
+        return self.state()
+
+    def committed(self, tp: TopicPartition) -> OffsetAndMetadata | None:
+        return self.state().offsets.get(tp)
+
+    # -- administration ---------------------------------------------------------------------------
+
+    def delete(self) -> None:
+        def build(state: GroupState) -> list[Action]:
+            if state.version < 0:
+                raise KStoreError(f"group {self.group_id!r} does not exist")
+            live = state.live_members(_now_ms())
+            if live:
+                raise IllegalStateError(
+                    f"group {self.group_id!r} has {len(live)} live member(s); stop them before deleting it"
+                )
+            return [{"deleteGroup": {"time": _now_ms()}}]
+
+        self._commit(build, "DELETE GROUP")
+
+
+def _common_assignor(members: Iterable[Member]) -> str:
+    members = list(members)
+    if not members:
+        return "sticky"
+    first = members[0].assignors
+    for name in first:
+        if all(name in m.assignors for m in members):
+            return name
+    raise CommitFailedError(
+        "group members share no partition assignment strategy: "
+        + "; ".join(f"{m.member_id}: {list(m.assignors)}" for m in members)
+    )
+
+
+# -- group administration (kafka-consumer-groups) ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    current_offset: int | None
+    log_end_offset: int
+    lag: int | None
+    member_id: str | None
+    client_id: str | None
+    metadata: str = ""
+
+
+@dataclass(frozen=True)
+class GroupDescription:
+    group_id: str
+    state: str  # Stable, Empty, Dead (deleted or never used)
+    generation: int
+    assignor: str | None
+    members: list[Member]
+    partitions: list[PartitionLag] = field(default_factory=list)
+
+    @property
+    def total_lag(self) -> int:
+        return sum(p.lag or 0 for p in self.partitions)
+
+
+def list_groups(store: Store) -> list[str]:
+    names = []
+    for info in store.storage.list_dir(GROUPS):
+        try:
+            validate_group_id(info.name)
+        except ValueError:
+            continue
+        if Group(store, info.name).exists():
+            names.append(info.name)
+    return sorted(names)
+
+
+def describe_group(store: Store, group_id: str) -> GroupDescription:
+    group = Group(store, group_id)
+    state = group.state()
+    now = _now_ms()
+    live = state.live_members(now)
+    topics = {tp.topic for tp in state.offsets} | {tp.topic for parts in state.assignment.values() for tp in parts}
+    rows: dict[TopicPartition, PartitionLag] = {}
+    for topic in sorted(topics):
+        try:
+            meta = store.topic(topic)
+        except UnknownTopicOrPartitionError:
+            continue
+        for p in range(meta.partitions):
+            tp = TopicPartition(topic, p)
+            owner = state.owner_of(tp)
+            committed = state.offsets.get(tp)
+            if committed is None and owner is None:
+                continue
+            end = store.partition(topic, p, meta).state().end_offset
+            current = committed.offset if committed else None
+            rows[tp] = PartitionLag(
+                topic, p, current, end, None if current is None else max(0, end - current),
+                owner if owner in live else None,
+                live[owner].client_id if owner in live else None,
+                committed.metadata if committed else "",
+            )
+    if state.version < 0:
+        status = "Dead"
+    elif live:
+        status = "Stable"
+    else:
+        status = "Empty"
+    return GroupDescription(group_id, status, state.generation, state.assignor,
+                            sorted(live.values(), key=lambda m: m.member_id),
+                            [rows[k] for k in sorted(rows)])
+
+
+def reset_offsets(
+    store: Store,
+    group_id: str,
+    topics: Iterable[str],
+    *,
+    to_earliest: bool = False,
+    to_latest: bool = False,
+    to_offset: int | None = None,
+    to_datetime_ms: int | None = None,
+    shift_by: int | None = None,
+    by_duration_ms: int | None = None,
+    partitions: Iterable[int] | None = None,
+    execute: bool = False,
+) -> dict[TopicPartition, int]:
+    """Compute (and with ``execute``, commit) new offsets, as ``kafka-consumer-groups
+    --reset-offsets``. Refused while the group has live members. Offsets are clamped to each
+    partition's live range."""
+    chosen = [to_earliest, to_latest, to_offset is not None, to_datetime_ms is not None,
+              shift_by is not None, by_duration_ms is not None]
+    if sum(chosen) != 1:
+        raise ValueError("choose exactly one of to_earliest, to_latest, to_offset, to_datetime, shift_by, by_duration")
+    group = Group(store, group_id)
+    state = group.state()
+    live = state.live_members(_now_ms())
+    if live:
+        raise IllegalStateError(
+            f"group {group_id!r} has {len(live)} live member(s); offsets can only be reset while it is inactive"
+        )
+    wanted = set(partitions) if partitions is not None else None
+    plan: dict[TopicPartition, int] = {}
+    for topic in topics:
+        meta = store.topic(topic)
+        for p in range(meta.partitions):
+            if wanted is not None and p not in wanted:
+                continue
+            part = store.partition(topic, p, meta)
+            pstate = part.state()
+            start, end = pstate.start_offset, pstate.end_offset
+            tp = TopicPartition(topic, p)
+            current = state.offsets.get(tp)
+            if to_earliest:
+                target = start
+            elif to_latest:
+                target = end
+            elif to_offset is not None:
+                target = to_offset
+            elif to_datetime_ms is not None or by_duration_ms is not None:
+                when = to_datetime_ms if to_datetime_ms is not None else _now_ms() - (by_duration_ms or 0)
+                found = part.offset_for_timestamp(when, pstate)
+                target = end if found is None else found
+            else:
+                base = current.offset if current is not None else start
+                target = base + (shift_by or 0)
+            plan[tp] = min(max(target, start), end)
+    if execute and plan:
+        group.commit_offsets({tp: OffsetAndMetadata(o, "reset") for tp, o in plan.items()},
+                             member_id=None, generation=-1)
+    return plan
+
+
+def delete_group(store: Store, group_id: str) -> None:
+    Group(store, group_id).delete()

@@ -1,0 +1,878 @@
+"""The producer: Kafka's client API over the store, batching records into segments.
+
+``send()`` only appends the record to the topic's open batch (a few list appends under a lock)
+and returns a future. A background sender drains batches when they reach ``batch_size`` bytes,
+when ``linger_ms`` has passed, or on ``flush()``; it converts each batch to Arrow columns at
+once, places keyed records with a vectorised partitioner, and writes one segment and one
+commit per partition. Placing records at drain time rather than in ``send()`` is what makes
+``send()`` cheap; the placement is the same, and records of one key keep their order.
+
+Idempotence: every commit carries the producer id, epoch and the batch's sequence range for
+that partition. A retry after an error that left the outcome unknown commits the same
+sequences again, and the log recognises its own batch instead of writing it twice.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import logging
+import os
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kstore.errors import (
+    IllegalStateError,
+    InvalidConfigurationError,
+    InvalidRecordError,
+    KafkaTimeoutError,
+    KStoreError,
+    ProducerFencedError,
+    RecordTooLargeError,
+    UnknownTopicOrPartitionError,
+)
+from kstore.layout import producer_log_dir
+from kstore.log import Action, Log, LogState, protocol_action
+from kstore.names import validate_topic_name
+from kstore.partition import ProducerBatch
+from kstore.partitioner import NO_PARTITION, StickyPartitioner, get_partitioner
+from kstore.records import RecordMetadata, TopicPartition
+from kstore.segments import HEADERS_TYPE, RECORD_SCHEMA, TIMESTAMP_TYPE, SegmentFile
+from kstore.store import Store, TopicMetadata
+
+log = logging.getLogger(__name__)
+_now = time.time
+
+RECORD_OVERHEAD_BYTES = 70  # Kafka's per-record batch overhead, for size accounting
+
+DEFAULT_CONFIG: dict[str, Any] = {
+    "acks": 1,
+    "linger_ms": 5,
+    "batch_size": 4 * 1024 * 1024,  # bytes per topic batch before it is sent without lingering
+    "buffer_memory": 64 * 1024 * 1024,
+    "max_block_ms": 60_000,
+    "max_request_size": 1_048_576,
+    "compression_type": None,  # None: the topic's compression.type
+    "retries": 2_147_483_647,
+    "retry_backoff_ms": 100,
+    "retry_backoff_max_ms": 1_000,
+    "delivery_timeout_ms": 120_000,
+    "enable_idempotence": True,
+    "transactional_id": None,
+    "partitioner": "murmur2",
+    "key_serializer": None,
+    "value_serializer": None,
+    "client_id": None,
+    "metadata_max_age_ms": 300_000,
+    "max_in_flight_partitions": 8,  # partitions written concurrently by the sender
+    "storage_options": None,
+}
+
+_LIVE_PRODUCERS: weakref.WeakSet[Producer] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for producer in list(_LIVE_PRODUCERS):
+        producer._forked = True
+        producer._usable = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class FutureRecordMetadata(tuple[Any, ...]):
+    """The future of one record: ``get()`` returns its :class:`RecordMetadata`.
+
+    A tuple (batch, index) so that creating one costs no Python-level ``__init__``: ``send()``
+    makes one per record and is on the hottest path of the library.
+    """
+
+    __slots__ = ()
+
+    def get(self, timeout: float | None = None) -> RecordMetadata:
+        batch: _Batch = self[0]
+        if not batch.done.wait(timeout):
+            raise KafkaTimeoutError(f"record not delivered within {timeout} s")
+        return batch.metadata(self[1])
+
+    def is_done(self) -> bool:
+        return bool(self[0].done.is_set())
+
+    def succeeded(self) -> bool:
+        return self.is_done() and self[0].error_for(self[1]) is None
+
+    def failed(self) -> bool:
+        return self.is_done() and self[0].error_for(self[1]) is not None
+
+    @property
+    def exception(self) -> BaseException | None:
+        return self[0].error_for(self[1]) if self.is_done() else None  # type: ignore[no-any-return]
+
+    @property
+    def value(self) -> RecordMetadata | None:
+        return self[0].metadata(self[1]) if self.succeeded() else None  # type: ignore[no-any-return]
+
+    def add_callback(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> FutureRecordMetadata:
+        """Call ``fn(*args, metadata, **kwargs)`` when the record is committed."""
+        self[0].add_callback(self[1], fn, args, kwargs, errback=False)
+        return self
+
+    def add_errback(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> FutureRecordMetadata:
+        """Call ``fn(*args, exception, **kwargs)`` when the record cannot be delivered."""
+        self[0].add_callback(self[1], fn, args, kwargs, errback=True)
+        return self
+
+    def __repr__(self) -> str:
+        return f"FutureRecordMetadata({self[0].topic!r}, done={self.is_done()})"
+
+
+class FutureBatchMetadata:
+    """The future of a ``send_batch()``: ``get()`` returns a table of (partition, offset)
+    aligned with the input rows."""
+
+    def __init__(self, batch: _Batch) -> None:
+        self._batch = batch
+
+    def get(self, timeout: float | None = None) -> pa.Table:
+        if not self._batch.done.wait(timeout):
+            raise KafkaTimeoutError(f"batch not delivered within {timeout} s")
+        errors = self._batch.errors
+        if errors:
+            raise next(iter(errors.values()))
+        return pa.table({
+            "partition": pa.array(self._batch.partition_of, pa.int32()),
+            "offset": pa.array(self._batch.offset_of, pa.int64()),
+        })
+
+    def is_done(self) -> bool:
+        return self._batch.done.is_set()
+
+
+class _Batch:
+    """Records accumulated for one topic, then (once drained) their outcome."""
+
+    def __init__(self, topic: str, created: float) -> None:
+        self.topic = topic
+        self.created = created
+        # Column lists, appended by send(); headers and explicit partitions are rare, so they
+        # are kept sparsely by record index.
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.timestamps: list[float] = []  # seconds since the epoch
+        self.headers: dict[int, list[tuple[str, bytes]]] = {}
+        self.partitions: dict[int, int] = {}
+        self.nbytes = 0
+        self.table: pa.Table | None = None  # set instead of the lists by send_batch()
+        self.explicit_partition: int | None = None
+        self.done = threading.Event()
+        self.partition_of: np.ndarray[Any, Any] = np.zeros(0, np.int32)
+        self.offset_of: np.ndarray[Any, Any] = np.zeros(0, np.int64)
+        self.timestamp_of: Sequence[int] = ()
+        self.log_start: dict[int, int] = {}
+        self.errors: dict[int, BaseException] = {}  # partition -> why its records failed
+        self.fatal: BaseException | None = None  # failed before placement
+        self.acks0 = False
+        self._callbacks: list[tuple[int, Callable[..., Any], tuple[Any, ...], dict[str, Any], bool]] = []
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self.table.num_rows if self.table is not None else len(self.values)
+
+    def error_for(self, index: int) -> BaseException | None:
+        if self.fatal is not None:
+            return self.fatal
+        if not self.errors:
+            return None
+        return self.errors.get(int(self.partition_of[index]))
+
+    def metadata(self, index: int) -> RecordMetadata:
+        error = self.error_for(index)
+        if error is not None:
+            raise error
+        partition = int(self.partition_of[index])
+        if self.table is not None:
+            key_size = value_size = -1
+        else:
+            key, value = self.keys[index], self.values[index]
+            key_size = -1 if key is None else len(key)
+            value_size = -1 if value is None else len(value)
+        return RecordMetadata(
+            topic=self.topic,
+            partition=partition,
+            topic_partition=TopicPartition(self.topic, partition),
+            offset=-1 if self.acks0 else int(self.offset_of[index]),
+            timestamp=int(self.timestamp_of[index]),
+            log_start_offset=self.log_start.get(partition, -1),
+            checksum=None,
+            serialized_key_size=key_size,
+            serialized_value_size=value_size,
+            serialized_header_size=-1,
+        )
+
+    def add_callback(self, index: int, fn: Callable[..., Any], args: tuple[Any, ...],
+                     kwargs: dict[str, Any], *, errback: bool) -> None:
+        with self._lock:
+            if not self.done.is_set():
+                self._callbacks.append((index, fn, args, kwargs, errback))
+                return
+        self._fire(index, fn, args, kwargs, errback)
+
+    def complete(self) -> None:
+        with self._lock:
+            self.done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for index, fn, args, kwargs, errback in callbacks:
+            self._fire(index, fn, args, kwargs, errback)
+
+    def _fire(self, index: int, fn: Callable[..., Any], args: tuple[Any, ...],
+              kwargs: dict[str, Any], errback: bool) -> None:
+        error = self.error_for(index)
+        try:
+            if error is None and not errback:
+                fn(*args, self.metadata(index), **kwargs)
+            elif error is not None and errback:
+                fn(*args, error, **kwargs)
+        except Exception:
+            log.exception("producer callback raised")
+
+
+@dataclass
+class _TopicInfo:
+    metadata: TopicMetadata
+    loaded: float
+    max_message_bytes: int
+    record_limit: int  # the smaller of max.message.bytes and max_request_size
+    compression: str
+    log_append_time: bool
+
+
+class Producer:
+    """Writes records to a store's topics, with kafka-python's ``KafkaProducer`` API.
+
+    >>> producer = Producer("file:///tmp/ks", acks="all", linger_ms=5)  # doctest: +SKIP
+    >>> producer.send("clicks", key=b"user-1", value=b"...").get(timeout=10)  # doctest: +SKIP
+    """
+
+    def __init__(self, store: Store | str, **configs: Any) -> None:
+        unknown = sorted(set(configs) - set(DEFAULT_CONFIG))
+        if unknown:
+            raise InvalidConfigurationError(
+                f"unknown producer config {unknown[0]!r}; known: {', '.join(sorted(DEFAULT_CONFIG))}"
+            )
+        cfg = {**DEFAULT_CONFIG, **configs}
+        self.config = cfg
+        self._acks = _parse_acks(cfg["acks"])
+        self._durable = self._acks == "all"
+        for name in ("linger_ms", "batch_size", "buffer_memory", "max_block_ms", "max_request_size",
+                     "retries", "retry_backoff_ms", "retry_backoff_max_ms", "delivery_timeout_ms",
+                     "metadata_max_age_ms", "max_in_flight_partitions"):
+            value = cfg[name]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidConfigurationError(f"producer config {name!r} must be a non-negative integer, got {value!r}")
+        if cfg["max_in_flight_partitions"] < 1 or cfg["batch_size"] < 1 or cfg["buffer_memory"] < 1:
+            raise InvalidConfigurationError("batch_size, buffer_memory and max_in_flight_partitions must be positive")
+        compression = cfg["compression_type"]
+        if compression is not None:
+            compression = {"none": "uncompressed", "uncompressed": "uncompressed", "zstd": "zstd",
+                           "lz4": "lz4"}.get(str(compression).lower())
+            if compression is None:
+                raise InvalidConfigurationError(
+                    f"compression_type {cfg['compression_type']!r} is not supported; use zstd, lz4 "
+                    "or none (segments are Arrow IPC, whose codecs are zstd and lz4)"
+                )
+        self._compression: str | None = compression
+        for name in ("key_serializer", "value_serializer"):
+            if cfg[name] is not None and not callable(cfg[name]):
+                raise InvalidConfigurationError(f"producer config {name!r} must be callable")
+        self._key_serializer: Callable[[Any], bytes] | None = cfg["key_serializer"]
+        self._value_serializer: Callable[[Any], bytes] | None = cfg["value_serializer"]
+        self._partitioner = get_partitioner(cfg["partitioner"])
+        self._sticky = StickyPartitioner()
+        self.store = store if isinstance(store, Store) else Store(store, cfg["storage_options"])
+        self.store.storage.check_writable()
+        self.client_id = cfg["client_id"] or f"producer-{uuid.uuid4().hex[:8]}"
+
+        self._idempotent = bool(cfg["enable_idempotence"]) or cfg["transactional_id"] is not None
+        self._transactional_id: str | None = cfg["transactional_id"]
+        self._registry: Log[_ProducerIdentityState] | None = None
+        self._registration_version = -1
+        if self._transactional_id is not None:
+            self._producer_id, self._epoch = self._register_transactional_id(self._transactional_id)
+        else:
+            self._producer_id, self._epoch = uuid.uuid4().hex, 0
+        self._sequences: dict[tuple[str, int], int] = {}
+
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
+        self._space = threading.Condition(self._lock)
+        self._open: dict[str, _Batch] = {}
+        self._queue: list[_Batch] = []
+        self._in_flight: list[_Batch] = []
+        self._buffered = 0
+        self._flush_requested = False
+        self._closed = False
+        self._forked = False
+        self._fatal: BaseException | None = None
+        self._usable = True  # False once closed, forked or fatally failed; read by every send()
+        self._topics: dict[str, _TopicInfo] = {}
+        self._batch_size: int = cfg["batch_size"]
+        self._buffer_memory: int = cfg["buffer_memory"]
+        self._metrics = {
+            "record-send-total": 0, "record-error-total": 0, "record-retry-total": 0,
+            "batch-total": 0, "commit-total": 0, "commit-time-total-ms": 0.0, "byte-total": 0,
+        }
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=cfg["max_in_flight_partitions"], thread_name_prefix=f"kstore-{self.client_id}"
+        )
+        self._sender = threading.Thread(target=self._run, name=f"kstore-sender-{self.client_id}", daemon=True)
+        self._sender.start()
+        _LIVE_PRODUCERS.add(self)
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def send(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> FutureRecordMetadata:
+        """Queue one record; returns a future of its :class:`RecordMetadata`."""
+        if self._key_serializer is not None and key is not None:
+            key = self._key_serializer(key)
+        if self._value_serializer is not None and value is not None:
+            value = self._value_serializer(value)
+        if value.__class__ is not bytes and value is not None:
+            value = _as_bytes(value, "value")
+        if key.__class__ is not bytes and key is not None:
+            key = _as_bytes(key, "key")
+        size = RECORD_OVERHEAD_BYTES + (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
+        if headers is not None:
+            headers = _check_headers(headers)
+            size += sum(len(k) + len(v) for k, v in headers)
+        if timestamp_ms is None:
+            timestamp = _now()
+        elif timestamp_ms.__class__ is int and timestamp_ms >= 0:
+            timestamp = timestamp_ms / 1000
+        else:
+            raise InvalidRecordError(f"timestamp_ms must be a non-negative integer, got {timestamp_ms!r}")
+        info = self._topics.get(topic)
+        if info is None:
+            info = self._topic_info(topic)
+        if partition is None:
+            partition = NO_PARTITION
+        elif partition.__class__ is not int or not 0 <= partition < info.metadata.partitions:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has partitions 0..{info.metadata.partitions - 1}; got {partition!r}"
+            )
+        if size > info.record_limit:
+            raise RecordTooLargeError(
+                f"record of {size} bytes is larger than the limit "
+                f"({topic!r} max.message.bytes={info.max_message_bytes}, producer max_request_size="
+                f"{self.config['max_request_size']})"
+            )
+        with self._lock:
+            if not self._usable:
+                self._raise_unusable()
+            if self._buffered + size > self._buffer_memory:
+                self._wait_for_space(size)
+            batch = self._open.get(topic)
+            if batch is None:
+                batch = self._open[topic] = _Batch(topic, time.monotonic())
+                self._wakeup.notify()
+            index = len(batch.values)
+            batch.values.append(value)
+            batch.keys.append(key)
+            batch.timestamps.append(timestamp)
+            if headers is not None:
+                batch.headers[index] = headers
+            if partition != NO_PARTITION:
+                batch.partitions[index] = partition
+            batch.nbytes += size
+            self._buffered += size
+            if batch.nbytes >= self._batch_size:
+                self._queue.append(self._open.pop(topic))
+                self._wakeup.notify()
+        return FutureRecordMetadata((batch, index))
+
+    def send_batch(self, topic: str, data: Any, *, partition: int | None = None) -> FutureBatchMetadata:
+        """Queue a whole table of records (columns ``value`` and optionally ``key``,
+        ``headers``, ``timestamp``, ``partition``); placed with the same partitioner,
+        vectorised. Accepts a pyarrow Table / RecordBatch or anything exporting the Arrow C
+        stream interface."""
+        table = _to_table(data)
+        info = self._topic_info(topic)
+        table = _conform_batch(table, info, partition)
+        size = int(table.nbytes) + RECORD_OVERHEAD_BYTES * table.num_rows
+        limit = min(info.max_message_bytes, self.config["max_request_size"])
+        _check_batch_record_sizes(table, limit, topic)
+        batch = _Batch(topic, time.monotonic())
+        batch.table = table
+        batch.nbytes = size
+        with self._lock:
+            if not self._usable:
+                self._raise_unusable()
+            if self._buffered + size > self._buffer_memory and self._buffered > 0:
+                self._wait_for_space(size)
+            # Keep send order: records sent earlier to this topic go first.
+            earlier = self._open.pop(topic, None)
+            if earlier is not None:
+                self._queue.append(earlier)
+            self._queue.append(batch)
+            self._buffered += size
+            self._wakeup.notify()
+        return FutureBatchMetadata(batch)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send everything queued so far and wait until it is delivered (or failed)."""
+        with self._lock:
+            self._queue.extend(self._open.values())
+            self._open.clear()
+            waiting = [*self._in_flight, *self._queue]
+            self._flush_requested = True
+            self._wakeup.notify()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for batch in waiting:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not batch.done.wait(left):
+                raise KafkaTimeoutError(f"flush did not finish within {timeout} s")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Deliver what is queued (waiting at most ``timeout``), then stop the sender."""
+        if self._closed:
+            return
+        try:
+            if not self._forked:
+                self.flush(timeout)
+        finally:
+            with self._lock:
+                self._closed = True
+                self._usable = False
+                self._wakeup.notify()
+            if not self._forked:
+                self._sender.join(timeout)
+                self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def partitions_for(self, topic: str) -> set[int]:
+        info = self._topic_info(topic, refresh=True)
+        return set(range(info.metadata.partitions))
+
+    def metrics(self) -> dict[str, float]:
+        m: dict[str, float] = dict(self._metrics)
+        commits = m["commit-total"] or 1
+        m["commit-latency-avg-ms"] = m.pop("commit-time-total-ms") / commits
+        m["records-per-commit-avg"] = m["record-send-total"] / commits
+        m["buffer-available-bytes"] = self.config["buffer_memory"] - self._buffered
+        m["producer-epoch"] = self._epoch
+        return m
+
+    @property
+    def producer_id(self) -> str:
+        return self._producer_id
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _raise_unusable(self) -> None:
+        if self._forked:
+            raise IllegalStateError("this producer was created before os.fork(); create a new one in the child")
+        if self._fatal is not None:
+            raise self._fatal
+        raise IllegalStateError("producer is closed")
+
+    def _wait_for_space(self, size: int) -> None:
+        """Block (lock held, released while waiting) until ``size`` bytes fit; backpressure."""
+        deadline = time.monotonic() + self.config["max_block_ms"] / 1000
+        self._queue.extend(self._open.values())  # make room by sending what we have now
+        self._open.clear()
+        self._wakeup.notify()
+        while self._buffered > 0 and self._buffered + size > self.config["buffer_memory"]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise KafkaTimeoutError(
+                    f"buffer_memory ({self.config['buffer_memory']} bytes) stayed full for "
+                    f"max_block_ms={self.config['max_block_ms']}"
+                )
+            self._space.wait(left)
+            if not self._usable:
+                self._raise_unusable()
+
+    def _topic_info(self, topic: str, *, refresh: bool = False) -> _TopicInfo:
+        info = self._topics.get(topic)
+        max_age = self.config["metadata_max_age_ms"] / 1000
+        if info is not None and not refresh and time.monotonic() - info.loaded < max_age:
+            return info
+        validate_topic_name(topic)
+        meta = self.store.topic(topic)
+        effective = meta.effective_config
+        topic_compression = effective["compression.type"]
+        compression = self._compression or (
+            "uncompressed" if topic_compression == "producer" else topic_compression
+        )
+        info = _TopicInfo(
+            metadata=meta, loaded=time.monotonic(), max_message_bytes=int(effective["max.message.bytes"]),
+            record_limit=min(int(effective["max.message.bytes"]), self.config["max_request_size"]),
+            compression=compression, log_append_time=effective["message.timestamp.type"] == "LogAppendTime",
+        )
+        self._topics[topic] = info
+        return info
+
+    def _run(self) -> None:
+        linger = self.config["linger_ms"] / 1000
+        while True:
+            with self._lock:
+                while True:
+                    now = time.monotonic()
+                    for topic, batch in list(self._open.items()):
+                        if self._flush_requested or now - batch.created >= linger:
+                            self._queue.append(self._open.pop(topic))
+                    self._flush_requested = False
+                    if self._queue:
+                        work, self._queue = self._queue, []
+                        self._in_flight = list(work)
+                        break
+                    if self._closed:
+                        return
+                    wait = None
+                    if self._open:
+                        oldest = min(b.created for b in self._open.values())
+                        wait = max(0.0, oldest + linger - now)
+                    self._wakeup.wait(wait)
+            for batch in work:
+                self._deliver(batch)
+                with self._lock:
+                    self._buffered -= batch.nbytes
+                    self._in_flight.remove(batch)
+                    self._space.notify_all()
+
+    def _deliver(self, batch: _Batch) -> None:
+        try:
+            self._deliver_batch(batch)
+        except BaseException as exc:  # never leave a future hanging
+            log.exception("producer %s: batch for %r failed", self.client_id, batch.topic)
+            batch.fatal = exc
+            self._metrics["record-error-total"] += len(batch)
+        finally:
+            batch.complete()
+
+    def _deliver_batch(self, batch: _Batch) -> None:
+        info = self._topic_info(batch.topic)
+        n_parts = info.metadata.partitions
+        table = batch.table if batch.table is not None else _build_table(batch)
+        if info.log_append_time:
+            now_us = int(time.time() * 1_000_000)
+            table = table.set_column(table.schema.get_field_index("timestamp"), "timestamp",
+                                     pa.array(np.full(table.num_rows, now_us), TIMESTAMP_TYPE))
+        batch.timestamp_of = (table.column("timestamp").cast(pa.int64()).to_numpy() // 1000)
+        parts = self._place(batch, table, n_parts)
+        batch.partition_of = parts
+        if self._acks == 0:
+            batch.acks0 = True
+        order = np.argsort(parts, kind="stable")
+        counts = np.bincount(parts, minlength=n_parts)
+        sorted_table = table.take(pa.array(order)) if len(order) > 1 else table
+        offsets_sorted = np.empty(len(order), np.int64)
+        jobs: dict[int, tuple[int, int]] = {}
+        start = 0
+        for p in np.nonzero(counts)[0]:
+            count = int(counts[p])
+            jobs[int(p)] = (start, count)
+            start += count
+        deadline = batch.created + self.config["delivery_timeout_ms"] / 1000
+        futures = {
+            p: self._pool.submit(self._write_partition, info, p, sorted_table.slice(s, c), deadline)
+            for p, (s, c) in jobs.items()
+        }
+        for p, fut in futures.items():
+            s, c = jobs[p]
+            try:
+                base, log_start = fut.result()
+                offsets_sorted[s:s + c] = np.arange(base, base + c, dtype=np.int64)
+                batch.log_start[p] = log_start
+            except KStoreError as exc:
+                batch.errors[p] = exc
+                offsets_sorted[s:s + c] = -1
+                self._metrics["record-error-total"] += c
+                self._on_partition_failure(exc)
+        offset_of = np.empty(len(order), np.int64)
+        offset_of[order] = offsets_sorted
+        batch.offset_of = offset_of
+        self._metrics["batch-total"] += 1
+        self._metrics["record-send-total"] += len(order)
+        self._metrics["byte-total"] += batch.nbytes
+
+    def _place(self, batch: _Batch, table: pa.Table, n_parts: int) -> np.ndarray[Any, Any]:
+        if batch.explicit_partition is not None:
+            return np.full(table.num_rows, batch.explicit_partition, np.int32)
+        explicit = None
+        if batch.table is not None:
+            if "partition" in batch.table.column_names:
+                explicit = batch.table.column("partition").to_numpy(zero_copy_only=False)
+        elif batch.partitions:
+            explicit = np.full(len(batch.values), NO_PARTITION, np.int32)
+            explicit[list(batch.partitions)] = list(batch.partitions.values())
+        parts = np.asarray(self._partitioner.partition_batch(table.column("key"), n_parts), np.int32)
+        if explicit is not None:
+            parts = np.where(explicit != NO_PARTITION, explicit, parts).astype(np.int32)
+        unkeyed = parts == NO_PARTITION
+        if unkeyed.any():
+            sticky = self._sticky.partition(n_parts)
+            parts[unkeyed] = sticky
+            self._sticky.on_new_batch(n_parts, sticky)
+        if parts.size and (parts.min() < 0 or parts.max() >= n_parts):
+            raise UnknownTopicOrPartitionError(
+                f"topic {batch.topic!r} has {n_parts} partitions; a record names partition {int(parts.max())}"
+            )
+        return parts
+
+    def _write_partition(self, info: _TopicInfo, p: int, table: pa.Table, deadline: float) -> tuple[int, int]:
+        topic = info.metadata.name
+        partition = self.store.partition(topic, p, info.metadata)
+        producer: ProducerBatch | None = None
+        if self._idempotent:
+            first = self._sequences.get((topic, p), 0)
+            producer = ProducerBatch(self._producer_id, self._epoch, first, first + table.num_rows - 1)
+        segment: SegmentFile | None = None
+        attempt = 0
+        while True:
+            try:
+                if segment is None:
+                    segment = partition.write_segment(table, compression=info.compression, durable=self._durable)
+                self._check_not_fenced()
+                started = time.monotonic()
+                result = partition.commit_segments([segment], durable=self._durable, producer=producer)
+                self._metrics["commit-total"] += 1
+                self._metrics["commit-time-total-ms"] += (time.monotonic() - started) * 1000
+                if producer is not None:
+                    self._sequences[(topic, p)] = producer.last_sequence + 1
+                return result.base_offset, partition.state(refresh=False).start_offset
+            except KStoreError as exc:
+                if not exc.retriable or attempt >= self.config["retries"] or time.monotonic() >= deadline:
+                    raise
+                attempt += 1
+                self._metrics["record-retry-total"] += table.num_rows
+                backoff = min(self.config["retry_backoff_max_ms"], self.config["retry_backoff_ms"] * 2 ** min(attempt, 10))
+                log.warning("producer %s: %s-%d attempt %d failed (%s); retrying", self.client_id, topic, p, attempt, exc)
+                time.sleep(min(backoff / 1000, max(0.0, deadline - time.monotonic())))
+
+    def _on_partition_failure(self, exc: BaseException) -> None:
+        if isinstance(exc, ProducerFencedError):
+            self._fatal = exc
+            self._usable = False
+            with self._lock:
+                self._space.notify_all()
+        elif self._idempotent and self._transactional_id is None:
+            # The failed batch may or may not have landed; a new epoch restarts sequences so
+            # later batches are not refused as out of order (Kafka's epoch bump, KIP-360).
+            self._epoch += 1
+            self._sequences.clear()
+
+    # -- transactional identity ------------------------------------------------------------------
+
+    def _register_transactional_id(self, transactional_id: str) -> tuple[str, int]:
+        registry = Log(self.store.storage, producer_log_dir(transactional_id), _ProducerIdentityState,
+                       checkpoint_interval=50)
+        pid = hashlib.sha256(f"kstore-producer:{transactional_id}".encode()).hexdigest()[:32]
+
+        def build(state: _ProducerIdentityState) -> list[Action]:
+            actions: list[Action] = [protocol_action()] if state.version < 0 else []
+            return [*actions, {"producerEpoch": {"transactionalId": transactional_id, "producerId": pid,
+                                                  "epoch": state.epoch + 1}}]
+
+        result = registry.commit(registry.load(), build, operation="INIT PRODUCER")
+        assert result is not None
+        self._registry = registry
+        self._registration_version = result.version
+        return pid, result.state.epoch
+
+    def _check_not_fenced(self) -> None:
+        if self._registry is None:
+            return
+        if self._registry.read_commit(self._registration_version + 1) is not None:
+            newer = self._registry.load()
+            raise ProducerFencedError(
+                f"transactional id {self._transactional_id!r}: epoch {self._epoch} was fenced by a "
+                f"newer instance (epoch {newer.epoch})"
+            )
+
+
+class _ProducerIdentityState(LogState):
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch = -1
+        self.producer_id: str | None = None
+        self.transactional_id: str | None = None
+
+    def apply(self, name: str, body: dict[str, Any]) -> None:
+        if name == "producerEpoch":
+            self.epoch = int(body["epoch"])
+            self.producer_id = str(body["producerId"])
+            self.transactional_id = str(body["transactionalId"])
+        else:
+            super().apply(name, body)
+
+    def checkpoint_actions(self) -> list[Action]:
+        actions = super().checkpoint_actions()
+        if self.producer_id is not None:
+            actions.append({"producerEpoch": {"transactionalId": self.transactional_id,
+                                              "producerId": self.producer_id, "epoch": self.epoch}})
+        return actions
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def _parse_acks(value: Any) -> int | str:
+    if value in (0, "0"):
+        return 0
+    if value in (1, "1"):
+        return 1
+    if value in ("all", -1, "-1"):
+        return "all"
+    raise InvalidConfigurationError(f"acks must be 0, 1 or 'all', got {value!r}")
+
+
+def _as_bytes(value: Any, field: str) -> bytes:
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise InvalidRecordError(
+        f"record {field} must be bytes (or None), got {type(value).__name__}; "
+        f"set {field}_serializer to convert {type(value).__name__} values"
+    )
+
+
+def _check_headers(headers: Iterable[Any]) -> list[tuple[str, bytes]]:
+    if isinstance(headers, str | bytes | dict):
+        raise InvalidRecordError("headers must be a list of (str, bytes) tuples")
+    out = []
+    for i, item in enumerate(headers):
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise InvalidRecordError(f"headers[{i}] must be a (str, bytes) pair, got {item!r}")
+        name, value = item
+        if not isinstance(name, str):
+            raise InvalidRecordError(f"headers[{i}] name must be str, got {type(name).__name__}")
+        if value is not None and not isinstance(value, bytes | bytearray):
+            raise InvalidRecordError(f"headers[{i}] ({name!r}) value must be bytes, got {type(value).__name__}")
+        out.append((name, bytes(value) if value is not None else b""))
+    return out
+
+
+def _build_table(batch: _Batch) -> pa.Table:
+    n = len(batch.values)
+    keys = pa.array(batch.keys, pa.binary())
+    values = pa.array(batch.values, pa.binary())
+    micros = np.round(np.array(batch.timestamps, np.float64) * 1_000_000).astype(np.int64)
+    timestamps = pa.array(micros).cast(TIMESTAMP_TYPE)
+    if batch.headers:
+        pairs = batch.headers
+        headers = pa.array(
+            [[{"key": k, "value": v} for k, v in pairs[i]] if i in pairs else None for i in range(n)],
+            HEADERS_TYPE,
+        )
+    else:
+        headers = pa.nulls(n, HEADERS_TYPE)
+    return pa.Table.from_arrays([keys, values, timestamps, headers], schema=RECORD_SCHEMA)
+
+
+def _to_table(data: Any) -> pa.Table:
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if hasattr(data, "__arrow_c_stream__"):
+        return pa.table(data)
+    raise InvalidRecordError(
+        f"send_batch needs a pyarrow Table/RecordBatch or an Arrow C stream, got {type(data).__name__}"
+    )
+
+
+def _conform_batch(table: pa.Table, info: _TopicInfo, partition: int | None) -> pa.Table:
+    if "value" not in table.column_names:
+        raise InvalidRecordError(f"send_batch needs a 'value' column; got {table.column_names}")
+    allowed = {"key", "value", "headers", "timestamp", "partition"}
+    extra = set(table.column_names) - allowed
+    if extra:
+        raise InvalidRecordError(f"send_batch: unexpected columns {sorted(extra)}; allowed {sorted(allowed)}")
+    n = table.num_rows
+    cols: dict[str, pa.ChunkedArray | pa.Array] = {}
+    for name, typ in (("key", pa.binary()), ("value", pa.binary())):
+        if name in table.column_names:
+            col = table.column(name)
+            if col.type in (pa.string(), pa.large_string()) or not (
+                pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)
+                or pa.types.is_fixed_size_binary(col.type) or pa.types.is_null(col.type)
+            ):
+                raise InvalidRecordError(f"send_batch: column {name!r} must be binary, got {col.type}")
+            cols[name] = col.cast(typ)
+        else:
+            cols[name] = pa.nulls(n, typ)
+    if "timestamp" in table.column_names:
+        col = table.column("timestamp")
+        if pa.types.is_timestamp(col.type):
+            col = col.cast(pa.timestamp("us", tz="UTC")) if col.type.tz else col.cast(pa.timestamp("us")).cast(TIMESTAMP_TYPE)
+        elif pa.types.is_integer(col.type):
+            col = pc.multiply(col.cast(pa.int64()), 1000).cast(TIMESTAMP_TYPE)
+        else:
+            raise InvalidRecordError(f"send_batch: column 'timestamp' must be a timestamp or int64 ms, got {col.type}")
+        if col.null_count:
+            now_us = int(time.time() * 1_000_000)
+            col = pc.fill_null(col, pa.scalar(now_us, TIMESTAMP_TYPE))
+        cols["timestamp"] = col
+    else:
+        cols["timestamp"] = pa.array(np.full(n, int(time.time() * 1_000_000)), TIMESTAMP_TYPE)
+    if "headers" in table.column_names:
+        try:
+            cols["headers"] = table.column("headers").cast(HEADERS_TYPE)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise InvalidRecordError(f"send_batch: column 'headers' must be list<struct<key: string, value: binary>>: {exc}") from None
+    else:
+        cols["headers"] = pa.nulls(n, HEADERS_TYPE)
+    out = pa.Table.from_arrays([cols[f.name] for f in RECORD_SCHEMA], schema=RECORD_SCHEMA)
+    n_parts = info.metadata.partitions
+    part_col: Any = None
+    if partition is not None:
+        part_col = pa.array(np.full(n, partition, np.int32))
+    elif "partition" in table.column_names:
+        part_col = table.column("partition").cast(pa.int32())
+    if part_col is not None:
+        filled = pc.fill_null(part_col, NO_PARTITION)
+        values = np.asarray(filled.to_numpy(zero_copy_only=False) if hasattr(filled, "to_numpy") else filled, np.int32)
+        if values.size and (values.max() >= n_parts or (values[values != NO_PARTITION] < 0).any()):
+            raise UnknownTopicOrPartitionError(f"send_batch: topic {info.metadata.name!r} has partitions 0..{n_parts - 1}")
+        out = out.append_column("partition", pa.array(values, pa.int32()))
+    return out
+
+
+def _check_batch_record_sizes(table: pa.Table, limit: int, topic: str) -> None:
+    sizes = np.zeros(table.num_rows, np.int64) + RECORD_OVERHEAD_BYTES
+    for name in ("key", "value"):
+        lengths = pc.binary_length(table.column(name)).to_numpy(zero_copy_only=False)
+        sizes += np.nan_to_num(lengths.astype(np.float64), nan=0).astype(np.int64)
+    if sizes.size and int(sizes.max()) > limit:
+        index = int(sizes.argmax())
+        raise RecordTooLargeError(
+            f"send_batch: row {index} is {int(sizes[index])} bytes, over the limit of {limit} for topic {topic!r}"
+        )
+
+
+__all__ = ["DEFAULT_CONFIG", "FutureBatchMetadata", "FutureRecordMetadata", "Producer"]

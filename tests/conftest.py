@@ -1,0 +1,116 @@
+"""Store fixtures for every backend: memory://, a local directory, and S3 (moto, SeaweedFS).
+
+Each store fixture returns ``(url, storage_options)``; ``any_store`` runs a test on all four.
+The S3 servers start once per session on free loopback ports (see tests/servers.py); a server
+that cannot start makes the tests that need it error, never skip.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+from tests.servers import MotoServer, SeaweedServer
+
+StoreURL = tuple[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class StoreTarget:
+    name: str  # "memory", "local", "moto" or "seaweed"
+    url: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoServer]:
+    server = MotoServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def seaweed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweed"))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.kill()  # the data dir is thrown away: no need to wait for a graceful stop
+
+
+@pytest.fixture
+def moto_bucket_url(moto_server: MotoServer) -> StoreURL:
+    """A fresh bucket on moto: ``("s3://kst-<random>/store", storage_options)``."""
+    return moto_server.new_store_url()
+
+
+@pytest.fixture
+def seaweed_bucket_url(seaweed_server: SeaweedServer) -> StoreURL:
+    """A fresh bucket on SeaweedFS: ``("s3://kst-<random>/store", storage_options)``."""
+    return seaweed_server.new_store_url()
+
+
+@pytest.fixture
+def local_store_url(tmp_path: Path) -> StoreURL:
+    return (tmp_path / "store").as_uri(), {}
+
+
+@pytest.fixture
+def memory_store_url() -> Iterator[StoreURL]:
+    name = f"kstore-test-{uuid.uuid4().hex}"
+    yield f"memory://{name}/store", {}
+    root = f"/{name}"
+    fs = fsspec.filesystem("memory")
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+
+
+# Shorter names, as the producer tests use them.
+@pytest.fixture
+def memory_store(memory_store_url: StoreURL) -> StoreURL:
+    return memory_store_url
+
+
+@pytest.fixture
+def local_store(local_store_url: StoreURL) -> StoreURL:
+    return local_store_url
+
+
+@pytest.fixture
+def moto_store(moto_bucket_url: StoreURL) -> StoreURL:
+    return moto_bucket_url
+
+
+@pytest.fixture
+def seaweed_store(seaweed_bucket_url: StoreURL) -> StoreURL:
+    return seaweed_bucket_url
+
+
+_BACKEND_FIXTURES = {
+    "memory": "memory_store_url",
+    "local": "local_store_url",
+    "moto": "moto_bucket_url",
+    "seaweed": "seaweed_bucket_url",
+}
+
+
+@pytest.fixture(
+    params=[
+        "memory",
+        "local",
+        pytest.param("moto", marks=pytest.mark.s3),
+        pytest.param("seaweed", marks=pytest.mark.s3),
+    ]
+)
+def any_store(request: pytest.FixtureRequest) -> StoreTarget:
+    name: str = request.param
+    url, options = request.getfixturevalue(_BACKEND_FIXTURES[name])
+    return StoreTarget(name, url, options)

@@ -1,0 +1,390 @@
+"""Producer SDK: placement, ordering, acks, retries, idempotence, fencing, limits, bad input."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import zlib
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import kstore
+from kstore.errors import (
+    IllegalStateError,
+    InvalidConfigurationError,
+    InvalidRecordError,
+    InvalidTopicError,
+    KafkaTimeoutError,
+    ProducerFencedError,
+    RecordTooLargeError,
+    StorageError,
+    UnknownTopicOrPartitionError,
+)
+from kstore.partitioner import murmur2
+from kstore.producer import Producer
+from kstore.segments import HEADERS_TYPE
+from tests.faults import Fault, FaultyStorage
+
+BACKENDS = ["memory", "local", "seaweed"]
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest) -> Iterator[kstore.Store]:
+    url, options = request.getfixturevalue(f"{request.param}_store")
+    yield kstore.Store(url, options)
+
+
+def read_all(store: kstore.Store, topic: str) -> dict[int, list[dict[str, Any]]]:
+    """Every record of every partition, fresh from storage (a new Store: no shared cache)."""
+    fresh = kstore.Store(store.url, store.storage.storage_options, create=False)
+    out: dict[int, list[dict[str, Any]]] = {}
+    meta = fresh.topic(topic)
+    for p in range(meta.partitions):
+        part = fresh.partition(topic, p)
+        rows: list[dict[str, Any]] = []
+        state = part.state()
+        if state.end_offset > state.start_offset:
+            for batch in part.read(state.start_offset):
+                rows.extend(batch.to_pylist())
+        out[p] = rows
+    return out
+
+
+def java_partition(key: bytes, n: int) -> int:
+    return (murmur2(key) & 0x7FFFFFFF) % n
+
+
+def test_keyed_records_keep_order_and_land_where_java_puts_them(store: kstore.Store) -> None:
+    store.create_topic("orders", partitions=6)
+    keys = [f"user-{i}".encode() for i in range(40)]
+    sent: dict[bytes, list[int]] = defaultdict(list)
+    futures = []
+    with Producer(store, linger_ms=2, batch_size=8_000) as producer:
+        for seq in range(1_200):
+            key = keys[seq % len(keys)]
+            futures.append((key, seq, producer.send("orders", value=b"%d" % seq, key=key)))
+            sent[key].append(seq)
+    metadata = {seq: f.get(timeout=30) for key, seq, f in futures}
+    records = read_all(store, "orders")
+    seen: dict[bytes, list[int]] = defaultdict(list)
+    for partition, rows in records.items():
+        offsets = [r["offset"] for r in rows]
+        assert offsets == list(range(len(rows))), "offsets must be dense and increasing"
+        for row in rows:
+            assert java_partition(row["key"], 6) == partition
+            seq = int(row["value"])
+            seen[row["key"]].append(seq)
+            assert metadata[seq].partition == partition
+            assert metadata[seq].offset == row["offset"]
+    assert seen == sent  # every record once, in send order per key
+
+
+def test_crc32_partitioner_matches_librdkafka_consistent(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=5)
+    with Producer(store, partitioner="crc32") as producer:
+        futures = {k: producer.send("t", value=b"v", key=k) for k in (b"a", b"bb", b"user-17", b"\x00\xff")}
+    for key, fut in futures.items():
+        assert fut.get(timeout=30).partition == zlib.crc32(key) % 5
+
+
+def test_headers_timestamps_and_tombstones_round_trip(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=1)
+    with Producer(store) as producer:
+        a = producer.send("t", value=b"v1", key=b"k", headers=[("trace", b"\x01\x02"), ("n", b"")],
+                          timestamp_ms=1_700_000_000_123)
+        b = producer.send("t", value=None, key=b"k", timestamp_ms=1_700_000_000_999)
+        c = producer.send("t", value=b"v3")
+    assert a.get(timeout=30).timestamp == 1_700_000_000_123
+    assert b.get(timeout=30).serialized_value_size == -1
+    rows = read_all(store, "t")[0]
+    assert rows[0]["headers"] == [{"key": "trace", "value": b"\x01\x02"}, {"key": "n", "value": b""}]
+    assert int(rows[0]["timestamp"].timestamp() * 1000) == 1_700_000_000_123
+    assert rows[1]["value"] is None and rows[1]["key"] == b"k"
+    assert rows[2]["key"] is None and rows[2]["headers"] is None
+    assert c.get(timeout=30).offset == 2
+
+
+def test_serializers(store: kstore.Store) -> None:
+    store.create_topic("t")
+    with Producer(store, key_serializer=str.encode, value_serializer=lambda v: repr(v).encode()) as producer:
+        producer.send("t", value={"a": 1}, key="k1").get(timeout=30)
+    row = read_all(store, "t")[0][0]
+    assert row["key"] == b"k1" and row["value"] == b"{'a': 1}"
+
+
+@pytest.mark.parametrize("acks", [0, 1, "all"])
+def test_acks_levels(acks: Any, local_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    store = kstore.Store(local_store[0])
+    store.create_topic("t", partitions=2)
+    fsyncs = 0
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        nonlocal fsyncs
+        fsyncs += 1
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    with Producer(store, acks=acks) as producer:
+        futures = [producer.send("t", value=b"%d" % i, key=b"%d" % i) for i in range(50)]
+        producer.flush()
+    results = [f.get(timeout=30) for f in futures]
+    if acks == 0:
+        assert all(r.offset == -1 for r in results)  # the producer does not wait to learn it
+    else:
+        assert sorted(r.offset for r in results if r.partition == 0) == list(
+            range(sum(1 for r in results if r.partition == 0)))
+    if acks == "all":
+        assert fsyncs > 0  # durable: file and directory fsyncs before acknowledging
+    else:
+        assert fsyncs == 0
+    assert sum(len(rows) for rows in read_all(store, "t").values()) == 50
+
+
+def test_retries_under_injected_faults_lose_nothing_and_duplicate_nothing(local_store: tuple[str, dict[str, Any]]) -> None:
+    faulty = FaultyStorage(kstore.Storage(local_store[0]), seed=7)
+    store = kstore.Store.from_storage(faulty)
+    store.create_topic("t", partitions=3)
+    is_commit = lambda path: "/_log/" in path and path.endswith(".json") and "checkpoint" not in path  # noqa: E731
+    faulty.add(Fault("put_if_absent", when="before", probability=0.25, match=is_commit))
+    # The ambiguous case: the commit lands but the producer is told it failed.
+    faulty.add(Fault("put_if_absent", when="after", probability=0.25, match=is_commit))
+    faulty.add(Fault("put_if_absent", when="before", probability=0.1, match=lambda p: "/segments/" in p))
+    with Producer(store, linger_ms=1, batch_size=2_000, retry_backoff_ms=1, retry_backoff_max_ms=5) as producer:
+        futures = [producer.send("t", value=b"%06d" % i, key=b"k%d" % (i % 17)) for i in range(600)]
+    metas = [f.get(timeout=60) for f in futures]
+    assert faulty.injected.get("put_if_absent:after", 0) > 0
+    assert faulty.injected.get("put_if_absent:before", 0) > 0
+    faulty.clear()
+    rows = [r for rows in read_all(store, "t").values() for r in rows]
+    values = sorted(r["value"] for r in rows)
+    assert values == [b"%06d" % i for i in range(600)]  # all there, none twice
+    by_value = {(r["value"]): r["offset"] for rows in [rows] for r in rows}
+    for i, meta in enumerate(metas):
+        assert by_value[b"%06d" % i] == meta.offset
+
+
+def test_undeliverable_records_fail_their_futures(local_store: tuple[str, dict[str, Any]]) -> None:
+    faulty = FaultyStorage(kstore.Storage(local_store[0]))
+    store = kstore.Store.from_storage(faulty)
+    store.create_topic("t")
+    faulty.add(Fault("put_if_absent", when="before", match=lambda p: "/segments/" in p))
+    errors: list[BaseException] = []
+    with Producer(store, retries=2, retry_backoff_ms=1) as producer:
+        fut = producer.send("t", value=b"x").add_errback(errors.append)
+        producer.flush()
+        with pytest.raises(StorageError):
+            fut.get(timeout=30)
+        assert fut.failed() and isinstance(fut.exception, StorageError)
+        assert len(errors) == 1
+        assert producer.metrics()["record-error-total"] == 1
+        faulty.clear()
+        # The producer recovers: later records are delivered (a new epoch restarts sequences).
+        assert producer.send("t", value=b"y").get(timeout=30).offset == 0
+
+
+def test_callbacks(store: kstore.Store) -> None:
+    store.create_topic("t")
+    got: list[kstore.records.RecordMetadata] = []
+    done = threading.Event()
+    with Producer(store) as producer:
+        producer.send("t", value=b"x").add_callback(lambda m: (got.append(m), done.set()))
+    assert done.wait(30)
+    assert got[0].topic == "t" and got[0].offset == 0
+
+
+def test_zombie_transactional_producer_is_fenced(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=2)
+    old = Producer(store, transactional_id="payments-1")
+    old.send("t", value=b"a", partition=0).get(timeout=30)
+    new = Producer(store, transactional_id="payments-1")
+    assert new.epoch > old.epoch and new.producer_id == old.producer_id
+    zombie = old.send("t", value=b"zombie", partition=1)
+    with pytest.raises(ProducerFencedError):
+        zombie.get(timeout=30)
+    with pytest.raises(ProducerFencedError):
+        old.send("t", value=b"again")
+    new.send("t", value=b"b", partition=0).get(timeout=30)
+    new.close()
+    old.close()
+    values = [r["value"] for rows in read_all(store, "t").values() for r in rows]
+    assert sorted(values) == [b"a", b"b"]
+
+
+def test_backpressure_blocks_then_times_out(local_store: tuple[str, dict[str, Any]]) -> None:
+    faulty = FaultyStorage(kstore.Storage(local_store[0]))
+    store = kstore.Store.from_storage(faulty)
+    store.create_topic("t")
+    # Every segment write stalls, so the buffer cannot drain.
+    faulty.add(Fault("put_if_absent", when="delay", delay_s=2.0, match=lambda p: "/segments/" in p))
+    producer = Producer(store, buffer_memory=5_000, batch_size=1_000, max_block_ms=300, linger_ms=0)
+    started = time.monotonic()
+    with pytest.raises(KafkaTimeoutError, match="buffer_memory"):
+        for _ in range(1_000):
+            producer.send("t", value=b"x" * 500)
+    assert time.monotonic() - started >= 0.3
+    faulty.clear()
+    producer.close()
+
+
+def test_oversized_records_are_refused(store: kstore.Store) -> None:
+    store.create_topic("small", config={"max.message.bytes": 1_000})
+    with Producer(store, max_request_size=10_000) as producer:
+        with pytest.raises(RecordTooLargeError, match="max.message.bytes=1000"):
+            producer.send("small", value=b"x" * 2_000)
+        with pytest.raises(RecordTooLargeError):
+            producer.send_batch("small", pa.table({"value": pa.array([b"x", b"y" * 5_000], pa.binary())}))
+        producer.send("small", value=b"x" * 100).get(timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"value": "text"}, InvalidRecordError, "value must be bytes"),
+        ({"value": b"v", "key": 42}, InvalidRecordError, "key must be bytes"),
+        ({"value": b"v", "headers": [("h", "str")]}, InvalidRecordError, "headers\\[0\\]"),
+        ({"value": b"v", "headers": {"h": b"v"}}, InvalidRecordError, "headers"),
+        ({"value": b"v", "timestamp_ms": -5}, InvalidRecordError, "timestamp_ms"),
+        ({"value": b"v", "partition": 9}, UnknownTopicOrPartitionError, "partitions 0..1"),
+        ({"value": b"v", "partition": "0"}, UnknownTopicOrPartitionError, "partitions"),
+    ],
+)
+def test_wrong_types_are_named(memory_store: tuple[str, dict[str, Any]], kwargs: dict[str, Any],
+                               error: type[Exception], match: str) -> None:
+    store = kstore.Store(memory_store[0])
+    store.create_topic("t", partitions=2)
+    with Producer(store) as producer:
+        with pytest.raises(error, match=match):
+            producer.send("t", **kwargs)
+        assert issubclass(InvalidRecordError, TypeError)
+    assert read_all(store, "t") == {0: [], 1: []}  # nothing written
+
+
+def test_bad_topics_and_configs(memory_store: tuple[str, dict[str, Any]]) -> None:
+    store = kstore.Store(memory_store[0])
+    store.create_topic("t")
+    with pytest.raises(InvalidConfigurationError, match="linger"):
+        Producer(store, lingerms=5)
+    with pytest.raises(InvalidConfigurationError, match="acks"):
+        Producer(store, acks=2)
+    with pytest.raises(InvalidConfigurationError, match="gzip"):
+        Producer(store, compression_type="gzip")
+    with pytest.raises(InvalidConfigurationError, match="partitioner"):
+        Producer(store, partitioner="random")
+    with Producer(store) as producer:
+        with pytest.raises(UnknownTopicOrPartitionError):
+            producer.send("missing", value=b"x")
+        with pytest.raises(InvalidTopicError):
+            producer.send("../etc", value=b"x")
+
+
+def test_send_batch_places_like_send(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=4)
+    keys = [f"k{i}".encode() for i in range(300)]
+    table = pa.table({
+        "key": pa.array(keys, pa.binary()),
+        "value": pa.array([b"v%d" % i for i in range(300)], pa.binary()),
+        "timestamp": pa.array([1_600_000_000_000 + i for i in range(300)], pa.int64()),
+        "headers": pa.array([[{"key": "i", "value": b"%d" % i}] for i in range(300)], HEADERS_TYPE),
+    })
+    with Producer(store) as producer:
+        result = producer.send_batch("t", table).get(timeout=30)
+        explicit = producer.send_batch("t", pa.table({"value": pa.array([b"p3"], pa.binary())}), partition=3).get(timeout=30)
+    assert result.num_rows == 300
+    partitions = result.column("partition").to_pylist()
+    assert partitions == [java_partition(k, 4) for k in keys]
+    assert explicit.column("partition").to_pylist() == [3]
+    records = read_all(store, "t")
+    for i, (p, offset) in enumerate(zip(partitions, result.column("offset").to_pylist(), strict=True)):
+        row = records[p][offset]
+        assert row["value"] == b"v%d" % i and row["headers"] == [{"key": "i", "value": b"%d" % i}]
+        assert int(row["timestamp"].timestamp() * 1000) == 1_600_000_000_000 + i
+
+
+def test_send_batch_rejects_bad_tables(memory_store: tuple[str, dict[str, Any]]) -> None:
+    store = kstore.Store(memory_store[0])
+    store.create_topic("t", partitions=2)
+    with Producer(store) as producer:
+        with pytest.raises(InvalidRecordError, match="'value' column"):
+            producer.send_batch("t", pa.table({"key": pa.array([b"k"])}))
+        with pytest.raises(InvalidRecordError, match="must be binary"):
+            producer.send_batch("t", pa.table({"value": pa.array(["text"])}))
+        with pytest.raises(InvalidRecordError, match="unexpected columns"):
+            producer.send_batch("t", pa.table({"value": pa.array([b"v"]), "extra": [1]}))
+        with pytest.raises(UnknownTopicOrPartitionError):
+            producer.send_batch("t", pa.table({"value": pa.array([b"v"]), "partition": pa.array([5], pa.int32())}))
+        with pytest.raises(InvalidRecordError):
+            producer.send_batch("t", [b"not a table"])
+
+
+def test_many_threads_share_one_producer(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=3)
+    per_thread = 400
+    with Producer(store, linger_ms=1) as producer:
+        def work(tid: int) -> None:
+            for i in range(per_thread):
+                producer.send("t", value=b"%d:%d" % (tid, i), key=b"thread-%d" % tid)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    order: dict[int, list[int]] = defaultdict(list)
+    for rows in read_all(store, "t").values():
+        for row in rows:
+            tid, i = row["value"].split(b":")
+            order[int(tid)].append(int(i))
+    assert {t: seq for t, seq in order.items()} == {t: list(range(per_thread)) for t in range(4)}
+
+
+def test_producer_after_fork_raises_clearly(local_store: tuple[str, dict[str, Any]]) -> None:
+    store = kstore.Store(local_store[0])
+    store.create_topic("t")
+    producer = Producer(store)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            producer.send("t", value=b"x")
+            os.write(write_end, b"no error")
+        except IllegalStateError as exc:
+            os.write(write_end, str(exc).encode()[:200])
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    message = os.read(read_end, 300).decode()
+    os.close(read_end)
+    assert "fork" in message
+    producer.send("t", value=b"parent ok").get(timeout=30)
+    producer.close()
+
+
+def test_close_flushes_and_refuses_more(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=2)
+    producer = Producer(store, linger_ms=10_000)
+    fut = producer.send("t", value=b"x")
+    assert producer.partitions_for("t") == {0, 1}
+    producer.close()
+    assert fut.get(timeout=1).offset == 0
+    producer.close()  # idempotent
+    with pytest.raises(IllegalStateError, match="closed"):
+        producer.send("t", value=b"y")
+    metrics = producer.metrics()
+    assert metrics["record-send-total"] == 1 and metrics["commit-total"] >= 1
+
+
+def test_log_append_time_topic(store: kstore.Store) -> None:
+    store.create_topic("t", config={"message.timestamp.type": "LogAppendTime"})
+    before = int(time.time() * 1000)
+    with Producer(store) as producer:
+        meta = producer.send("t", value=b"x", timestamp_ms=5).get(timeout=30)
+    assert meta.timestamp >= before
+    row = read_all(store, "t")[0][0]
+    assert int(row["timestamp"].timestamp() * 1000) == meta.timestamp

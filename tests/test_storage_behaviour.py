@@ -1,0 +1,268 @@
+"""One behaviour suite for the storage abstraction, run against every backend (memory, a local
+directory, moto, SeaweedFS) through the ``any_store`` fixture.
+
+Everything the log builds on is here: put-if-absent is the commit primitive, so it must refuse a
+second create with FileExistsError on every backend (SeaweedFS's 412 included), never accept an
+empty body, and a filesystem without an atomic create must be refused for writing unless the
+user opts in.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, ClassVar
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from kstore import Store
+from kstore.errors import UnsafeStorageError
+from kstore.storage import Storage
+from tests.conftest import StoreTarget
+
+
+def storage_of(target: StoreTarget) -> Storage:
+    return Storage(target.url, target.storage_options)
+
+
+def names(storage: Storage, rel: str) -> set[str]:
+    return {info.name for info in storage.list_dir(rel)}
+
+
+# --- put_if_absent ---------------------------------------------------------------------------
+
+
+def test_put_if_absent_creates_once_and_refuses_a_second_create(any_store: StoreTarget) -> None:
+    st = storage_of(any_store)
+    path = "topics/t/_log/00000000000000000000.json"
+    assert not st.exists(path)
+    st.put_if_absent(path, b'{"first": true}\n')
+    assert st.exists(path)
+    assert st.read(path) == b'{"first": true}\n'
+    with pytest.raises(FileExistsError):
+        st.put_if_absent(path, b'{"second": true}\n')
+    # The loser changed nothing.
+    assert st.read(path) == b'{"first": true}\n'
+    # A different name is independent.
+    st.put_if_absent("topics/t/_log/00000000000000000001.json", b"next\n")
+    assert st.read("topics/t/_log/00000000000000000001.json") == b"next\n"
+    assert st.read(path) == b'{"first": true}\n'
+
+
+def test_put_if_absent_refuses_a_file_made_by_put(any_store: StoreTarget) -> None:
+    st = storage_of(any_store)
+    st.put("a/hint", b"1")
+    with pytest.raises(FileExistsError):
+        st.put_if_absent("a/hint", b"2")
+    assert st.read("a/hint") == b"1"
+
+
+@pytest.mark.parametrize("empty", [b"", bytearray(), memoryview(b"")], ids=["bytes", "bytearray", "memoryview"])
+def test_empty_bodies_are_refused(any_store: StoreTarget, empty: Any) -> None:
+    # On S3 an empty body bypasses If-None-Match (it becomes a touch that overwrites).
+    st = storage_of(any_store)
+    with pytest.raises(ValueError, match="non-empty"):
+        st.put_if_absent("x/empty.json", empty)
+    assert not st.exists("x/empty.json")
+    assert st.list_dir("x") == []
+    # ... and an existing file is not overwritten by one either.
+    st.put_if_absent("x/full.json", b"data")
+    with pytest.raises(ValueError, match="non-empty"):
+        st.put_if_absent("x/full.json", empty)
+    assert st.read("x/full.json") == b"data"
+
+
+# --- reads -------------------------------------------------------------------------------------
+
+
+def test_read_exists_and_missing_files(any_store: StoreTarget) -> None:
+    st = storage_of(any_store)
+    assert not st.exists("nope/file")
+    with pytest.raises(FileNotFoundError):
+        st.read("nope/file")
+    assert st.read_if_exists("nope/file") is None
+    payload = bytes(range(256)) * 40  # binary, every byte value
+    st.put_if_absent("bin/blob", payload)
+    assert st.read("bin/blob") == payload
+    assert st.read_if_exists("bin/blob") == payload
+    assert st.exists("bin/blob")
+    assert st.exists("bin")  # a directory with something in it exists
+
+
+def test_put_overwrites_whole_file(any_store: StoreTarget) -> None:
+    st = storage_of(any_store)
+    st.put("p/_last_checkpoint", b'{"version": 100, "padding": "xxxxxxxxxxxxxxxx"}')
+    st.put("p/_last_checkpoint", b'{"version": 200}')
+    assert st.read("p/_last_checkpoint") == b'{"version": 200}'  # no leftover tail
+    st.put_if_absent("p/made-once", b"one")
+    st.put("p/made-once", b"two")
+    assert st.read("p/made-once") == b"two"
+
+
+def test_list_dir_gives_direct_children_with_sizes(any_store: StoreTarget) -> None:
+    st = storage_of(any_store)
+    assert st.list_dir("d") == []  # absent: empty, not an error
+    st.put_if_absent("d/a.json", b"a" * 10)
+    st.put_if_absent("d/b.json", b"b" * 20)
+    st.put_if_absent("d/sub/c.json", b"c" * 30)
+    st.put_if_absent("d2/other.json", b"o")  # a sibling whose name starts with "d"
+    listing = {info.name: info for info in st.list_dir("d")}
+    assert set(listing) == {"a.json", "b.json", "sub"}
+    assert listing["a.json"].size == 10
+    assert listing["b.json"].size == 20
+    assert names(st, "d/sub") == {"c.json"}
+    assert {"d", "d2"} <= names(st, "")
+
+
+def test_delete_files(any_store: StoreTarget) -> None:
+    st = storage_of(any_store)
+    st.put_if_absent("d/a", b"1")
+    st.put_if_absent("d/b", b"2")
+    st.put_if_absent("d/c", b"3")
+    st.delete(["d/a", "d/c", "d/never-existed"])  # absent files are not an error
+    assert not st.exists("d/a")
+    assert not st.exists("d/c")
+    assert st.read("d/b") == b"2"
+    assert names(st, "d") == {"b"}
+    st.delete([])  # nothing to do
+    assert names(st, "d") == {"b"}
+    # A deleted name can be created again.
+    st.put_if_absent("d/a", b"again")
+    assert st.read("d/a") == b"again"
+
+
+def test_delete_tree_removes_everything_below_and_nothing_beside(any_store: StoreTarget) -> None:
+    st = storage_of(any_store)
+    for rel in ("t/x/1", "t/x/2", "t/x/deep/er/3", "t/keep", "t/x2/sibling"):
+        st.put_if_absent(rel, rel.encode())
+    st.delete_tree("t/x")
+    assert not st.exists("t/x/1")
+    assert not st.exists("t/x/deep/er/3")
+    assert st.list_dir("t/x") == []
+    assert st.read("t/keep") == b"t/keep"
+    assert st.read("t/x2/sibling") == b"t/x2/sibling"  # same prefix, different directory
+    st.delete_tree("t/x")  # absent: not an error
+    st.delete_tree("never/was")
+    # The tree can be written again after its removal.
+    st.put_if_absent("t/x/1", b"new")
+    assert st.read("t/x/1") == b"new"
+
+
+# --- pickling ----------------------------------------------------------------------------------
+
+
+def test_storage_pickles_and_the_copy_reads_and_writes_the_same_data(any_store: StoreTarget) -> None:
+    st = storage_of(any_store)
+    st.put_if_absent("pk/one", b"written before pickling")
+    st.fs  # noqa: B018 - open a live connection first: it must not travel in the pickle
+    copy = pickle.loads(pickle.dumps(st))
+    assert isinstance(copy, Storage)
+    assert copy.url == st.url
+    assert copy.root == st.root
+    assert copy.storage_options == st.storage_options
+    assert copy.read("pk/one") == b"written before pickling"
+    assert names(copy, "pk") == {"one"}
+    copy.put_if_absent("pk/two", b"written by the copy")
+    assert st.read("pk/two") == b"written by the copy"
+    with pytest.raises(FileExistsError):
+        copy.put_if_absent("pk/one", b"x")
+    # A whole Store pickles too (Spark ships it to executors).
+    store = Store(any_store.url, any_store.storage_options)
+    store.create_topic("pickled", 1)
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone.store_id == store.store_id
+    assert clone.topic("pickled").topic_id == store.topic("pickled").topic_id
+
+
+def test_repr_hides_secrets(any_store: StoreTarget) -> None:
+    st = storage_of(any_store)
+    secret = any_store.storage_options.get("secret")
+    if secret:
+        assert secret not in repr(st)
+        assert secret not in repr(Store(any_store.url, any_store.storage_options))
+    assert repr(Storage("s3://AKIA:hunter2@bucket/x")) == "Storage('s3://***@bucket/x')"
+
+
+# --- filesystems without an atomic create ----------------------------------------------------
+
+
+class NoAtomicCreateFS(MemoryFileSystem):
+    """An in-memory filesystem under a protocol kstore knows nothing about, so no atomic create."""
+
+    protocol = ("kstore-test-noatomic",)
+    store: ClassVar[dict[str, Any]] = {}
+    pseudo_dirs: ClassVar[list[str]] = [""]
+
+
+@pytest.fixture
+def no_atomic_fs() -> NoAtomicCreateFS:
+    fsspec.register_implementation("kstore-test-noatomic", NoAtomicCreateFS, clobber=True)
+    NoAtomicCreateFS.store.clear()
+    NoAtomicCreateFS.pseudo_dirs[:] = [""]
+    return NoAtomicCreateFS()
+
+
+def test_filesystem_without_atomic_create_is_refused(no_atomic_fs: NoAtomicCreateFS) -> None:
+    url = "kstore-test-noatomic://bucket/store"
+    st = Storage(url)
+    assert st.atomic_create is None
+    for write in (
+        lambda: st.put_if_absent("a", b"1"),
+        lambda: st.put("a", b"1"),
+        lambda: st.delete(["a"]),
+        lambda: st.delete_tree("a"),
+    ):
+        with pytest.raises(UnsafeStorageError, match="allow_unsafe_writes"):
+            write()
+    with pytest.raises(UnsafeStorageError):
+        Store(url)  # creating the store marker is a write
+    assert no_atomic_fs.find("/") == []  # nothing at all was written
+    # Reads are allowed: nothing is there.
+    assert st.read_if_exists("a") is None
+    assert st.list_dir("") == []
+
+
+def test_filesystem_without_atomic_create_works_when_the_user_opts_in(
+    no_atomic_fs: NoAtomicCreateFS,
+) -> None:
+    url = "kstore-test-noatomic://bucket/store"
+    st = Storage(url, allow_unsafe_writes=True)
+    st.put_if_absent("a/b", b"1")
+    with pytest.raises(FileExistsError):
+        st.put_if_absent("a/b", b"2")
+    assert st.read("a/b") == b"1"
+    st.put("a/b", b"3")
+    assert st.read("a/b") == b"3"
+    store = Store(url, allow_unsafe_writes=True)
+    store.create_topic("t", 1)
+    assert store.list_topics() == ["t"]
+    # The opt-in travels with a pickled copy.
+    copy = pickle.loads(pickle.dumps(st))
+    assert copy.allow_unsafe_writes
+    copy.put("a/c", b"4")
+
+
+def test_ftp_is_refused_without_the_opt_in() -> None:
+    st = Storage("ftp://127.0.0.1:1/store")  # never contacted: refused before any I/O
+    assert st.atomic_create is None
+    with pytest.raises(UnsafeStorageError, match="'ftp'"):
+        st.put_if_absent("a", b"1")
+    with pytest.raises(UnsafeStorageError):
+        st.put("a", b"1")
+
+
+@pytest.mark.parametrize(
+    ("url", "protocol", "atomic"),
+    [
+        ("memory://x/y", "memory", "lock"),
+        ("/tmp/somewhere", "file", "link"),
+        ("file:///tmp/somewhere", "file", "link"),
+        ("s3://bucket/prefix", "s3", "if-none-match"),
+    ],
+)
+def test_known_backends_have_an_atomic_create(url: str, protocol: str, atomic: str) -> None:
+    st = Storage(url)
+    assert st.protocol == protocol
+    assert st.atomic_create == atomic
+    st.check_writable()
