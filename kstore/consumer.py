@@ -35,7 +35,13 @@ from kstore.errors import (
 from kstore.groups import Group, GroupState, Member
 from kstore.names import validate_group_id, validate_topic_name
 from kstore.partition import Partition, PartitionState
-from kstore.records import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+from kstore.records import (
+    ConsumerGroupMetadata,
+    ConsumerRecord,
+    OffsetAndMetadata,
+    OffsetAndTimestamp,
+    TopicPartition,
+)
 from kstore.store import Store
 
 log = logging.getLogger(__name__)
@@ -58,6 +64,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "partition_assignment_strategy": ("sticky", "range", "roundrobin"),
     "consumer_timeout_ms": float("inf"),
     "metadata_max_age_ms": 300_000,
+    "isolation_level": "read_uncommitted",  # or read_committed: hide open/aborted transactions
     "storage_options": None,
 }
 
@@ -103,6 +110,11 @@ class Consumer:
         if heartbeat >= session:
             raise InvalidConfigurationError("heartbeat_interval_ms must be lower than session_timeout_ms")
         self._assignors = check_assignors(cfg["partition_assignment_strategy"])
+        if cfg["isolation_level"] not in ("read_uncommitted", "read_committed"):
+            raise InvalidConfigurationError(
+                f"isolation_level must be read_uncommitted or read_committed, got {cfg['isolation_level']!r}"
+            )
+        self._read_committed = cfg["isolation_level"] == "read_committed"
         for name in ("key_deserializer", "value_deserializer"):
             if cfg[name] is not None and not callable(cfg[name]):
                 raise InvalidConfigurationError(f"consumer config {name!r} must be callable")
@@ -442,16 +454,17 @@ class Consumer:
             partition = self._partition(tp)
             state = partition.state()
             position = self._position_for(tp, state)
-            if position >= state.end_offset:
+            visible_end = state.last_stable_offset if self._read_committed else state.end_offset
+            if position >= visible_end:
                 continue
             batches = list(partition.read(
-                position, remaining, state=state,
+                position, remaining, state=state, committed_only=self._read_committed,
                 max_bytes=min(budget, self.config["max_partition_fetch_bytes"]),
             ))
             count = sum(b.num_rows for b in batches)
             if count == 0:
-                # Only compaction gaps up to the end: skip past them.
-                self._positions[tp] = state.end_offset
+                # Only gaps (compaction, aborted transactions) up to the visible end: skip them.
+                self._positions[tp] = visible_end
                 continue
             out[tp] = batches
             self._positions[tp] = int(batches[-1].column("offset")[-1].as_py()) + 1
@@ -652,6 +665,14 @@ class Consumer:
 
     def metrics(self) -> dict[str, float]:
         return dict(self._metrics)
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """For a transactional producer's send_offsets_to_transaction()."""
+        if self.group_id is None:
+            raise IllegalStateError("group_metadata() needs a group_id")
+        return ConsumerGroupMetadata(self.group_id, self._generation if not self._manual else -1,
+                                     None if self._manual else self._member_id,
+                                     self.config["group_instance_id"])
 
     @property
     def member_id(self) -> str | None:

@@ -28,6 +28,7 @@ from kstore.errors import (
     CommitFailedError,
     IllegalStateError,
     KStoreError,
+    ProducerFencedError,
     UnknownTopicOrPartitionError,
 )
 from kstore.layout import GROUPS, group_log_dir
@@ -74,6 +75,7 @@ class GroupState(LogState):
         # members ever read one partition at once. Cleared by `release` or by the previous
         # owner leaving (or expiring).
         self.pending_release: dict[TopicPartition, str] = {}
+        self.transaction_epochs: dict[str, int] = {}  # transactional id -> lowest epoch accepted
 
     def copy(self) -> GroupState:
         clone: GroupState = super().copy()  # type: ignore[assignment]
@@ -85,6 +87,7 @@ class GroupState(LogState):
         clone.offset_times = dict(self.offset_times)
         clone.transactions = dict(self.transactions)
         clone.pending_release = dict(self.pending_release)
+        clone.transaction_epochs = dict(self.transaction_epochs)
         return clone
 
     def apply(self, name: str, body: dict[str, Any]) -> None:
@@ -157,7 +160,13 @@ class GroupState(LogState):
                 self.offset_times[tp] = when
             txn = body.get("transaction")
             if isinstance(txn, dict):
-                self.transactions[str(txn["id"])] = int(txn["version"])
+                tid = str(txn["id"])
+                self.transactions[tid] = max(self.transactions.get(tid, -1), int(txn["version"]))
+                if "epoch" in txn:
+                    self.transaction_epochs[tid] = max(self.transaction_epochs.get(tid, -1), int(txn["epoch"]))
+        elif name == "txnFence":
+            tid = str(body["id"])
+            self.transaction_epochs[tid] = max(self.transaction_epochs.get(tid, -1), int(body["epoch"]))
         elif name == "deleteOffsets":
             for item in body["partitions"]:
                 tp = TopicPartition(str(item["topic"]), int(item["partition"]))
@@ -188,6 +197,8 @@ class GroupState(LogState):
         for tid, version in sorted(self.transactions.items()):
             actions.append({"offsets": {"memberId": ADMIN_MEMBER, "generation": -1, "time": 0, "offsets": [],
                                         "transaction": {"id": tid, "version": version}}})
+        for tid, epoch in sorted(self.transaction_epochs.items()):
+            actions.append({"txnFence": {"id": tid, "epoch": epoch}})
         return actions
 
     # -- queries ---------------------------------------------------------------------------------
@@ -354,11 +365,15 @@ class Group:
         *,
         member_id: str | None,
         generation: int,
-        transaction: tuple[str, int] | None = None,
+        transaction: tuple[str, int, int] | None = None,
     ) -> GroupState:
         """Commit offsets in one log entry. A member must be in ``generation`` (the current one)
         and own every partition; ``member_id=None`` commits outside any generation, which is
-        allowed only while the group has no live members (manual assignment, tools)."""
+        allowed only while the group has no live members (manual assignment, tools).
+
+        ``transaction`` = (transactional id, version, producer epoch) makes this commit the
+        decision of that producer transaction: refused for a fenced epoch, a no-op if that
+        version is already committed."""
         items = [
             {"topic": tp.topic, "partition": tp.partition, "offset": om.offset, "metadata": om.metadata}
             for tp, om in sorted(offsets.items())
@@ -369,8 +384,15 @@ class Group:
 
         def build(state: GroupState) -> list[Action] | None:
             now = _now_ms()
-            if transaction is not None and state.transactions.get(transaction[0], -1) >= transaction[1]:
-                return None  # this transaction's offsets are already committed
+            if transaction is not None:
+                tid, version, epoch = transaction
+                if epoch < state.transaction_epochs.get(tid, -1):
+                    raise ProducerFencedError(
+                        f"transactional id {tid!r}: epoch {epoch} was fenced (group {self.group_id!r} "
+                        f"accepts epoch {state.transaction_epochs[tid]} and newer)"
+                    )
+                if state.transactions.get(tid, -1) >= version:
+                    return None  # this transaction's offsets are already committed
             if member_id is None:
                 live = state.live_members(now)
                 if live:
@@ -401,7 +423,7 @@ class Group:
             body: dict[str, Any] = {"memberId": member_id or ADMIN_MEMBER, "generation": generation,
                                     "time": now, "offsets": items}
             if transaction is not None:
-                body["transaction"] = {"id": transaction[0], "version": transaction[1]}
+                body["transaction"] = {"id": transaction[0], "version": transaction[1], "epoch": transaction[2]}
             return [{"offsets": body}]
 
         self._commit(build, "COMMIT OFFSETS")
@@ -430,6 +452,16 @@ class Group:
 
         self._commit(build, "RELEASE PARTITIONS")
         return self.state()
+
+    def fence_transaction(self, transactional_id: str, epoch: int) -> None:
+        """Refuse, from now on, transaction decisions of older epochs of this producer."""
+
+        def build(state: GroupState) -> list[Action] | None:
+            if state.transaction_epochs.get(transactional_id, -1) >= epoch:
+                return None
+            return [{"txnFence": {"id": transactional_id, "epoch": epoch}}]
+
+        self._commit(build, "FENCE PRODUCER")
 
     def committed(self, tp: TopicPartition) -> OffsetAndMetadata | None:
         return self.state().offsets.get(tp)

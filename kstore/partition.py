@@ -51,9 +51,12 @@ class Segment:
     format: str
     sparse: bool
     created_ms: int
+    # "<producer id>:<transaction version>" while written by an open transaction; records of
+    # an open transaction are invisible to read_committed readers until its marker commits.
+    transaction: str | None = None
 
-    def to_action(self) -> Action:
-        return {
+    def to_action(self, *, open_transaction: bool = True) -> Action:
+        action: Action = {
             "add": {
                 "path": self.path,
                 "baseOffset": self.base_offset,
@@ -68,6 +71,9 @@ class Segment:
                 "createdTime": self.created_ms,
             }
         }
+        if self.transaction is not None and open_transaction:
+            action["add"]["transaction"] = self.transaction
+        return action
 
     @classmethod
     def from_action(cls, body: dict[str, Any]) -> Segment:
@@ -83,6 +89,7 @@ class Segment:
             format=_str(body, "format"),
             sparse=bool(body.get("sparse", False)),
             created_ms=int(body.get("createdTime", 0)),
+            transaction=body.get("transaction") if isinstance(body.get("transaction"), str) else None,
         )
         if not seg.path.startswith("segments/") or ".." in seg.path or "\\" in seg.path:
             raise CorruptLogError(f"add: illegal segment path {seg.path!r}")
@@ -127,6 +134,7 @@ class PartitionState(LogState):
         self.removed: dict[str, int] = {}  # path -> time removed (for vacuum)
         self.cleaned_offset = 0  # compaction's cleaner point: below it the log is compacted
         self._time_index: list[int] | None = None  # running max of segment max timestamps
+        self.open_transactions: dict[str, int] = {}  # "<producer>:<version>" -> first offset
 
     def copy(self) -> PartitionState:
         clone: PartitionState = super().copy()  # type: ignore[assignment]
@@ -135,6 +143,7 @@ class PartitionState(LogState):
         clone.txns = dict(self.txns)
         clone.removed = dict(self.removed)
         clone._time_index = None
+        clone.open_transactions = dict(self.open_transactions)
         return clone
 
     # -- replay --------------------------------------------------------------------------------
@@ -146,6 +155,9 @@ class PartitionState(LogState):
                 raise CorruptLogError(f"add {seg.path}: overlaps a live segment")
             bisect.insort(self.segments, seg, key=lambda s: s.base_offset)
             self.end_offset = max(self.end_offset, seg.last_offset + 1)
+            if seg.transaction is not None:
+                first = self.open_transactions.get(seg.transaction)
+                self.open_transactions[seg.transaction] = seg.base_offset if first is None else min(first, seg.base_offset)
             self.removed.pop(seg.path, None)
         elif name == "remove":
             path = _str(body, "path")
@@ -170,6 +182,15 @@ class PartitionState(LogState):
         elif name == "txn":
             app = _str(body, "appId")
             self.txns[app] = max(self.txns.get(app, -1), _int(body, "version"))
+        elif name == "txnMarker":
+            # Ends a transaction: its records become visible (commit) or were removed in the
+            # same commit (abort). The marker's epoch fences older instances of the producer.
+            key = f"{_str(body, 'producerId')}:{_int(body, 'version')}"
+            self.open_transactions.pop(key, None)
+            pid, epoch = _str(body, "producerId"), _int(body, "epoch")
+            entry = self.producers.get(pid)
+            if entry is None or entry.epoch < epoch:
+                self.producers[pid] = ProducerEntry(epoch, -1, -1, -1, -1, int(body.get("timestamp", 0)))
         elif name == "cleaned":
             self.cleaned_offset = max(self.cleaned_offset, _int(body, "offset"))
         elif name == "tombstone":  # only in checkpoints: a removed file awaiting vacuum
@@ -189,7 +210,9 @@ class PartitionState(LogState):
         actions.append({"logStart": {"offset": self.log_start_offset}})
         if self.cleaned_offset:
             actions.append({"cleaned": {"offset": self.cleaned_offset}})
-        actions.extend(s.to_action() for s in self.segments)
+        actions.extend(
+            s.to_action(open_transaction=s.transaction in self.open_transactions) for s in self.segments
+        )
         for pid, p in sorted(self.producers.items()):
             actions.append({"producer": {
                 "id": pid, "epoch": p.epoch, "firstSequence": p.first_sequence,
@@ -203,6 +226,14 @@ class PartitionState(LogState):
         return actions
 
     # -- lookups -------------------------------------------------------------------------------
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Below this offset no record belongs to an open transaction (Kafka's LSO):
+        read_committed readers stop here."""
+        if not self.open_transactions:
+            return self.end_offset
+        return min(self.end_offset, *self.open_transactions.values())
 
     @property
     def start_offset(self) -> int:
@@ -332,6 +363,7 @@ class Partition:
         producer: ProducerBatch | None = None,
         txn: tuple[str, int] | None = None,
         operation: str = "APPEND",
+        transaction: str | None = None,
     ) -> AppendResult:
         """Publish written dense segments at the end of the log (phase two of an append).
 
@@ -365,6 +397,7 @@ class Partition:
                     record_count=f.record_count, min_timestamp_ms=f.min_timestamp_ms,
                     max_timestamp_ms=f.max_timestamp_ms, size_bytes=f.size_bytes,
                     checksum=f.checksum, format=f.format, sparse=False, created_ms=now,
+                    transaction=transaction,
                 )
                 actions.append(seg.to_action())
                 offset += f.record_count
@@ -404,6 +437,28 @@ class Partition:
             self._remember(self.log.update(state))
         return result
 
+    def end_transaction(self, producer_id: str, epoch: int, version: int, *, commit: bool) -> bool:
+        """Write the marker that ends transaction ``version`` of a producer here: on commit its
+        records become visible to read_committed readers; on abort its segments are removed in
+        the same commit. Idempotent; the marker also fences older epochs of the producer.
+        Returns True if a marker was written."""
+        key = f"{producer_id}:{version}"
+
+        def build(state: PartitionState) -> list[Action] | None:
+            entry = state.producers.get(producer_id)
+            if key not in state.open_transactions and entry is not None and entry.epoch >= epoch:
+                return None  # already ended here, and no older epoch left to fence
+            now = int(time.time() * 1000)
+            actions: list[Action] = []
+            if not commit:
+                actions.extend({"remove": {"path": seg.path, "deletionTimestamp": now}}
+                               for seg in state.segments if seg.transaction == key)
+            actions.append({"txnMarker": {"producerId": producer_id, "epoch": epoch, "version": version,
+                                          "result": "commit" if commit else "abort", "timestamp": now}})
+            return actions
+
+        return self.commit_actions(build, operation="COMMIT TXN" if commit else "ABORT TXN") is not None
+
     # -- reading -------------------------------------------------------------------------------
 
     def read_segment(self, seg: Segment, columns: list[str] | None = None) -> pa.Table:
@@ -436,10 +491,12 @@ class Partition:
         end_offset: int | None = None,
         state: PartitionState | None = None,
         columns: list[str] | None = None,
+        committed_only: bool = False,
     ) -> Iterator[pa.RecordBatch]:
         """Records at ``from_offset`` and after, as Arrow batches (READ_SCHEMA), up to
         ``max_records`` / ``max_bytes`` (at least one record is returned when any exists)
-        and below ``end_offset``. Raises OffsetOutOfRangeError outside the live range."""
+        and below ``end_offset`` (and, with ``committed_only``, below the last stable offset).
+        Raises OffsetOutOfRangeError outside the live range."""
         state = state or self.state()
         if from_offset < state.start_offset or from_offset > state.end_offset:
             raise OffsetOutOfRangeError(
@@ -447,6 +504,8 @@ class Partition:
                 f"[{state.start_offset}, {state.end_offset}]"
             )
         stop = state.end_offset if end_offset is None else min(end_offset, state.end_offset)
+        if committed_only:
+            stop = min(stop, state.last_stable_offset)
         remaining = max_records if max_records is not None else 1 << 62
         budget = max_bytes if max_bytes is not None else 1 << 62
         want = columns if columns is None or "offset" in columns else [*columns, "offset"]

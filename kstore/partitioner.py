@@ -32,9 +32,11 @@ from kstore.errors import InvalidConfigurationError, InvalidPartitionsError, Inv
 
 __all__ = [
     "DEFAULT_PARTITIONER",
+    "MAX_PARTITIONS",
     "NO_PARTITION",
     "PARTITIONER_NAMES",
     "Crc32Partitioner",
+    "KeyBytes",
     "Keys",
     "Murmur2Partitioner",
     "Partitioner",
@@ -86,7 +88,7 @@ _ONES32: Final = np.uint32(_MASK32)
 _SCALAR_CUTOFF: Final = 16
 
 # Keys per block when lengths are mixed: 64K keys of typical sizes keep their bytes in cache.
-_BLOCK_KEYS: Final = 1 << 16
+_BLOCK_KEYS = 1 << 16
 
 
 # --- scalar ------------------------------------------------------------------------------------
@@ -182,16 +184,26 @@ def _check_num_partitions(num_partitions: object) -> int:
 class _KeyColumn:
     """The bytes of a batch of keys as numpy arrays: one buffer plus start offsets and lengths.
 
-    Null keys have length 0 here; ``valid`` says which keys were null.
+    Null keys have length 0 here; ``valid`` says which keys were null (None: no null key).
+    ``contiguous``: each key starts where the previous one ends (no gaps: no null key with
+    bytes behind it), so equal-length keys form a 2D matrix.
     """
 
-    __slots__ = ("data", "lengths", "starts", "valid")
+    __slots__ = ("contiguous", "data", "lengths", "starts", "valid")
 
-    def __init__(self, data: npt.NDArray[np.uint8], starts: _I64, lengths: _I64, valid: _Bool):
+    def __init__(
+        self,
+        data: npt.NDArray[np.uint8],
+        starts: _I64,
+        lengths: _I64,
+        valid: _Bool | None,
+        contiguous: bool,
+    ):
         self.data = data
         self.starts = starts
         self.lengths = lengths
         self.valid = valid
+        self.contiguous = contiguous
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -223,9 +235,8 @@ def _arrow_column(array: pa.Array) -> _KeyColumn:
     t = array.type
     n = len(array)
     if pa.types.is_null(t):
-        return _KeyColumn(
-            np.zeros(0, np.uint8), np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
-        )
+        empty = np.zeros(n, np.int64)
+        return _KeyColumn(np.zeros(0, np.uint8), empty, empty, np.zeros(n, bool), False)
     if pa.types.is_binary_view(t) or pa.types.is_string_view(t):
         array = array.cast(pa.large_binary())
         t = array.type
@@ -241,12 +252,11 @@ def _arrow_column(array: pa.Array) -> _KeyColumn:
         data, starts, lengths = _offsets_layout(array, np.int64)
     else:
         raise InvalidRecordError(f"keys must be an Arrow binary or string array, not {t}")
-    if array.null_count:
-        valid = array.is_valid().to_numpy(zero_copy_only=False)
-        lengths = np.where(valid, lengths, 0)
-    else:
-        valid = np.ones(n, bool)
-    return _KeyColumn(data, starts, lengths, valid)
+    if array.null_count == 0:
+        return _KeyColumn(data, starts, lengths, None, True)
+    # Arrow lets a null slot have bytes behind it: they must not be hashed.
+    valid = array.is_valid().to_numpy(zero_copy_only=False)
+    return _KeyColumn(data, starts, np.where(valid, lengths, 0), valid, False)
 
 
 def _offsets_layout(
@@ -281,17 +291,13 @@ def _sequence_column(keys: Sequence[object]) -> _KeyColumn:
     items: Sequence[object] = keys
     if has_null or memoryview in types:
         items = [b"" if k is None else bytes(k) if isinstance(k, memoryview) else k for k in keys]
-    valid = (
-        np.fromiter((k is not None for k in keys), dtype=bool, count=n)
-        if has_null
-        else np.ones(n, bool)
-    )
+    valid = np.fromiter((k is not None for k in keys), bool, count=n) if has_null else None
     lengths = np.fromiter(map(len, items), dtype=np.int64, count=n)  # type: ignore[arg-type]
     data = np.frombuffer(b"".join(items), dtype=np.uint8)  # type: ignore[arg-type]
     starts = np.zeros(n, np.int64)
     if n > 1:
         np.cumsum(lengths[:-1], out=starts[1:])
-    return _KeyColumn(data, starts, lengths, valid)
+    return _KeyColumn(data, starts, lengths, valid, True)
 
 
 class _WordStep(Protocol):
@@ -307,12 +313,31 @@ def _mix_words(col: _KeyColumn, state: _U32, step: _WordStep) -> _I64 | None:
     overhead to pay), or None.
     """
     n = len(col)
-    nwords = col.lengths >> 2
-    max_words = int(nwords.max()) if n else 0
+    if n == 0:
+        return None
+    min_length, max_length = int(col.lengths.min()), int(col.lengths.max())
+    max_words = max_length >> 2
     if max_words == 0:
         return None
-    if int(nwords.min()) == max_words:
-        return _mix_uniform_words(col, state, step, max_words)
+    if min_length == max_length and col.contiguous:
+        # Equal-length keys back to back (the common case) are the rows of a strided 2D view
+        # of the buffer: each word position is a column, read without a gather.
+        matrix: _U32 = np.ndarray(
+            (n, max_words),
+            dtype="<u4",
+            buffer=col.data,
+            offset=int(col.starts[0]),
+            strides=(max_length, 4),
+        )
+        for j in range(max_words):
+            step(state, matrix[:, j])
+        return None
+    if min_length >> 2 == max_words:
+        # Same word count, different tails: one gather per word position, no bookkeeping.
+        view = _u32_view(col.data)
+        for j in range(max_words):
+            step(state, view[col.starts + 4 * j])
+        return None
     # Mixed lengths: blocks small enough for their key bytes to stay in cache while each is
     # read once per word position.
     left_over = [
@@ -354,31 +379,6 @@ def _mix_sorted_block(col: _KeyColumn, start: int, state: _U32, step: _WordStep)
     return left_over
 
 
-def _mix_uniform_words(col: _KeyColumn, state: _U32, step: _WordStep, nwords: int) -> _I64 | None:
-    # Every key has the same number of words: no bookkeeping. Keys stored back to back with
-    # equal lengths (the common case) are rows of a strided 2D view of the buffer: no gather.
-    n = len(col)
-    if n <= _SCALAR_CUTOFF:
-        return np.arange(n, dtype=np.int64)
-    length = int(col.lengths[0])
-    first = int(col.starts[0])
-    if (
-        bool((col.lengths == length).all())
-        and bool((np.diff(col.starts) == length).all())
-        and first + n * length <= len(col.data)
-    ):
-        matrix: _U32 = np.ndarray(
-            (n, nwords), dtype="<u4", buffer=col.data, offset=first, strides=(length, 4)
-        )
-        for j in range(nwords):
-            step(state, matrix[:, j])
-        return None
-    view = _u32_view(col.data)
-    for j in range(nwords):
-        step(state, view[col.starts + 4 * j])
-    return None
-
-
 def _u32_view(data: npt.NDArray[np.uint8]) -> _U32:
     # Every byte offset as the start of a little-endian uint32 (overlapping, unaligned view),
     # so a key's word at any byte offset is one gather.
@@ -388,24 +388,25 @@ def _u32_view(data: npt.NDArray[np.uint8]) -> _U32:
 
 
 _TAIL_MASKS: Final = np.array([0, 0xFF, 0xFFFF, 0xFFFFFF], dtype=np.uint32)
+_TAIL_FACTORS: Final = np.array([1, _M, _M, _M], dtype=np.uint32)
 
 
-def _tail_bytes(col: _KeyColumn) -> tuple[_U32, npt.NDArray[np.int64]]:
-    """The 0-3 bytes after each key's last whole word, little-endian, and how many there are."""
+def _tail_bytes(col: _KeyColumn) -> tuple[_U32, npt.NDArray[np.int64]] | None:
+    """The 1-3 bytes after each key's last whole word, little-endian, with how many there are
+    (0 for keys without a tail); None when no key has a tail."""
     rem = col.lengths & 3
     if not rem.any():
-        return np.zeros(len(col), np.uint32), rem
+        return None
     pos = col.starts + (col.lengths & ~3)
-    size = len(col.data)
-    if size < 4:
-        padded = np.zeros(size + 4, np.uint8)
-        padded[:size] = col.data
-        return _u32_view(padded)[pos] & _TAIL_MASKS[rem], rem
-    # One word gather per key; a word that would run past the buffer's end is read 1-3 bytes
-    # earlier and shifted back.
-    clipped = np.minimum(pos, size - 4)
+    data = col.data
+    if len(data) < 4:
+        data = np.zeros(len(data) + 4, np.uint8)
+        data[: len(col.data)] = col.data
+    # One word gather per key. A word that would run past the end of the buffer is read 1-3
+    # bytes earlier and shifted back (only its first ``rem`` bytes are kept).
+    clipped = np.minimum(pos, len(data) - 4)
     shift = (np.minimum(pos - clipped, 3) * 8).astype(np.uint32)
-    return (_u32_view(col.data)[clipped] >> shift) & _TAIL_MASKS[rem], rem
+    return (_u32_view(data)[clipped] >> shift) & _TAIL_MASKS[rem], rem
 
 
 # --- batch: murmur2 -------------------------------------------------------------------------------
@@ -425,10 +426,11 @@ def _murmur2_column(col: _KeyColumn) -> _U32:
         return np.fromiter((_murmur2_u32(col.key(i)) for i in range(n)), np.uint32, count=n)
     h = col.lengths.astype(np.uint32) ^ np.uint32(_SEED)
     scalar_keys = _mix_words(col, h, _murmur2_step)
-    tail, rem = _tail_bytes(col)
-    has_tail = rem > 0
-    h ^= tail
-    h[has_tail] *= _M32
+    tail = _tail_bytes(col)
+    if tail is not None:
+        # Java's switch: keys with a tail xor it in and multiply once more; others do neither.
+        h ^= tail[0]
+        h *= _TAIL_FACTORS[tail[1]]
     h ^= h >> _SH13
     h *= _M32
     h ^= h >> _SH15
@@ -440,7 +442,7 @@ def _murmur2_column(col: _KeyColumn) -> _U32:
 def murmur2_hashes(keys: Keys) -> pa.Int32Array:
     """``murmur2`` of every key as a signed int32 (Java's value); null where the key is null."""
     hashes, valid, _ = _hash_all(keys, _murmur2_column)
-    return pa.array(hashes.view(np.int32), type=pa.int32(), mask=~valid)
+    return pa.array(hashes.view(np.int32), type=pa.int32(), mask=None if valid is None else ~valid)
 
 
 def partition_keys_murmur2(keys: Keys, num_partitions: int) -> pa.Int32Array:
@@ -450,8 +452,11 @@ def partition_keys_murmur2(keys: Keys, num_partitions: int) -> pa.Int32Array:
     """
     n = _check_num_partitions(num_partitions)
     hashes, valid, _ = _hash_all(keys, _murmur2_column)
-    parts = ((hashes & np.uint32(0x7FFFFFFF)) % np.uint32(n)).astype(np.int32)
-    parts[~valid] = NO_PARTITION
+    hashes &= np.uint32(0x7FFFFFFF)  # to_positive
+    hashes %= np.uint32(n)
+    parts = hashes.view(np.int32)  # all below 2**31: the same numbers as int32
+    if valid is not None:
+        parts[~valid] = NO_PARTITION
     return pa.array(parts, type=pa.int32())
 
 
@@ -491,13 +496,16 @@ def _crc32_column(col: _KeyColumn) -> _U32:
         return np.fromiter((zlib.crc32(col.key(i)) for i in range(n)), np.uint32, count=n)
     c = np.full(n, _ONES32, np.uint32)  # the CRC-32 register starts at all ones
     scalar_keys = _mix_words(col, c, _crc32_step)
-    tail, rem = _tail_bytes(col)
-    for i in range(3):
-        sel = rem > i
-        if not sel.any():
-            break
-        stepped = _CRC_TABLE[(c ^ (tail >> np.uint32(8 * i))) & _LOW8] ^ (c >> _SH8)
-        np.copyto(c, stepped, where=sel)
+    tail = _tail_bytes(col)
+    if tail is not None:
+        # The 1-3 bytes after the last word, one table step each, for the keys that have them.
+        tail_bytes, rem = tail
+        for i in range(3):
+            has_byte = rem > i
+            if not has_byte.any():
+                break
+            byte = (tail_bytes >> np.uint32(8 * i)) & _LOW8
+            np.copyto(c, _CRC_TABLE[(c ^ byte) & _LOW8] ^ (c >> _SH8), where=has_byte)
     c ^= _ONES32
     if scalar_keys is not None:
         c[scalar_keys] = [zlib.crc32(col.key(int(i))) for i in scalar_keys]
@@ -507,7 +515,7 @@ def _crc32_column(col: _KeyColumn) -> _U32:
 def crc32_hashes(keys: Keys) -> pa.UInt32Array:
     """``crc32`` of every key (unsigned, as librdkafka's ``rd_crc32``); null for null keys."""
     hashes, valid, _ = _hash_all(keys, _crc32_column)
-    return pa.array(hashes, type=pa.uint32(), mask=~valid)
+    return pa.array(hashes, type=pa.uint32(), mask=None if valid is None else ~valid)
 
 
 def partition_keys_crc32(keys: Keys, num_partitions: int) -> pa.Int32Array:
@@ -517,23 +525,30 @@ def partition_keys_crc32(keys: Keys, num_partitions: int) -> pa.Int32Array:
     random/sticky partitioner (``keylen == 0``).
     """
     n = _check_num_partitions(num_partitions)
-    hashes, valid, lengths = _hash_all(keys, _crc32_column)
-    parts = (hashes % np.uint32(n)).astype(np.int32)
-    parts[~valid | (lengths == 0)] = NO_PARTITION
+    hashes, _, lengths = _hash_all(keys, _crc32_column)
+    hashes %= np.uint32(n)
+    parts = hashes.view(np.int32)  # all below 2**31: the same numbers as int32
+    parts[lengths == 0] = NO_PARTITION  # null keys have length 0 too
     return pa.array(parts, type=pa.int32())
 
 
-def _hash_all(keys: object, column_hash: _ColumnHash) -> tuple[_U32, _Bool, _I64]:
-    """Hashes, validity and lengths of all keys (the chunks of a ChunkedArray concatenated)."""
+def _hash_all(keys: object, column_hash: _ColumnHash) -> tuple[_U32, _Bool | None, _I64]:
+    """Hashes, validity (None: no null key) and lengths (0 for null keys) of all keys; the
+    chunks of a ChunkedArray are concatenated."""
     cols = _key_columns(keys)
     if len(cols) == 1:
         col = cols[0]
         return column_hash(col), col.valid, col.lengths
     if not cols:
-        return np.zeros(0, np.uint32), np.zeros(0, bool), np.zeros(0, np.int64)
+        return np.zeros(0, np.uint32), None, np.zeros(0, np.int64)
+    valid = None
+    if any(col.valid is not None for col in cols):
+        valid = np.concatenate(
+            [np.ones(len(col), bool) if col.valid is None else col.valid for col in cols]
+        )
     return (
         np.concatenate([column_hash(col) for col in cols]),
-        np.concatenate([col.valid for col in cols]),
+        valid,
         np.concatenate([col.lengths for col in cols]),
     )
 

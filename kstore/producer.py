@@ -23,7 +23,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,13 +41,15 @@ from kstore.errors import (
     UnknownTopicOrPartitionError,
 )
 from kstore.layout import producer_log_dir
-from kstore.log import Action, Log, LogState, protocol_action
+from kstore.groups import Group
+from kstore.log import Action, Log, protocol_action
 from kstore.names import validate_topic_name
 from kstore.partition import ProducerBatch
 from kstore.partitioner import NO_PARTITION, StickyPartitioner, get_partitioner
-from kstore.records import RecordMetadata, TopicPartition
+from kstore.records import ConsumerGroupMetadata, OffsetAndMetadata, RecordMetadata, TopicPartition
 from kstore.segments import HEADERS_TYPE, RECORD_SCHEMA, TIMESTAMP_TYPE, SegmentFile
 from kstore.store import Store, TopicMetadata
+from kstore.transactions import TransactionLogState, check_epoch, finish_transaction
 
 log = logging.getLogger(__name__)
 _now = time.time
@@ -68,6 +70,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "delivery_timeout_ms": 120_000,
     "enable_idempotence": True,
     "transactional_id": None,
+    "transaction_timeout_ms": 60_000,
     "partitioner": "murmur2",
     "key_serializer": None,
     "value_serializer": None,
@@ -303,8 +306,9 @@ class Producer:
 
         self._idempotent = bool(cfg["enable_idempotence"]) or cfg["transactional_id"] is not None
         self._transactional_id: str | None = cfg["transactional_id"]
-        self._registry: Log[_ProducerIdentityState] | None = None
-        self._registration_version = -1
+        self._registry: Log[TransactionLogState] | None = None
+        self._registry_state: TransactionLogState | None = None
+        self._txn: _Transaction | None = None
         if self._transactional_id is not None:
             self._producer_id, self._epoch = self._register_transactional_id(self._transactional_id)
         else:
@@ -382,6 +386,8 @@ class Producer:
                 f"({topic!r} max.message.bytes={info.max_message_bytes}, producer max_request_size="
                 f"{self.config['max_request_size']})"
             )
+        if self._transactional_id is not None and self._txn is None:
+            raise IllegalStateError("a transactional producer sends inside a transaction: call begin_transaction() first")
         with self._lock:
             if not self._usable:
                 self._raise_unusable()
@@ -599,8 +605,9 @@ class Producer:
             jobs[int(p)] = (start, count)
             start += count
         deadline = batch.created + self.config["delivery_timeout_ms"] / 1000
+        tag = self._register_partitions(batch.topic, jobs)
         futures = {
-            p: self._pool.submit(self._write_partition, info, p, sorted_table.slice(s, c), deadline)
+            p: self._pool.submit(self._write_partition, info, p, sorted_table.slice(s, c), deadline, tag)
             for p, (s, c) in jobs.items()
         }
         for p, fut in futures.items():
@@ -631,7 +638,7 @@ class Producer:
         elif batch.partitions:
             explicit = np.full(len(batch.values), NO_PARTITION, np.int32)
             explicit[list(batch.partitions)] = list(batch.partitions.values())
-        parts = np.asarray(self._partitioner.partition_batch(table.column("key"), n_parts), np.int32)
+        parts = np.array(self._partitioner.partition_batch(table.column("key"), n_parts), np.int32)
         if explicit is not None:
             parts = np.where(explicit != NO_PARTITION, explicit, parts).astype(np.int32)
         unkeyed = parts == NO_PARTITION
@@ -645,7 +652,8 @@ class Producer:
             )
         return parts
 
-    def _write_partition(self, info: _TopicInfo, p: int, table: pa.Table, deadline: float) -> tuple[int, int]:
+    def _write_partition(self, info: _TopicInfo, p: int, table: pa.Table, deadline: float,
+                         transaction: str | None = None) -> tuple[int, int]:
         topic = info.metadata.name
         partition = self.store.partition(topic, p, info.metadata)
         producer: ProducerBatch | None = None
@@ -660,7 +668,8 @@ class Producer:
                     segment = partition.write_segment(table, compression=info.compression, durable=self._durable)
                 self._check_not_fenced()
                 started = time.monotonic()
-                result = partition.commit_segments([segment], durable=self._durable, producer=producer)
+                result = partition.commit_segments([segment], durable=self._durable, producer=producer,
+                                                   transaction=transaction)
                 self._metrics["commit-total"] += 1
                 self._metrics["commit-time-total-ms"] += (time.monotonic() - started) * 1000
                 if producer is not None:
@@ -676,11 +685,10 @@ class Producer:
                 time.sleep(min(backoff / 1000, max(0.0, deadline - time.monotonic())))
 
     def _on_partition_failure(self, exc: BaseException) -> None:
+        if self._txn is not None and self._txn.error is None:
+            self._txn.error = exc
         if isinstance(exc, ProducerFencedError):
-            self._fatal = exc
-            self._usable = False
-            with self._lock:
-                self._space.notify_all()
+            self._fence(exc)
         elif self._idempotent and self._transactional_id is None:
             # The failed batch may or may not have landed; a new epoch restarts sequences so
             # later batches are not refused as out of order (Kafka's epoch bump, KIP-360).
@@ -690,54 +698,184 @@ class Producer:
     # -- transactional identity ------------------------------------------------------------------
 
     def _register_transactional_id(self, transactional_id: str) -> tuple[str, int]:
-        registry = Log(self.store.storage, producer_log_dir(transactional_id), _ProducerIdentityState,
+        """Take over the identity with a new epoch (fencing older instances), then finish
+        whatever transaction a previous instance left unfinished."""
+        registry = Log(self.store.storage, producer_log_dir(transactional_id), TransactionLogState,
                        checkpoint_interval=50)
         pid = hashlib.sha256(f"kstore-producer:{transactional_id}".encode()).hexdigest()[:32]
+        timeout = self.config["transaction_timeout_ms"]
 
-        def build(state: _ProducerIdentityState) -> list[Action]:
+        def build(state: TransactionLogState) -> list[Action]:
             actions: list[Action] = [protocol_action()] if state.version < 0 else []
             return [*actions, {"producerEpoch": {"transactionalId": transactional_id, "producerId": pid,
-                                                  "epoch": state.epoch + 1}}]
+                                                  "epoch": state.epoch + 1, "transactionTimeoutMs": timeout}}]
 
         result = registry.commit(registry.load(), build, operation="INIT PRODUCER")
         assert result is not None
         self._registry = registry
-        self._registration_version = result.version
-        return pid, result.state.epoch
+        epoch = result.state.epoch
+        finished = finish_transaction(self.store, registry, epoch)
+        if finished is not None:
+            log.info("transactional id %r: finished the previous instance's transaction (%s)",
+                     transactional_id, finished)
+        self._registry_state = registry.load()
+        return pid, epoch
+
+    def _registry_commit(self, operation: str, actions: Callable[[TransactionLogState], list[Action] | None]) -> None:
+        assert self._registry is not None and self._transactional_id is not None
+        tid, epoch = self._transactional_id, self._epoch
+
+        def build(state: TransactionLogState) -> list[Action] | None:
+            check_epoch(state, epoch, tid)
+            return actions(state)
+
+        try:
+            result = self._registry.commit(self._registry.update(self._registry_state or self._registry.load()),
+                                           build, operation=operation)
+        except ProducerFencedError as exc:
+            self._fence(exc)
+            raise
+        if result is not None:
+            self._registry_state = result.state
 
     def _check_not_fenced(self) -> None:
-        if self._registry is None:
+        if self._registry is None or self._registry_state is None:
             return
-        if self._registry.read_commit(self._registration_version + 1) is not None:
-            newer = self._registry.load()
-            raise ProducerFencedError(
+        self._registry_state = self._registry.update(self._registry_state)
+        if self._registry_state.epoch != self._epoch:
+            exc = ProducerFencedError(
                 f"transactional id {self._transactional_id!r}: epoch {self._epoch} was fenced by a "
-                f"newer instance (epoch {newer.epoch})"
+                f"newer instance (epoch {self._registry_state.epoch})"
             )
+            self._fence(exc)
+            raise exc
 
+    def _fence(self, exc: ProducerFencedError) -> None:
+        self._fatal = exc
+        self._usable = False
+        with self._lock:
+            self._space.notify_all()
 
-class _ProducerIdentityState(LogState):
-    def __init__(self) -> None:
-        super().__init__()
-        self.epoch = -1
-        self.producer_id: str | None = None
-        self.transactional_id: str | None = None
+    # -- transactions (Kafka's API) ----------------------------------------------------------
 
-    def apply(self, name: str, body: dict[str, Any]) -> None:
-        if name == "producerEpoch":
-            self.epoch = int(body["epoch"])
-            self.producer_id = str(body["producerId"])
-            self.transactional_id = str(body["transactionalId"])
+    def init_transactions(self) -> None:
+        """Kafka's call to take over the transactional id. Done when the producer is created
+        (fencing older instances and finishing their transaction); kept for API parity."""
+        self._require_transactional()
+
+    def begin_transaction(self) -> None:
+        self._require_transactional()
+        if self._txn is not None:
+            raise IllegalStateError("a transaction is already in progress")
+        state = self._registry_state
+        assert state is not None
+        self._txn = _Transaction(version=state.last_version + 1)
+
+    def send_offsets_to_transaction(self, offsets: dict[TopicPartition, OffsetAndMetadata | int],
+                                    consumer_group_metadata: ConsumerGroupMetadata | str) -> None:
+        """Commit these consumer offsets atomically with the transaction's records."""
+        txn = self._require_transaction()
+        metadata = consumer_group_metadata
+        if isinstance(metadata, str):
+            metadata = ConsumerGroupMetadata(metadata, -1, None, None)
+        if txn.group is not None and txn.group.group_id != metadata.group_id:
+            raise IllegalStateError("one transaction can carry the offsets of one consumer group")
+        txn.group = metadata
+        for tp, om in offsets.items():
+            txn.offsets[tp] = om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Make the transaction's records, and its consumer offsets, visible together."""
+        txn = self._require_transaction()
+        self.flush(timeout)
+        if txn.error is not None:
+            raise IllegalStateError(
+                f"the transaction cannot commit: a record failed ({txn.error}); call abort_transaction()"
+            ) from txn.error
+        assert self._transactional_id is not None
+        tid, epoch, version = self._transactional_id, self._epoch, txn.version
+        if not txn.decided:
+            if txn.group is not None and txn.offsets:
+                group_id = txn.group.group_id
+                self._registry_commit("TXN GROUP", lambda s: [{"txnPartitions": {
+                    "version": version, "epoch": epoch, "time": int(time.time() * 1000),
+                    "group": group_id, "partitions": []}}])
+                Group(self.store, group_id).commit_offsets(
+                    txn.offsets, member_id=txn.group.member_id, generation=txn.group.generation_id,
+                    transaction=(tid, version, epoch),
+                )
+            else:
+                self._registry_commit("TXN DECISION", lambda s: [{"txnDecision": {
+                    "version": version, "epoch": epoch, "result": "commit"}}])
+            txn.decided = True
+        self._end(txn, commit=True)
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Discard the transaction's records; its offsets are not committed."""
+        txn = self._require_transaction()
+        try:
+            self.flush(timeout)
+        except KStoreError as exc:
+            log.warning("abort_transaction: flush failed (%s); aborting anyway", exc)
+        if txn.decided:
+            raise IllegalStateError("the transaction was already decided as committed")
+        version, epoch = txn.version, self._epoch
+        if txn.partitions or txn.group is not None:
+            self._registry_commit("TXN DECISION", lambda s: [{"txnDecision": {
+                "version": version, "epoch": epoch, "result": "abort"}}])
+        self._end(txn, commit=False)
+
+    def _end(self, txn: _Transaction, *, commit: bool) -> None:
+        for tp in sorted(txn.partitions):
+            self.store.partition(tp.topic, tp.partition).end_transaction(
+                self._producer_id, self._epoch, txn.version, commit=commit)
+        version, epoch = txn.version, self._epoch
+        if txn.partitions or txn.group is not None:
+            self._registry_commit("COMPLETE TXN", lambda s: [{"txnComplete": {
+                "version": version, "epoch": epoch, "result": "commit" if commit else "abort"}}])
         else:
-            super().apply(name, body)
+            self._registry_commit("COMPLETE TXN", lambda s: [{"txnComplete": {
+                "version": version, "epoch": epoch, "result": "empty"}}])
+        self._txn = None
 
-    def checkpoint_actions(self) -> list[Action]:
-        actions = super().checkpoint_actions()
-        if self.producer_id is not None:
-            actions.append({"producerEpoch": {"transactionalId": self.transactional_id,
-                                              "producerId": self.producer_id, "epoch": self.epoch}})
-        return actions
+    def _require_transactional(self) -> None:
+        if self._transactional_id is None:
+            raise IllegalStateError("transactions need a producer created with transactional_id")
+        if not self._usable:
+            self._raise_unusable()
 
+    def _require_transaction(self) -> _Transaction:
+        self._require_transactional()
+        if self._txn is None:
+            raise IllegalStateError("no transaction in progress: call begin_transaction() first")
+        return self._txn
+
+    def _register_partitions(self, topic: str, partitions: Iterable[int]) -> str | None:
+        """Record the partitions a transaction is about to write (so a successor can finish
+        it); returns the transaction tag for their segments, None outside transactions."""
+        if self._transactional_id is None:
+            return None
+        txn = self._txn
+        if txn is None:
+            raise IllegalStateError("transactional records were sent outside a transaction")
+        new = sorted({TopicPartition(topic, int(p)) for p in partitions} - txn.partitions)
+        if new:
+            version, epoch = txn.version, self._epoch
+            self._registry_commit("TXN PARTITIONS", lambda s: [{"txnPartitions": {
+                "version": version, "epoch": epoch, "time": int(time.time() * 1000), "group": None,
+                "partitions": [[tp.topic, tp.partition] for tp in new]}}])
+            txn.partitions.update(new)
+        return f"{self._producer_id}:{txn.version}"
+
+
+@dataclass
+class _Transaction:
+    version: int
+    partitions: set[TopicPartition] = field(default_factory=set)
+    group: ConsumerGroupMetadata | None = None
+    offsets: dict[TopicPartition, OffsetAndMetadata] = field(default_factory=dict)
+    error: BaseException | None = None
+    decided: bool = False
 
 # -- helpers ---------------------------------------------------------------------------------------
 

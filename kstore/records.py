@@ -51,3 +51,13 @@ class ConsumerRecord(NamedTuple):
     serialized_value_size: int
     serialized_header_size: int
     leader_epoch: int = -1
+
+
+class ConsumerGroupMetadata(NamedTuple):
+    """What a transactional producer needs to commit a consumer's offsets (Kafka's
+    ``consumer.group_metadata()``)."""
+
+    group_id: str
+    generation_id: int
+    member_id: str | None
+    group_instance_id: str | None

@@ -108,6 +108,7 @@ class Storage:
                 raise InvalidStoreError(f"store URL {redact_url(url)!r} names no bucket")
         self._fs: Any = None
         self._known_dirs: set[str] = set()
+        self._durable_dirs: set[str] = set()
 
     # -- pickling: ship the address and options, never a live connection ----------------------
 
@@ -302,6 +303,7 @@ class Storage:
 
             shutil.rmtree(path, ignore_errors=True)
             self._known_dirs = {d for d in self._known_dirs if not d.startswith(path)}
+            self._durable_dirs = {d for d in self._durable_dirs if not d.startswith(path)}
             return
         try:
             self.fs.invalidate_cache(path)
@@ -334,20 +336,28 @@ class Storage:
 
     # -- local disk ----------------------------------------------------------------------------
 
-    def _ensure_dir(self, directory: str) -> None:
-        if directory in self._known_dirs:
+    def _ensure_dir(self, directory: str, *, durable: bool) -> None:
+        """Create ``directory`` (and missing parents). For a durable write, once per directory
+        and process, fsync the parent of every level below the store root, so that no
+        directory entry on the path of an acknowledged file can be lost (``makedirs`` may
+        create several levels at once, and an earlier non-durable write may have made them)."""
+        if directory in (self._durable_dirs if durable else self._known_dirs):
             return
-        if not os.path.isdir(directory):
-            os.makedirs(directory, exist_ok=True)
-            parent = os.path.dirname(directory)
-            # Make the new directory entry itself durable.
-            _fsync_dir(parent)
+        os.makedirs(directory, exist_ok=True)
         self._known_dirs.add(directory)
+        if not durable:
+            return
+        level = directory
+        while level.startswith(self.root) and level != self.root and level not in self._durable_dirs:
+            _fsync_dir(os.path.dirname(level))
+            self._durable_dirs.add(level)
+            level = os.path.dirname(level)
+        self._durable_dirs.add(directory)
 
     def _local_put(self, rel: str, data: bytes, *, durable: bool, exclusive: bool) -> None:
         final = self.full_path(rel)
         directory = os.path.dirname(final)
-        self._ensure_dir(directory)
+        self._ensure_dir(directory, durable=durable)
         # Temp names start with '.' so listings (vacuum's orphan scan) can tell them apart.
         tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
         try:

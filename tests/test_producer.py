@@ -201,15 +201,22 @@ def test_callbacks(store: kstore.Store) -> None:
 def test_zombie_transactional_producer_is_fenced(store: kstore.Store) -> None:
     store.create_topic("t", partitions=2)
     old = Producer(store, transactional_id="payments-1")
-    old.send("t", value=b"a", partition=0).get(timeout=30)
-    new = Producer(store, transactional_id="payments-1")
+    old.begin_transaction()
+    old.send("t", value=b"a", partition=0)
+    old.commit_transaction()
+    old.begin_transaction()
+    new = Producer(store, transactional_id="payments-1")  # takes over: the old one is a zombie
     assert new.epoch > old.epoch and new.producer_id == old.producer_id
     zombie = old.send("t", value=b"zombie", partition=1)
     with pytest.raises(ProducerFencedError):
         zombie.get(timeout=30)
     with pytest.raises(ProducerFencedError):
         old.send("t", value=b"again")
-    new.send("t", value=b"b", partition=0).get(timeout=30)
+    with pytest.raises(ProducerFencedError):
+        old.commit_transaction()
+    new.begin_transaction()
+    new.send("t", value=b"b", partition=0)
+    new.commit_transaction()
     new.close()
     old.close()
     values = [r["value"] for rows in read_all(store, "t").values() for r in rows]

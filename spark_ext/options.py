@@ -1,0 +1,551 @@
+"""Options of the ``kstore`` data source: parsing and validation, with the Kafka source's names.
+
+Spark hands a data source its options with lower-cased keys; every name here is matched
+case-insensitively and every error names the option at fault. Nothing in this module does I/O,
+so a bad option fails at once on the driver, before any job runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kstore.errors import InvalidConfigurationError
+from kstore.names import validate_topic_name
+from kstore.partitioner import PARTITIONER_NAMES
+
+EARLIEST = -2  # Kafka's sentinels in the JSON offset form
+LATEST = -1
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000  # Kafka's default "15m"
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+MAX_MIN_PARTITIONS = 100_000  # a limit on everything
+
+# Options Spark itself may add to a data source's options; accepted and ignored.
+SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
+
+STORE_OPTIONS = ("store", "storageoptions")
+READ_OPTIONS = (
+    "subscribe",
+    "subscribepattern",
+    "assign",
+    "startingoffsets",
+    "endingoffsets",
+    "startingtimestamp",
+    "startingoffsetsbytimestamp",
+    "startingoffsetsbytimestampstrategy",
+    "endingtimestamp",
+    "endingoffsetsbytimestamp",
+    "maxoffsetspertrigger",
+    "minoffsetspertrigger",
+    "maxtriggerdelay",
+    "maxbytespertrigger",
+    "minpartitions",
+    "failondataloss",
+    "includeheaders",
+    "groupid",
+)
+WRITE_OPTIONS = ("topic", "partitioner", "txnappid", "txnversion", "segmentbytes", "compression", "acks")
+# The spelling shown in messages (Spark lower-cases the keys it hands over).
+CANONICAL = {
+    name.lower(): name
+    for name in (
+        "store",
+        "storageOptions",
+        "subscribe",
+        "subscribePattern",
+        "assign",
+        "startingOffsets",
+        "endingOffsets",
+        "startingTimestamp",
+        "startingOffsetsByTimestamp",
+        "startingOffsetsByTimestampStrategy",
+        "endingTimestamp",
+        "endingOffsetsByTimestamp",
+        "maxOffsetsPerTrigger",
+        "minOffsetsPerTrigger",
+        "maxTriggerDelay",
+        "maxBytesPerTrigger",
+        "minPartitions",
+        "failOnDataLoss",
+        "includeHeaders",
+        "groupId",
+        "topic",
+        "partitioner",
+        "txnAppId",
+        "txnVersion",
+        "segmentBytes",
+        "compression",
+        "acks",
+    )
+}
+
+
+class InvalidOptionError(InvalidConfigurationError):
+    """A data source option is unknown, missing, malformed or conflicts with another."""
+
+
+def shown(name: str) -> str:
+    return CANONICAL.get(name.lower(), name)
+
+
+def _bad(name: str, problem: str) -> InvalidOptionError:
+    return InvalidOptionError(f"kstore option {shown(name)!r}: {problem}")
+
+
+def normalize(options: Mapping[str, Any]) -> dict[str, str]:
+    """Lower-cased keys; unknown options rejected with a suggestion (never silently ignored).
+
+    Read and write options are both accepted on either side, so one SQL table definition
+    (``CREATE TABLE ... USING kstore OPTIONS (...)``) serves SELECT and INSERT alike.
+    """
+    out: dict[str, str] = {}
+    allowed = set(READ_OPTIONS) | set(WRITE_OPTIONS) | set(STORE_OPTIONS)
+    for raw_key, value in options.items():
+        key = str(raw_key).lower()
+        if key in SPARK_OPTIONS or key.startswith("__") or key.startswith("storage."):
+            out[key] = str(value)
+            continue
+        if key.startswith("kafka."):
+            raise InvalidOptionError(
+                f"kstore option {raw_key!r}: kstore has no brokers, so Kafka client settings do "
+                "not apply; give the store's URL with option 'store' (and storage settings with "
+                "'storageOptions' or 'storage.<name>')"
+            )
+        if key not in allowed:
+            candidates = [shown(k) for k in sorted(allowed)]
+            close = difflib.get_close_matches(shown(key), candidates, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise InvalidOptionError(f"unknown kstore option {raw_key!r}{hint}")
+        out[key] = str(value)
+    return out
+
+
+# -- value parsers --------------------------------------------------------------------------------
+
+
+def parse_bool(name: str, value: str) -> bool:
+    text = value.strip().lower()
+    if text == "true":
+        return True
+    if text == "false":
+        return False
+    raise _bad(name, f"expected true or false, got {value!r}")
+
+
+def parse_int(name: str, value: str, *, minimum: int = 0, maximum: int = (1 << 63) - 1) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise _bad(name, f"expected an integer, got {value!r}") from None
+    if not minimum <= number <= maximum:
+        raise _bad(name, f"{number} is out of range [{minimum}, {maximum}]")
+    return number
+
+
+_DURATION = re.compile(r"\s*(\d+)\s*([a-z]*)\s*")
+_DURATION_UNITS_MS = {
+    "": 1.0,
+    "us": 0.001,
+    "ms": 1.0,
+    "s": 1000.0,
+    "sec": 1000.0,
+    "m": 60_000.0,
+    "min": 60_000.0,
+    "h": 3_600_000.0,
+    "d": 86_400_000.0,
+}
+
+
+def parse_duration_ms(name: str, value: str) -> int:
+    """Spark's time strings (``Utils.timeStringAsMs``): ``15m``, ``10s``, ``500ms``, ``100``."""
+    match = _DURATION.fullmatch(value.lower())
+    if match is None or match.group(2) not in _DURATION_UNITS_MS:
+        raise _bad(name, f"expected a duration such as '15m', '30s' or '500ms', got {value!r}")
+    return int(int(match.group(1)) * _DURATION_UNITS_MS[match.group(2)])
+
+
+_SIZE = re.compile(r"\s*(\d+)\s*([a-z]*)\s*")
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+               "g": 1 << 30, "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
+
+
+def parse_bytes(name: str, value: str) -> int:
+    """Byte sizes as Spark writes them: ``1048576``, ``512k``, ``64m``, ``1g``."""
+    match = _SIZE.fullmatch(value.lower())
+    if match is None or match.group(2) not in _SIZE_UNITS:
+        raise _bad(name, f"expected a size such as '1048576', '512k' or '64m', got {value!r}")
+    number = int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+    if number <= 0:
+        raise _bad(name, "must be positive")
+    return number
+
+
+def parse_json(name: str, value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise _bad(name, f"malformed JSON ({exc}): {value!r}") from None
+
+
+def _partition_number(name: str, topic: str, key: object) -> int:
+    text = str(key)
+    if not text.isdigit():
+        raise _bad(name, f"topic {topic!r}: partition {key!r} is not a non-negative integer")
+    return int(text)
+
+
+def parse_offsets_json(name: str, value: str, *, allow: tuple[int, ...]) -> dict[tuple[str, int], int]:
+    """``{"topicA":{"0":23,"1":-1}}``: offsets per topic-partition; ``allow`` lists the
+    sentinels (-2 earliest, -1 latest) this option accepts."""
+    data = parse_json(name, value)
+    if not isinstance(data, dict) or not data:
+        raise _bad(name, 'expected a JSON object like {"topic":{"0":23,"1":-2}}')
+    out: dict[tuple[str, int], int] = {}
+    for topic, parts in data.items():
+        _topic_name(name, topic)
+        if not isinstance(parts, dict):
+            raise _bad(name, f"topic {topic!r}: expected an object of partition -> offset")
+        for key, offset in parts.items():
+            p = _partition_number(name, topic, key)
+            if not isinstance(offset, int) or isinstance(offset, bool):
+                raise _bad(name, f"{topic}-{p}: offset {offset!r} is not an integer")
+            if offset < 0 and offset not in allow:
+                meaning = {EARLIEST: "-2 (earliest)", LATEST: "-1 (latest)"}.get(offset, str(offset))
+                raise _bad(name, f"{topic}-{p}: offset {meaning} is not allowed here")
+            out[(topic, p)] = offset
+    return out
+
+
+def parse_timestamps_json(name: str, value: str) -> dict[tuple[str, int], int]:
+    """``{"topicA":{"0":1700000000000}}``: a timestamp (ms) per topic-partition."""
+    data = parse_json(name, value)
+    if not isinstance(data, dict) or not data:
+        raise _bad(name, 'expected a JSON object like {"topic":{"0":1700000000000}}')
+    out: dict[tuple[str, int], int] = {}
+    for topic, parts in data.items():
+        _topic_name(name, topic)
+        if not isinstance(parts, dict):
+            raise _bad(name, f"topic {topic!r}: expected an object of partition -> timestamp")
+        for key, stamp in parts.items():
+            p = _partition_number(name, topic, key)
+            if not isinstance(stamp, int) or isinstance(stamp, bool) or stamp < 0:
+                raise _bad(name, f"{topic}-{p}: timestamp {stamp!r} is not a non-negative integer (ms)")
+            out[(topic, p)] = stamp
+    return out
+
+
+def _topic_name(option: str, topic: object) -> str:
+    try:
+        return validate_topic_name(topic)
+    except ValueError as exc:
+        raise _bad(option, str(exc)) from None
+
+
+# -- the store ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoreRef:
+    """Where the store is: URL plus fsspec storage options (hashable, so it keys a cache)."""
+
+    url: str
+    options_json: str = "{}"
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.options_json)
+        return value
+
+
+def parse_store(options: Mapping[str, str]) -> StoreRef:
+    url = options.get("store", "").strip()
+    if not url:
+        raise InvalidOptionError(
+            "kstore option 'store' is required: the store's URL, e.g. file:///data/ks or s3://bucket/prefix"
+        )
+    storage: dict[str, Any] = {}
+    if "storageoptions" in options:
+        data = parse_json("storageoptions", options["storageoptions"])
+        if not isinstance(data, dict):
+            raise _bad("storageoptions", "expected a JSON object of fsspec storage options")
+        storage.update(data)
+    for key, value in options.items():
+        if key.startswith("storage."):
+            name = key[len("storage."):]
+            if not name:
+                raise InvalidOptionError(f"kstore option {key!r}: names no storage option")
+            storage[name] = _storage_value(key, value)
+    return StoreRef(url, json.dumps(storage, sort_keys=True))
+
+
+def _storage_value(key: str, value: str) -> Any:
+    """``storage.<name>`` values are strings, except true/false and JSON objects (nested
+    settings such as ``client_kwargs``). Numbers stay strings: a secret may look like one."""
+    text = value.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if text.startswith("{"):
+        return parse_json(key, text)
+    return value
+
+
+# -- read options ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Subscription:
+    kind: str  # "subscribe", "subscribePattern" or "assign"
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None
+    assigned: tuple[tuple[str, int], ...] = ()
+
+    def matches(self, topic: str) -> bool:
+        if self.kind == "subscribePattern":
+            assert self.pattern is not None
+            return re.fullmatch(self.pattern, topic) is not None
+        if self.kind == "assign":
+            return any(t == topic for t, _ in self.assigned)
+        return topic in self.topics
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """A starting or ending position: earliest, latest, specific offsets or timestamps."""
+
+    kind: str  # "earliest", "latest", "offsets", "timestamp", "timestamps"
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    timestamp_ms: int | None = None
+    timestamps: dict[tuple[str, int], int] = field(default_factory=dict)
+    option: str = ""  # the option it came from, for messages
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    store: StoreRef
+    subscription: Subscription
+    starting: OffsetSpec
+    ending: OffsetSpec
+    timestamp_strategy: str  # "error" or "latest"
+    max_offsets_per_trigger: int | None
+    min_offsets_per_trigger: int | None
+    max_trigger_delay_ms: int
+    max_bytes_per_trigger: int | None
+    min_partitions: int | None
+    fail_on_data_loss: bool
+    include_headers: bool
+    group_id: str | None
+    streaming: bool
+
+
+def parse_subscription(options: Mapping[str, str]) -> Subscription:
+    given = [k for k in ("subscribe", "subscribepattern", "assign") if k in options]
+    if len(given) != 1:
+        names = ", ".join(shown(k) for k in given) if given else "none"
+        raise InvalidOptionError(
+            "kstore source: give exactly one of the options 'subscribe', 'subscribePattern' or "
+            f"'assign' (given: {names})"
+        )
+    kind = given[0]
+    value = options[kind]
+    if kind == "subscribe":
+        topics = tuple(t.strip() for t in value.split(",") if t.strip())
+        if not topics:
+            raise _bad(kind, "names no topic; expected a comma-separated list of topics")
+        for t in topics:
+            _topic_name(kind, t)
+        return Subscription("subscribe", topics=tuple(dict.fromkeys(topics)))
+    if kind == "subscribepattern":
+        if not value.strip():
+            raise _bad(kind, "is empty; expected a regular expression over topic names")
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise _bad(kind, f"invalid regular expression {value!r} ({exc})") from None
+        return Subscription("subscribePattern", pattern=value)
+    data = parse_json(kind, value)
+    if not isinstance(data, dict) or not data:
+        raise _bad(kind, 'expected a JSON object like {"topicA":[0,1],"topicB":[2,4]}')
+    assigned: list[tuple[str, int]] = []
+    for topic, parts in data.items():
+        _topic_name(kind, topic)
+        if not isinstance(parts, list) or not parts:
+            raise _bad(kind, f"topic {topic!r}: expected a non-empty list of partition numbers")
+        for p in parts:
+            if not isinstance(p, int) or isinstance(p, bool) or p < 0:
+                raise _bad(kind, f"topic {topic!r}: partition {p!r} is not a non-negative integer")
+            assigned.append((topic, p))
+    return Subscription("assign", assigned=tuple(dict.fromkeys(assigned)))
+
+
+def _starting(options: Mapping[str, str], streaming: bool) -> OffsetSpec:
+    # Kafka's precedence: startingTimestamp, then startingOffsetsByTimestamp, then startingOffsets.
+    if "startingtimestamp" in options:
+        stamp = parse_int("startingtimestamp", options["startingtimestamp"])
+        return OffsetSpec("timestamp", timestamp_ms=stamp, option="startingTimestamp")
+    if "startingoffsetsbytimestamp" in options:
+        stamps = parse_timestamps_json("startingoffsetsbytimestamp", options["startingoffsetsbytimestamp"])
+        return OffsetSpec("timestamps", timestamps=stamps, option="startingOffsetsByTimestamp")
+    value = options.get("startingoffsets")
+    if value is None:
+        return OffsetSpec("latest" if streaming else "earliest", option="startingOffsets")
+    text = value.strip()
+    lowered = text.lower()
+    if lowered == "earliest":
+        return OffsetSpec("earliest", option="startingOffsets")
+    if lowered == "latest":
+        if not streaming:
+            raise _bad("startingoffsets", "'latest' is not allowed for batch queries (it would read nothing)")
+        return OffsetSpec("latest", option="startingOffsets")
+    if lowered == "group":
+        raise _bad("startingoffsets", "'group' needs consumer groups, which this kstore build does not provide yet")
+    if not text.startswith("{"):
+        raise _bad("startingoffsets", f"expected earliest, latest or a JSON object, got {value!r}")
+    allow = (EARLIEST, LATEST) if streaming else (EARLIEST,)
+    offsets = parse_offsets_json("startingoffsets", text, allow=allow)
+    return OffsetSpec("offsets", offsets=offsets, option="startingOffsets")
+
+
+def _ending(options: Mapping[str, str], streaming: bool) -> OffsetSpec:
+    given = [k for k in ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp") if k in options]
+    if streaming:
+        if given:
+            raise _bad(given[0], "is for batch queries only; a streaming query has no end")
+        return OffsetSpec("latest", option="endingOffsets")
+    if "endingtimestamp" in options:
+        stamp = parse_int("endingtimestamp", options["endingtimestamp"])
+        return OffsetSpec("timestamp", timestamp_ms=stamp, option="endingTimestamp")
+    if "endingoffsetsbytimestamp" in options:
+        stamps = parse_timestamps_json("endingoffsetsbytimestamp", options["endingoffsetsbytimestamp"])
+        return OffsetSpec("timestamps", timestamps=stamps, option="endingOffsetsByTimestamp")
+    value = options.get("endingoffsets")
+    if value is None:
+        return OffsetSpec("latest", option="endingOffsets")
+    text = value.strip()
+    lowered = text.lower()
+    if lowered == "latest":
+        return OffsetSpec("latest", option="endingOffsets")
+    if lowered == "earliest":
+        raise _bad("endingoffsets", "'earliest' is not allowed (it would read nothing)")
+    if not text.startswith("{"):
+        raise _bad("endingoffsets", f"expected latest or a JSON object, got {value!r}")
+    offsets = parse_offsets_json("endingoffsets", text, allow=(LATEST,))
+    return OffsetSpec("offsets", offsets=offsets, option="endingOffsets")
+
+
+def parse_read_options(raw: Mapping[str, Any], *, streaming: bool) -> ReadOptions:
+    options = normalize(raw)
+    store = parse_store(options)
+    subscription = parse_subscription(options)
+    starting = _starting(options, streaming)
+    ending = _ending(options, streaming)
+    strategy = options.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise _bad("startingoffsetsbytimestampstrategy", f"expected error or latest, got {strategy!r}")
+
+    def optional_int(name: str, minimum: int) -> int | None:
+        return parse_int(name, options[name], minimum=minimum) if name in options else None
+
+    max_offsets = optional_int("maxoffsetspertrigger", 1)
+    min_offsets = optional_int("minoffsetspertrigger", 1)
+    if max_offsets is not None and min_offsets is not None and min_offsets > max_offsets:
+        raise _bad("minoffsetspertrigger", f"{min_offsets} exceeds maxOffsetsPerTrigger {max_offsets}")
+    if "maxtriggerdelay" in options and min_offsets is None:
+        raise _bad("maxtriggerdelay", "only has a meaning together with 'minOffsetsPerTrigger'")
+    delay = (
+        parse_duration_ms("maxtriggerdelay", options["maxtriggerdelay"])
+        if "maxtriggerdelay" in options
+        else DEFAULT_MAX_TRIGGER_DELAY_MS
+    )
+    max_bytes = parse_bytes("maxbytespertrigger", options["maxbytespertrigger"]) if "maxbytespertrigger" in options else None
+    min_partitions = optional_int("minpartitions", 1)
+    if min_partitions is not None and min_partitions > MAX_MIN_PARTITIONS:
+        raise _bad("minpartitions", f"{min_partitions} exceeds the limit {MAX_MIN_PARTITIONS}")
+    group_id = options.get("groupid")
+    if group_id is not None:
+        raise _bad(
+            "groupid",
+            "needs consumer groups, which this kstore build does not provide yet; remove the option",
+        )
+    return ReadOptions(
+        store=store,
+        subscription=subscription,
+        starting=starting,
+        ending=ending,
+        timestamp_strategy=strategy,
+        max_offsets_per_trigger=max_offsets,
+        min_offsets_per_trigger=min_offsets,
+        max_trigger_delay_ms=delay,
+        max_bytes_per_trigger=max_bytes,
+        min_partitions=min_partitions,
+        fail_on_data_loss=parse_bool("failondataloss", options.get("failondataloss", "true")),
+        include_headers=parse_bool("includeheaders", options.get("includeheaders", "false")),
+        group_id=group_id,
+        streaming=streaming,
+    )
+
+
+# -- write options --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    store: StoreRef
+    topic: str | None
+    partitioner: str
+    txn_app_id: str | None
+    txn_version: int | None
+    segment_bytes: int
+    compression: str | None
+    durable: bool
+    checkpoint_location: str | None
+    streaming: bool
+
+
+def parse_write_options(raw: Mapping[str, Any], *, streaming: bool) -> WriteOptions:
+    options = normalize(raw)
+    store = parse_store(options)
+    topic = options.get("topic")
+    if topic is not None:
+        topic = _topic_name("topic", topic.strip())
+    partitioner = options.get("partitioner", "murmur2").strip()
+    if partitioner not in PARTITIONER_NAMES:
+        raise _bad("partitioner", f"unknown partitioner {partitioner!r}; use one of {', '.join(PARTITIONER_NAMES)}")
+    app_id = options.get("txnappid")
+    if app_id is not None and not app_id.strip():
+        raise _bad("txnappid", "must not be empty")
+    version: int | None = None
+    if "txnversion" in options:
+        if streaming:
+            raise _bad("txnversion", "is for batch writes; a streaming query uses its batch id")
+        version = parse_int("txnversion", options["txnversion"])
+    if not streaming and (app_id is None) != (version is None):
+        missing = "txnVersion" if version is None else "txnAppId"
+        raise InvalidOptionError(
+            f"kstore batch write: options 'txnAppId' and 'txnVersion' go together; {missing!r} is missing"
+        )
+    segment_bytes = parse_bytes("segmentbytes", options.get("segmentbytes", str(DEFAULT_SEGMENT_BYTES)))
+    compression = options.get("compression")
+    if compression is not None:
+        compression = compression.strip().lower()
+        compression = {"none": "uncompressed"}.get(compression, compression)
+        if compression not in ("uncompressed", "zstd", "lz4"):
+            raise _bad("compression", f"expected none, zstd or lz4, got {options['compression']!r}")
+    acks = options.get("acks", "all").strip().lower()
+    if acks not in ("all", "-1", "1"):
+        raise _bad("acks", f"expected all or 1, got {options['acks']!r}")
+    return WriteOptions(
+        store=store,
+        topic=topic,
+        partitioner=partitioner,
+        txn_app_id=app_id.strip() if app_id is not None else None,
+        txn_version=version,
+        segment_bytes=segment_bytes,
+        compression=compression,
+        durable=acks in ("all", "-1"),
+        checkpoint_location=options.get("checkpointlocation"),
+        streaming=streaming,
+    )
