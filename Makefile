@@ -42,12 +42,15 @@ demo: venv check-java
 
 # mypy cannot follow setuptools' package-dir mapping (cli/ -> kstore.cli, ...) in the source
 # tree, so it checks a throwaway non-editable install of the package in .typecheck/.
+# All three checks run; the target fails at the end if any of them failed.
 lint: venv
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
-	rm -rf .typecheck
-	$(VPY) -m pip install --no-deps --no-build-isolation -q --target .typecheck .
-	$(VENV)/bin/mypy .typecheck/kstore
+	@status=0; \
+	echo "== ruff check"; $(VENV)/bin/ruff check . || status=1; \
+	echo "== ruff format --check"; $(VENV)/bin/ruff format --check . || status=1; \
+	echo "== mypy (strict) on an installed copy in .typecheck/"; rm -rf .typecheck; \
+	$(VPY) -m pip install --no-deps --no-build-isolation -q --target .typecheck . \
+		&& $(VENV)/bin/mypy .typecheck/kstore || status=1; \
+	exit $$status
 
 bench: venv check-java
 	$(SPARK_ENV) $(VPY) benchmarks/run_all.py

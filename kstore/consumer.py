@@ -121,6 +121,10 @@ class Consumer:
         self.store = store if isinstance(store, Store) else Store(store, cfg["storage_options"], create=False)
         self.group_id = validate_group_id(group_id) if group_id is not None else None
         self.client_id = cfg["client_id"] or f"consumer-{uuid.uuid4().hex[:8]}"
+        if not isinstance(self.client_id, str) or not re.fullmatch(r"[a-zA-Z0-9._-]{1,200}", self.client_id):
+            raise InvalidConfigurationError(
+                f"client_id {self.client_id!r} must be 1-200 ASCII letters, digits, '.', '_' or '-'"
+            )
 
         self._lock = threading.RLock()  # guards group state shared with the heartbeat thread
         self._subscription: set[str] | None = None
@@ -172,6 +176,7 @@ class Consumer:
                 self._set_assignment(self._all_partitions(self._subscription))
 
     def unsubscribe(self) -> None:
+        self._stop_heartbeat()
         with self._lock:
             self._leave_group()
             self._set_assignment([])
@@ -225,7 +230,7 @@ class Consumer:
             member_id=self._member_id, instance_id=self.config["group_instance_id"],
             client_id=self.client_id, topics=tuple(sorted(self._subscription)),
             assignors=tuple(self._assignors), session_timeout_ms=self.config["session_timeout_ms"],
-            rebalance_timeout_ms=self.config["max_poll_interval_ms"], joined_ms=0, last_seen_ms=0,
+            rebalance_timeout_ms=self.config["max_poll_interval_ms"], joined_ms=0,
         )
         state = self._group.join(member)
         self._needs_rejoin = False
@@ -236,11 +241,16 @@ class Consumer:
                 target=self._heartbeat_loop, name=f"kstore-heartbeat-{self.client_id}", daemon=True)
             self._heartbeat_thread.start()
 
-    def _leave_group(self) -> None:
+    def _stop_heartbeat(self) -> None:
+        """Stop the heartbeat thread. Must not be called with self._lock held: the thread
+        takes that lock, and joining it while holding the lock would deadlock."""
         self._heartbeat_stop.set()
-        if self._heartbeat_thread is not None and self._heartbeat_thread is not threading.current_thread():
-            self._heartbeat_thread.join()
+        thread = self._heartbeat_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
         self._heartbeat_thread = None
+
+    def _leave_group(self) -> None:
         if self._group is not None and self._member_id is not None and self.config["group_instance_id"] is None:
             try:
                 self._group.leave(self._member_id)
@@ -650,6 +660,7 @@ class Consumer:
                     self.commit()
                 except KStoreError as exc:
                     log.warning("consumer %s: final commit failed: %s", self.client_id, exc)
+            self._stop_heartbeat()
             with self._lock:
                 self._leave_group()
         finally:

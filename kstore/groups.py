@@ -12,13 +12,20 @@ An offset commit is one log entry holding all of the member's partitions, tagged
 member id and generation; it is accepted only if that member is in the current generation and
 owns every partition it commits (a fenced zombie gets :class:`CommitFailedError`).
 
-Liveness uses the time each member writes into its heartbeats, so members' clocks are assumed
-to agree to well within ``session_timeout_ms`` (NTP-synchronised hosts do).
+Heartbeats are not log commits: each member overwrites its own lease file,
+``groups/<group>/members/<member id>.json``, so heart-beating members never contend on the log.
+A member is live while its lease's modification time, as the storage records it, is within
+its session timeout of the newest lease time; both times come from the storage's clock, so
+members' clocks do not need to agree. (S3 records times to the second: keep session timeouts
+well above a second there, as Kafka's 45 s default is.) The log is written only when something
+changes: a join, a leave, an expiry, a new generation, an offset commit.
 """
 
 from __future__ import annotations
 
+import json
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,7 +38,7 @@ from kstore.errors import (
     ProducerFencedError,
     UnknownTopicOrPartitionError,
 )
-from kstore.layout import GROUPS, group_log_dir
+from kstore.layout import GROUPS, group_log_dir, group_members_dir
 from kstore.log import Action, CommitResult, Log, LogState, RetryPolicy, protocol_action
 from kstore.names import validate_group_id
 from kstore.records import OffsetAndMetadata, TopicPartition
@@ -52,10 +59,9 @@ class Member:
     session_timeout_ms: int
     rebalance_timeout_ms: int
     joined_ms: int
-    last_seen_ms: int
 
-    def live(self, now_ms: int) -> bool:
-        return now_ms - self.last_seen_ms <= self.session_timeout_ms
+    def live(self, lease_ms: int | None, reference_ms: int) -> bool:
+        return lease_ms is not None and reference_ms - lease_ms <= self.session_timeout_ms
 
 
 class GroupState(LogState):
@@ -76,6 +82,7 @@ class GroupState(LogState):
         # owner leaving (or expiring).
         self.pending_release: dict[TopicPartition, str] = {}
         self.transaction_epochs: dict[str, int] = {}  # transactional id -> lowest epoch accepted
+        self.deleted = False  # deleted by an administrator; any later use revives the group
 
     def copy(self) -> GroupState:
         clone: GroupState = super().copy()  # type: ignore[assignment]
@@ -91,13 +98,14 @@ class GroupState(LogState):
         return clone
 
     def apply(self, name: str, body: dict[str, Any]) -> None:
+        if name in ("join", "offsets"):
+            self.deleted = False
         if name == "join":
             member = Member(
                 member_id=str(body["memberId"]), instance_id=body.get("instanceId"),
                 client_id=str(body.get("clientId", "")), topics=tuple(body["topics"]),
                 assignors=tuple(body["assignors"]), session_timeout_ms=int(body["sessionTimeoutMs"]),
                 rebalance_timeout_ms=int(body["rebalanceTimeoutMs"]), joined_ms=int(body["time"]),
-                last_seen_ms=int(body["time"]),
             )
             if member.instance_id is not None:
                 # Static membership: a restarted instance replaces its old member id and keeps
@@ -114,11 +122,6 @@ class GroupState(LogState):
                             for tp, m in self.pending_release.items()
                         }
             self.members[member.member_id] = member
-        elif name == "heartbeat":
-            member_id = str(body["memberId"])
-            if member_id in self.members:
-                m = self.members[member_id]
-                self.members[member_id] = Member(**{**m.__dict__, "last_seen_ms": int(body["time"])})
         elif name == "leave":
             member_id = str(body["memberId"])
             self.members.pop(member_id, None)
@@ -173,9 +176,11 @@ class GroupState(LogState):
                 self.offsets.pop(tp, None)
                 self.offset_times.pop(tp, None)
         elif name == "deleteGroup":
-            generation = self.generation
+            generation, version = self.generation, self.version
             self.__init__()  # type: ignore[misc]
             self.generation = generation  # never reuse a generation: old members stay fenced
+            self.version = version
+            self.deleted = True
         else:
             super().apply(name, body)
 
@@ -183,7 +188,6 @@ class GroupState(LogState):
         actions = super().checkpoint_actions()
         for m in self.members.values():
             actions.append({"join": _join_body(m, m.joined_ms)})
-            actions.append({"heartbeat": {"memberId": m.member_id, "time": m.last_seen_ms}})
         body = _assignment_body(self.generation, self.assignor, self.assignment, self.assigned_partitions)
         body["pendingRelease"] = [[tp.topic, tp.partition, m] for tp, m in sorted(self.pending_release.items())]
         body["subscriptions"] = {m: list(t) for m, t in sorted(self.subscriptions.items())}
@@ -199,12 +203,11 @@ class GroupState(LogState):
                                         "transaction": {"id": tid, "version": version}}})
         for tid, epoch in sorted(self.transaction_epochs.items()):
             actions.append({"txnFence": {"id": tid, "epoch": epoch}})
+        if self.deleted:
+            actions.append({"deleteGroup": {"time": 0}})
         return actions
 
     # -- queries ---------------------------------------------------------------------------------
-
-    def live_members(self, now_ms: int) -> dict[str, Member]:
-        return {mid: m for mid, m in self.members.items() if m.live(now_ms)}
 
     def owner_of(self, tp: TopicPartition) -> str | None:
         for member, parts in self.assignment.items():
@@ -227,6 +230,13 @@ def _assignment_body(generation: int, assignor: str | None, assignment: Mapping[
             "partitions": dict(sorted(partitions.items()))}
 
 
+def _lease_name(member_id: str) -> str:
+    # Member ids are made by the consumer from a validated client id and a random suffix;
+    # check again anyway: this name becomes a path.
+    validate_group_id(member_id)
+    return f"{member_id}.json"
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -240,18 +250,62 @@ class Group:
         self.log: Log[GroupState] = Log(store.storage, group_log_dir(group_id), GroupState,
                                         checkpoint_interval=100, retry=retry or store.retry)
         self._state: GroupState | None = None
+        self._members_dir = group_members_dir(group_id)
 
     def state(self) -> GroupState:
         self._state = self.log.load() if self._state is None else self.log.update(self._state)
         return self._state
 
+    # -- leases ----------------------------------------------------------------------------------
+
+    def write_lease(self, member_id: str) -> None:
+        """Renew a member's lease: one overwrite of its own file, no log commit."""
+        body = json.dumps({"memberId": member_id, "time": _now_ms()}).encode()
+        self.store.storage.put(f"{self._members_dir}/{_lease_name(member_id)}", body, durable=False)
+
+    def drop_lease(self, member_id: str) -> None:
+        self.store.storage.delete([f"{self._members_dir}/{_lease_name(member_id)}"])
+
+    def leases(self) -> dict[str, int]:
+        """member id -> time of its newest heartbeat, by the storage's clock."""
+        out = {}
+        for info in self.store.storage.list_dir(self._members_dir):
+            if info.name.endswith(".json") and not info.name.startswith(".") and info.mtime_ms is not None:
+                out[info.name[: -len(".json")]] = info.mtime_ms
+        return out
+
+    def storage_now_ms(self) -> int:
+        """The storage's idea of now. Local and memory stores share our clock; on an object
+        store a probe file is written and its recorded time read back."""
+        storage = self.store.storage
+        if storage.is_local or storage.protocol == "memory":
+            return _now_ms()
+        probe = f"{self._members_dir}/.probe-{uuid.uuid4().hex}"
+        storage.put(probe, b"{}", durable=False)
+        try:
+            for info in storage.list_dir(self._members_dir):
+                if f"{self._members_dir}/{info.name}" == probe and info.mtime_ms is not None:
+                    return info.mtime_ms
+        finally:
+            storage.delete([probe])
+        return _now_ms()
+
+    def live_members(self, state: GroupState, *, reference_ms: int | None = None,
+                     leases: Mapping[str, int] | None = None) -> dict[str, Member]:
+        leases = self.leases() if leases is None else leases
+        reference = self.storage_now_ms() if reference_ms is None else reference_ms
+        return {mid: m for mid, m in state.members.items() if m.live(leases.get(mid), reference)}
+
     def exists(self) -> bool:
-        return self.state().version >= 0
+        state = self.state()
+        return state.version >= 0 and not state.deleted
 
     def _commit(self, build: Callable[[GroupState], list[Action] | None], operation: str) -> CommitResult[GroupState] | None:
         def guarded(state: GroupState) -> list[Action] | None:
             actions = build(state)
-            if actions is not None and state.version < 0:
+            if not actions:
+                return None
+            if state.version < 0:
                 actions = [protocol_action(), *actions]
             return actions
 
@@ -270,17 +324,22 @@ class Group:
                 continue  # subscribed to a topic that does not exist (yet): nothing to assign
         return counts
 
-    def plan(self, state: GroupState, now_ms: int, pending: list[Action],
+    def plan(self, state: GroupState, live_ids: set[str], pending: list[Action],
              counts: Mapping[str, int] | None = None) -> list[Action]:
         """The actions ``pending`` plus, when membership, subscriptions or partition counts
-        changed, the expiry of dead members and a new generation's assignment."""
+        changed, the expiry of members not in ``live_ids`` and a new generation's assignment.
+        Members joining in ``pending`` count as live."""
         trial = state.copy()
+        joining = set()
         for action in pending:
             ((name, body),) = action.items()
             trial.apply(name, body)
+            if name == "join":
+                joining.add(str(body["memberId"]))
         actions = list(pending)
-        for member_id, member in list(trial.members.items()):
-            if not member.live(now_ms):
+        now_ms = _now_ms()
+        for member_id in list(trial.members):
+            if member_id not in live_ids and member_id not in joining:
                 leave: Action = {"leave": {"memberId": member_id, "reason": "session expired", "time": now_ms}}
                 actions.append(leave)
                 trial.apply("leave", leave["leave"])
@@ -309,53 +368,61 @@ class Group:
     def join(self, member: Member) -> GroupState:
         """Add (or, for a static member, replace) a member and rebalance if needed."""
 
+        self.write_lease(member.member_id)  # before the join: a member always has a lease
+
         def build(state: GroupState) -> list[Action]:
-            now = _now_ms()
-            body = _join_body(member, now)
+            leases = self.leases()
+            reference = leases.get(member.member_id) or self.storage_now_ms()
+            live = set(self.live_members(state, reference_ms=reference, leases=leases))
+            body = _join_body(member, _now_ms())
             static_rejoin = member.instance_id is not None and any(
-                m.instance_id == member.instance_id and m.live(now) and m.topics == member.topics
-                for m in state.members.values()
+                m.instance_id == member.instance_id and mid in live and m.topics == member.topics
+                for mid, m in state.members.items()
             )
             if static_rejoin:
                 return [{"join": body}]  # same partitions, same generation: no rebalance
-            return self.plan(state, now, [{"join": body}])
+            return self.plan(state, live, [{"join": body}])
 
         self._commit(build, "JOIN GROUP")
         return self.state()
 
     def heartbeat(self, member_id: str, *, check_metadata: bool = False) -> GroupState:
-        """Renew the member's lease; expire dead members and rebalance when something changed.
-        Raises CommitFailedError if the member was removed from the group."""
+        """Renew the member's lease; when a member's lease expired (or, with
+        ``check_metadata``, a subscribed topic changed its partition count) commit the expiry
+        and a new generation. Raises CommitFailedError if this member is no longer in the group."""
+        self.write_lease(member_id)
+        state = self.state()
+        if member_id not in state.members:
+            raise CommitFailedError(
+                f"group {self.group_id!r}: member {member_id} is no longer in the group "
+                "(session expired or fenced); it must rejoin"
+            )
+        leases = self.leases()
+        reference = leases.get(member_id) or self.storage_now_ms()
+        live = set(self.live_members(state, reference_ms=reference, leases=leases))
+        if live == set(state.members) and not check_metadata:
+            return state
 
-        def build(state: GroupState) -> list[Action]:
-            if member_id not in state.members:
-                raise CommitFailedError(
-                    f"group {self.group_id!r}: member {member_id} is no longer in the group "
-                    "(session expired or fenced); it must rejoin"
-                )
-            now = _now_ms()
-            pending: list[Action] = [{"heartbeat": {"memberId": member_id, "time": now}}]
-            counts = None
-            if not check_metadata:
-                counts = dict(state.assigned_partitions)
-                for m in state.members.values():
-                    for t in m.topics:
-                        if t not in counts:
-                            counts = None  # a new subscription: look the topics up
-                            break
-            return self.plan(state, now, pending, counts)
+        def build(current: GroupState) -> list[Action] | None:
+            if member_id not in current.members:
+                raise CommitFailedError(f"group {self.group_id!r}: member {member_id} is no longer in the group")
+            alive = set(self.live_members(current, reference_ms=reference, leases=leases)) | {member_id}
+            return self.plan(current, alive, [])
 
-        self._commit(build, "HEARTBEAT")
+        self._commit(build, "REBALANCE")
+        for dead in set(state.members) - live:
+            self.drop_lease(dead)
         return self.state()
 
     def leave(self, member_id: str, reason: str = "consumer closed") -> None:
         def build(state: GroupState) -> list[Action] | None:
             if member_id not in state.members:
                 return None
-            now = _now_ms()
-            return self.plan(state, now, [{"leave": {"memberId": member_id, "reason": reason, "time": now}}])
+            live = set(self.live_members(state)) - {member_id}
+            return self.plan(state, live, [{"leave": {"memberId": member_id, "reason": reason, "time": _now_ms()}}])
 
         self._commit(build, "LEAVE GROUP")
+        self.drop_lease(member_id)
 
     # -- offsets -------------------------------------------------------------------------------
 
@@ -394,7 +461,7 @@ class Group:
                 if state.transactions.get(tid, -1) >= version:
                     return None  # this transaction's offsets are already committed
             if member_id is None:
-                live = state.live_members(now)
+                live = self.live_members(state)
                 if live:
                     raise CommitFailedError(
                         f"group {self.group_id!r} has {len(live)} live member(s); commits outside "
@@ -470,9 +537,9 @@ class Group:
 
     def delete(self) -> None:
         def build(state: GroupState) -> list[Action]:
-            if state.version < 0:
+            if state.version < 0 or state.deleted:
                 raise KStoreError(f"group {self.group_id!r} does not exist")
-            live = state.live_members(_now_ms())
+            live = self.live_members(state)
             if live:
                 raise IllegalStateError(
                     f"group {self.group_id!r} has {len(live)} live member(s); stop them before deleting it"
@@ -540,8 +607,7 @@ def list_groups(store: Store) -> list[str]:
 def describe_group(store: Store, group_id: str) -> GroupDescription:
     group = Group(store, group_id)
     state = group.state()
-    now = _now_ms()
-    live = state.live_members(now)
+    live = group.live_members(state)
     topics = {tp.topic for tp in state.offsets} | {tp.topic for parts in state.assignment.values() for tp in parts}
     rows: dict[TopicPartition, PartitionLag] = {}
     for topic in sorted(topics):
@@ -563,7 +629,7 @@ def describe_group(store: Store, group_id: str) -> GroupDescription:
                 live[owner].client_id if owner in live else None,
                 committed.metadata if committed else "",
             )
-    if state.version < 0:
+    if state.version < 0 or state.deleted:
         status = "Dead"
     elif live:
         status = "Stable"
@@ -597,7 +663,7 @@ def reset_offsets(
         raise ValueError("choose exactly one of to_earliest, to_latest, to_offset, to_datetime, shift_by, by_duration")
     group = Group(store, group_id)
     state = group.state()
-    live = state.live_members(_now_ms())
+    live = group.live_members(state)
     if live:
         raise IllegalStateError(
             f"group {group_id!r} has {len(live)} live member(s); offsets can only be reset while it is inactive"

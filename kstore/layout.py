@@ -39,6 +39,10 @@ def group_log_dir(group_id: str) -> str:
     return f"{GROUPS}/{validate_group_id(group_id)}/_log"
 
 
+def group_members_dir(group_id: str) -> str:
+    return f"{GROUPS}/{validate_group_id(group_id)}/members"
+
+
 def producer_log_dir(transactional_id: str) -> str:
     """Transactional ids may be any string (as in Kafka), so the path uses their hash."""
     if not isinstance(transactional_id, str) or not transactional_id:

@@ -1,1 +1,132 @@
-"""placeholder"""
+"""The Spark data source ``kstore``: Kafka's source and sink options over a kstore store.
+
+Register it once per Spark session::
+
+    from kstore.spark_ext import register
+    register(spark)
+
+    df = (spark.read.format("kstore")
+          .option("store", "s3://bucket/ks").option("subscribe", "clicks").load())
+    (df.selectExpr("key", "value").write.format("kstore")
+       .option("store", "s3://bucket/ks").option("topic", "copy").save())
+
+It then works with ``spark.read``, ``spark.readStream``, ``df.write``, ``df.writeStream`` and
+from SQL (``CREATE TEMPORARY VIEW v USING kstore OPTIONS (store '...', subscribe '...')``).
+The options are listed in docs/SPARK.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
+from pyspark.sql.types import StructType
+
+from .options import (
+    InvalidOptionError,
+    normalize,
+    parse_bool,
+    parse_read_options,
+    parse_write_options,
+)
+from .reader import KStoreBatchReader, KStoreFilteringBatchReader, KStoreStreamReader
+from .reading import DataLossError
+from .schema import output_columns, spark_schema
+from .writer import KStoreBatchWriter, KStoreStreamWriter, check_input_schema
+
+FORMAT = "kstore"
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+__all__ = [
+    "FORMAT",
+    "DataLossError",
+    "InvalidOptionError",
+    "KStoreDataSource",
+    "KStoreDataSourceWithPushdown",
+    "register",
+]
+
+
+class KStoreDataSource(DataSource):
+    """The ``kstore`` format. Options are validated when a reader or writer is made, on the
+    driver, so a bad option fails before any task runs."""
+
+    filter_pushdown = False
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def _include_headers(self) -> bool:
+        options = normalize(self.options)
+        return parse_bool("includeheaders", options.get("includeheaders", "false"))
+
+    def schema(self) -> StructType:
+        return spark_schema(self._include_headers())
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        options = parse_read_options(self.options, streaming=False)
+        columns = output_columns(schema, options.include_headers)
+        cls = KStoreFilteringBatchReader if self.filter_pushdown else KStoreBatchReader
+        return cls(options, columns)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        options = parse_read_options(self.options, streaming=True)
+        return KStoreStreamReader(options, output_columns(schema, options.include_headers))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            raise InvalidOptionError(
+                "kstore sink: save mode 'overwrite' is not supported; a topic is an append-only "
+                "log (use mode 'append')"
+            )
+        options = parse_write_options(self.options, streaming=False)
+        columns = check_input_schema(schema, options)
+        if options.topic is not None:
+            _check_topic_exists(options)
+        return KStoreBatchWriter(options, columns)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
+        # Complete output mode re-appends the whole result each trigger, as the Kafka sink does.
+        options = parse_write_options(self.options, streaming=True)
+        columns = check_input_schema(schema, options)
+        if options.topic is not None:
+            _check_topic_exists(options)
+        return KStoreStreamWriter(options, columns)
+
+
+class KStoreDataSourceWithPushdown(KStoreDataSource):
+    """The same format, taking over topic, partition, offset and timestamp filters."""
+
+    filter_pushdown = True
+
+
+def _check_topic_exists(options: Any) -> None:
+    from .stores import get_store
+
+    get_store(options.store).topic(options.topic)
+
+
+def register(spark: Any, *, filter_pushdown: bool = False) -> None:
+    """Register the ``kstore`` format with ``spark`` (a SparkSession); call once per session.
+
+    ``filter_pushdown=True`` also lets batch reads take over filters on topic, partition,
+    offset and timestamp (a range of offsets or a time window then reads only the segments
+    that hold it), and turns on ``spark.sql.python.filterPushdown.enabled``, without which
+    Spark refuses a Python source that offers pushdown. It is off by default because PySpark
+    4.3 plans a Python source's read once per relation and keeps it: after a query whose
+    filters were pushed down, a later query on the *same* DataFrame or view that has no
+    filter to push reuses the filtered plan and silently returns the filtered rows. With
+    pushdown on, load a fresh DataFrame (``spark.read...load()``) for every query.
+    """
+    if filter_pushdown:
+        spark.conf.set(PUSHDOWN_CONF, "true")
+        spark.dataSource.register(KStoreDataSourceWithPushdown)
+    else:
+        spark.dataSource.register(KStoreDataSource)

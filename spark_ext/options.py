@@ -24,8 +24,24 @@ DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000  # Kafka's default "15m"
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 MAX_MIN_PARTITIONS = 100_000  # a limit on everything
 
-# Options Spark itself may add to a data source's options; accepted and ignored.
-SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
+# Options Spark itself may add to a data source's options (paths, streaming, and the table
+# properties a catalog table carries); accepted and ignored.
+SPARK_OPTIONS = frozenset(
+    {
+        "path",
+        "paths",
+        "checkpointlocation",
+        "queryname",
+        "provider",
+        "location",
+        "comment",
+        "owner",
+        "external",
+        "is_managed_location",
+        "collation",
+        "serialization.format",
+    }
+)
 
 STORE_OPTIONS = ("store", "storageoptions")
 READ_OPTIONS = (
@@ -46,9 +62,18 @@ READ_OPTIONS = (
     "minpartitions",
     "failondataloss",
     "includeheaders",
+    "isolationlevel",
     "groupid",
 )
-WRITE_OPTIONS = ("topic", "partitioner", "txnappid", "txnversion", "segmentbytes", "compression", "acks")
+WRITE_OPTIONS = (
+    "topic",
+    "partitioner",
+    "txnappid",
+    "txnversion",
+    "segmentbytes",
+    "compression",
+    "acks",
+)
 # The spelling shown in messages (Spark lower-cases the keys it hands over).
 CANONICAL = {
     name.lower(): name
@@ -72,6 +97,7 @@ CANONICAL = {
         "minPartitions",
         "failOnDataLoss",
         "includeHeaders",
+        "isolationLevel",
         "groupId",
         "topic",
         "partitioner",
@@ -104,9 +130,15 @@ def normalize(options: Mapping[str, Any]) -> dict[str, str]:
     """
     out: dict[str, str] = {}
     allowed = set(READ_OPTIONS) | set(WRITE_OPTIONS) | set(STORE_OPTIONS)
+    plain = {str(k).lower() for k in options}
     for raw_key, value in options.items():
         key = str(raw_key).lower()
-        if key in SPARK_OPTIONS or key.startswith("__") or key.startswith("storage."):
+        if key.startswith("option."):
+            # A catalog table also hands its options over as table properties "option.<name>".
+            key = key[len("option.") :]
+            if key in plain:
+                continue
+        if key in SPARK_OPTIONS or key.startswith(("__", "storage.")):
             out[key] = str(value)
             continue
         if key.startswith("kafka."):
@@ -169,8 +201,18 @@ def parse_duration_ms(name: str, value: str) -> int:
 
 
 _SIZE = re.compile(r"\s*(\d+)\s*([a-z]*)\s*")
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
-               "g": 1 << 30, "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+}
 
 
 def parse_bytes(name: str, value: str) -> int:
@@ -198,7 +240,9 @@ def _partition_number(name: str, topic: str, key: object) -> int:
     return int(text)
 
 
-def parse_offsets_json(name: str, value: str, *, allow: tuple[int, ...]) -> dict[tuple[str, int], int]:
+def parse_offsets_json(
+    name: str, value: str, *, allow: tuple[int, ...]
+) -> dict[tuple[str, int], int]:
     """``{"topicA":{"0":23,"1":-1}}``: offsets per topic-partition; ``allow`` lists the
     sentinels (-2 earliest, -1 latest) this option accepts."""
     data = parse_json(name, value)
@@ -214,7 +258,9 @@ def parse_offsets_json(name: str, value: str, *, allow: tuple[int, ...]) -> dict
             if not isinstance(offset, int) or isinstance(offset, bool):
                 raise _bad(name, f"{topic}-{p}: offset {offset!r} is not an integer")
             if offset < 0 and offset not in allow:
-                meaning = {EARLIEST: "-2 (earliest)", LATEST: "-1 (latest)"}.get(offset, str(offset))
+                meaning = {EARLIEST: "-2 (earliest)", LATEST: "-1 (latest)"}.get(
+                    offset, str(offset)
+                )
                 raise _bad(name, f"{topic}-{p}: offset {meaning} is not allowed here")
             out[(topic, p)] = offset
     return out
@@ -233,7 +279,9 @@ def parse_timestamps_json(name: str, value: str) -> dict[tuple[str, int], int]:
         for key, stamp in parts.items():
             p = _partition_number(name, topic, key)
             if not isinstance(stamp, int) or isinstance(stamp, bool) or stamp < 0:
-                raise _bad(name, f"{topic}-{p}: timestamp {stamp!r} is not a non-negative integer (ms)")
+                raise _bad(
+                    name, f"{topic}-{p}: timestamp {stamp!r} is not a non-negative integer (ms)"
+                )
             out[(topic, p)] = stamp
     return out
 
@@ -264,8 +312,17 @@ class StoreRef:
 def parse_store(options: Mapping[str, str]) -> StoreRef:
     url = options.get("store", "").strip()
     if not url:
+        hint = ""
+        if not options:
+            # Spark 4.3 hands a Python data source no options on INSERT INTO a catalog table.
+            hint = (
+                " (no option at all reached the source: for SQL writes, INSERT INTO a temporary "
+                "view created with USING kstore OPTIONS (...), or give the options in the "
+                "statement: INSERT INTO t WITH ('store' = '...') SELECT ...)"
+            )
         raise InvalidOptionError(
-            "kstore option 'store' is required: the store's URL, e.g. file:///data/ks or s3://bucket/prefix"
+            "kstore option 'store' is required: the store's URL, e.g. file:///data/ks or "
+            f"s3://bucket/prefix{hint}"
         )
     storage: dict[str, Any] = {}
     if "storageoptions" in options:
@@ -275,7 +332,7 @@ def parse_store(options: Mapping[str, str]) -> StoreRef:
         storage.update(data)
     for key, value in options.items():
         if key.startswith("storage."):
-            name = key[len("storage."):]
+            name = key[len("storage.") :]
             if not name:
                 raise InvalidOptionError(f"kstore option {key!r}: names no storage option")
             storage[name] = _storage_value(key, value)
@@ -337,6 +394,7 @@ class ReadOptions:
     min_partitions: int | None
     fail_on_data_loss: bool
     include_headers: bool
+    read_committed: bool
     group_id: str | None
     streaming: bool
 
@@ -387,7 +445,9 @@ def _starting(options: Mapping[str, str], streaming: bool) -> OffsetSpec:
         stamp = parse_int("startingtimestamp", options["startingtimestamp"])
         return OffsetSpec("timestamp", timestamp_ms=stamp, option="startingTimestamp")
     if "startingoffsetsbytimestamp" in options:
-        stamps = parse_timestamps_json("startingoffsetsbytimestamp", options["startingoffsetsbytimestamp"])
+        stamps = parse_timestamps_json(
+            "startingoffsetsbytimestamp", options["startingoffsetsbytimestamp"]
+        )
         return OffsetSpec("timestamps", timestamps=stamps, option="startingOffsetsByTimestamp")
     value = options.get("startingoffsets")
     if value is None:
@@ -398,10 +458,16 @@ def _starting(options: Mapping[str, str], streaming: bool) -> OffsetSpec:
         return OffsetSpec("earliest", option="startingOffsets")
     if lowered == "latest":
         if not streaming:
-            raise _bad("startingoffsets", "'latest' is not allowed for batch queries (it would read nothing)")
+            raise _bad(
+                "startingoffsets",
+                "'latest' is not allowed for batch queries (it would read nothing)",
+            )
         return OffsetSpec("latest", option="startingOffsets")
     if lowered == "group":
-        raise _bad("startingoffsets", "'group' needs consumer groups, which this kstore build does not provide yet")
+        raise _bad(
+            "startingoffsets",
+            "'group' needs consumer groups, which this kstore build does not provide yet",
+        )
     if not text.startswith("{"):
         raise _bad("startingoffsets", f"expected earliest, latest or a JSON object, got {value!r}")
     allow = (EARLIEST, LATEST) if streaming else (EARLIEST,)
@@ -410,7 +476,9 @@ def _starting(options: Mapping[str, str], streaming: bool) -> OffsetSpec:
 
 
 def _ending(options: Mapping[str, str], streaming: bool) -> OffsetSpec:
-    given = [k for k in ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp") if k in options]
+    given = [
+        k for k in ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp") if k in options
+    ]
     if streaming:
         if given:
             raise _bad(given[0], "is for batch queries only; a streaming query has no end")
@@ -419,7 +487,9 @@ def _ending(options: Mapping[str, str], streaming: bool) -> OffsetSpec:
         stamp = parse_int("endingtimestamp", options["endingtimestamp"])
         return OffsetSpec("timestamp", timestamp_ms=stamp, option="endingTimestamp")
     if "endingoffsetsbytimestamp" in options:
-        stamps = parse_timestamps_json("endingoffsetsbytimestamp", options["endingoffsetsbytimestamp"])
+        stamps = parse_timestamps_json(
+            "endingoffsetsbytimestamp", options["endingoffsetsbytimestamp"]
+        )
         return OffsetSpec("timestamps", timestamps=stamps, option="endingOffsetsByTimestamp")
     value = options.get("endingoffsets")
     if value is None:
@@ -444,7 +514,9 @@ def parse_read_options(raw: Mapping[str, Any], *, streaming: bool) -> ReadOption
     ending = _ending(options, streaming)
     strategy = options.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
     if strategy not in ("error", "latest"):
-        raise _bad("startingoffsetsbytimestampstrategy", f"expected error or latest, got {strategy!r}")
+        raise _bad(
+            "startingoffsetsbytimestampstrategy", f"expected error or latest, got {strategy!r}"
+        )
 
     def optional_int(name: str, minimum: int) -> int | None:
         return parse_int(name, options[name], minimum=minimum) if name in options else None
@@ -452,7 +524,9 @@ def parse_read_options(raw: Mapping[str, Any], *, streaming: bool) -> ReadOption
     max_offsets = optional_int("maxoffsetspertrigger", 1)
     min_offsets = optional_int("minoffsetspertrigger", 1)
     if max_offsets is not None and min_offsets is not None and min_offsets > max_offsets:
-        raise _bad("minoffsetspertrigger", f"{min_offsets} exceeds maxOffsetsPerTrigger {max_offsets}")
+        raise _bad(
+            "minoffsetspertrigger", f"{min_offsets} exceeds maxOffsetsPerTrigger {max_offsets}"
+        )
     if "maxtriggerdelay" in options and min_offsets is None:
         raise _bad("maxtriggerdelay", "only has a meaning together with 'minOffsetsPerTrigger'")
     delay = (
@@ -460,10 +534,19 @@ def parse_read_options(raw: Mapping[str, Any], *, streaming: bool) -> ReadOption
         if "maxtriggerdelay" in options
         else DEFAULT_MAX_TRIGGER_DELAY_MS
     )
-    max_bytes = parse_bytes("maxbytespertrigger", options["maxbytespertrigger"]) if "maxbytespertrigger" in options else None
+    max_bytes = (
+        parse_bytes("maxbytespertrigger", options["maxbytespertrigger"])
+        if "maxbytespertrigger" in options
+        else None
+    )
     min_partitions = optional_int("minpartitions", 1)
     if min_partitions is not None and min_partitions > MAX_MIN_PARTITIONS:
         raise _bad("minpartitions", f"{min_partitions} exceeds the limit {MAX_MIN_PARTITIONS}")
+    isolation = options.get("isolationlevel", "read_committed").strip().lower()
+    if isolation not in ("read_committed", "read_uncommitted"):
+        raise _bad(
+            "isolationlevel", f"expected read_committed or read_uncommitted, got {isolation!r}"
+        )
     group_id = options.get("groupid")
     if group_id is not None:
         raise _bad(
@@ -483,6 +566,7 @@ def parse_read_options(raw: Mapping[str, Any], *, streaming: bool) -> ReadOption
         min_partitions=min_partitions,
         fail_on_data_loss=parse_bool("failondataloss", options.get("failondataloss", "true")),
         include_headers=parse_bool("includeheaders", options.get("includeheaders", "false")),
+        read_committed=isolation == "read_committed",
         group_id=group_id,
         streaming=streaming,
     )
@@ -513,7 +597,10 @@ def parse_write_options(raw: Mapping[str, Any], *, streaming: bool) -> WriteOpti
         topic = _topic_name("topic", topic.strip())
     partitioner = options.get("partitioner", "murmur2").strip()
     if partitioner not in PARTITIONER_NAMES:
-        raise _bad("partitioner", f"unknown partitioner {partitioner!r}; use one of {', '.join(PARTITIONER_NAMES)}")
+        raise _bad(
+            "partitioner",
+            f"unknown partitioner {partitioner!r}; use one of {', '.join(PARTITIONER_NAMES)}",
+        )
     app_id = options.get("txnappid")
     if app_id is not None and not app_id.strip():
         raise _bad("txnappid", "must not be empty")
@@ -527,7 +614,9 @@ def parse_write_options(raw: Mapping[str, Any], *, streaming: bool) -> WriteOpti
         raise InvalidOptionError(
             f"kstore batch write: options 'txnAppId' and 'txnVersion' go together; {missing!r} is missing"
         )
-    segment_bytes = parse_bytes("segmentbytes", options.get("segmentbytes", str(DEFAULT_SEGMENT_BYTES)))
+    segment_bytes = parse_bytes(
+        "segmentbytes", options.get("segmentbytes", str(DEFAULT_SEGMENT_BYTES))
+    )
     compression = options.get("compression")
     if compression is not None:
         compression = compression.strip().lower()

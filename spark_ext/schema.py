@@ -24,7 +24,8 @@ from pyspark.sql.types import (
 )
 
 from kstore.segments import HEADERS_TYPE, TIMESTAMP_TYPE
-from kstore.spark_ext.options import InvalidOptionError
+
+from .options import InvalidOptionError
 
 CREATE_TIME = 0  # Kafka's timestampType values
 LOG_APPEND_TIME = 1
@@ -63,7 +64,9 @@ def kafka_columns(include_headers: bool) -> list[str]:
 
 
 def spark_schema(include_headers: bool) -> StructType:
-    return StructType([StructField(n, SPARK_TYPES[n], True) for n in kafka_columns(include_headers)])
+    return StructType(
+        [StructField(n, SPARK_TYPES[n], True) for n in kafka_columns(include_headers)]
+    )
 
 
 def arrow_schema(columns: Sequence[str]) -> pa.Schema:
@@ -140,7 +143,9 @@ def output_batch(
     """One Spark batch from decoded segment rows (READ_SCHEMA columns, possibly pruned)."""
     rows = batch.num_rows
     arrays = [
-        constants.get(name, rows) if name in ("topic", "partition", "timestampType") else batch.column(name)
+        constants.get(name, rows)
+        if name in ("topic", "partition", "timestampType")
+        else batch.column(name)
         for name in columns
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)

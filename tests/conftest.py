@@ -114,3 +114,41 @@ def any_store(request: pytest.FixtureRequest) -> StoreTarget:
     name: str = request.param
     url, options = request.getfixturevalue(_BACKEND_FIXTURES[name])
     return StoreTarget(name, url, options)
+
+
+# --- Spark ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark session (2 cores) shared by every Spark test, with the ``kstore``
+    format registered (without filter pushdown, the default). UTC session time zone so that
+    timestamps compare as they are stored."""
+    import os
+    import sys
+    import warnings
+
+    # Spark's Python workers must run this interpreter: it is the one with kstore installed.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    with warnings.catch_warnings():
+        # PySpark 4.3 warns once, while starting, that it does not fully support pandas 3.
+        warnings.simplefilter("ignore", FutureWarning)
+        from pyspark.sql import SparkSession
+
+        session = (
+            SparkSession.builder.master("local[2]")
+            .appName("kstore-tests")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.default.parallelism", "2")
+            .config("spark.sql.session.timeZone", "UTC")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.streaming.minBatchesToRetain", "10")
+            .getOrCreate()
+        )
+    session.sparkContext.setLogLevel("ERROR")
+    from kstore.spark_ext import register
+
+    register(session)
+    yield session
+    session.stop()

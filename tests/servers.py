@@ -23,9 +23,11 @@ Conditional writes, as measured here (s3fs 2026.9, aiobotocore 3.10, moto 5.2.5,
 * SeaweedFS serialises racing conditional PUTs of one key: exactly one of 8 concurrent writers
   won in every round tried, but losers may wait in steps of ~1 s (server side; seen with boto3
   retries disabled), so a round of 8 writers takes up to ~3-4 s. Uncontended PUT/GET ~3 ms.
-  moto's check is not locked (see docs/DESIGN), so races are tested on SeaweedFS only.
+  moto's check is not locked (design brief, section 5), so races are tested on SeaweedFS only.
 
-SeaweedFS notes: ``weed mini`` answers S3 ~0.6 s after launch and stops gracefully in ~3.5 s.
+SeaweedFS notes: ``weed mini`` answers S3 ~0.6 s after launch and passes the write probe in
+~0.8-1.1 s; a start on existing data (restart) takes 0.8 s, or ~5.5 s about half the time (the
+filer waits for a volume to register again). A graceful stop takes 2.2-3.6 s, a kill ~0.03 s.
 ``-logdir`` is a global flag (``weed -logdir=X mini ...``). Its gRPC unix sockets go to
 ``/tmp/seaweedfs-<service>-grpc-<port>.sock`` whatever TMPDIR says (removed on a graceful
 stop). Its admin worker dials ``admin.port + 10000`` whatever ``-admin.port.grpc`` says, so
@@ -39,6 +41,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import logging
 import os
 import random
 import shutil
@@ -143,6 +146,8 @@ class MotoServer(S3Server):
     def start(self) -> None:
         from moto.server import ThreadedMotoServer
 
+        # werkzeug logs every request at INFO: keep failure reports readable.
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
         # Port 0: the OS picks a free port and moto reports it, so no race for the port.
         server = ThreadedMotoServer(ip_address=LOOPBACK, port=0, verbose=False)
         server.start()
@@ -172,16 +177,19 @@ _GRPC_OFFSET = 10000
 # Below Linux's ephemeral range (32768+), so outgoing connections do not take them meanwhile.
 _PORT_RANGE = (10000, 32767 - _GRPC_OFFSET)
 
-# Runs beside weed: kills weed's process group if the test process dies without stopping it.
+# Runs beside weed: kills weed's process group if the test process dies without stopping it,
+# then removes the files it would have removed itself (argv[3:]).
 _WATCHDOG = """
-import os, signal, sys, time
+import contextlib, os, signal, sys, time
 parent, pgid = int(sys.argv[1]), int(sys.argv[2])
 while os.getppid() == parent:
     time.sleep(0.5)
-try:
+with contextlib.suppress(ProcessLookupError):
     os.killpg(pgid, signal.SIGKILL)
-except ProcessLookupError:
-    pass
+time.sleep(0.5)
+for path in sys.argv[3:]:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 """
 
 
@@ -378,7 +386,14 @@ class SeaweedServer(S3Server):
                 start_new_session=True,  # own process group, killed as a whole
             )
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(self._proc.pid)],
+            [
+                sys.executable,
+                "-c",
+                _WATCHDOG,
+                str(os.getpid()),
+                str(self._proc.pid),
+                *self._grpc_socket_paths(),
+            ],
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
@@ -447,10 +462,16 @@ class SeaweedServer(S3Server):
                 proc.wait()
         # A group member that outlived the leader (none expected) must not hold the ports.
         _signal_group(proc.pid, signal.SIGKILL)
-        # weed puts its gRPC unix sockets in /tmp whatever TMPDIR says; a killed one leaves them.
-        for service, port in self.ports.items():
+        for path in self._grpc_socket_paths():  # a killed weed leaves them behind
             with contextlib.suppress(OSError):
-                os.unlink(f"/tmp/seaweedfs-{service}-grpc-{port + _GRPC_OFFSET}.sock")
+                os.unlink(path)
+
+    def _grpc_socket_paths(self) -> list[str]:
+        """weed's gRPC unix sockets: always in /tmp, whatever TMPDIR says."""
+        return [
+            f"/tmp/seaweedfs-{service}-grpc-{port + _GRPC_OFFSET}.sock"
+            for service, port in self.ports.items()
+        ]
 
 
 class _PortInUseError(Exception):

@@ -42,8 +42,13 @@ def open_store(target: StoreTarget) -> Store:
     return Store(target.url, target.storage_options)
 
 
-def batch(values: list[bytes | None], *, keys: list[bytes | None] | None = None,
-          ts_ms: list[int] | None = None, headers: list[Any] | None = None) -> pa.Table:
+def batch(
+    values: list[bytes | None],
+    *,
+    keys: list[bytes | None] | None = None,
+    ts_ms: list[int] | None = None,
+    headers: list[Any] | None = None,
+) -> pa.Table:
     n = len(values)
     columns: dict[str, pa.Array] = {
         "key": pa.array(keys if keys is not None else [None] * n, pa.binary()),
@@ -62,7 +67,8 @@ def read_rows(partition: Partition, from_offset: int = 0, **kwargs: Any) -> list
     batches = list(partition.read(from_offset, **kwargs))
     if not batches:
         return []
-    return pa.Table.from_batches(batches).to_pylist()
+    rows: list[dict[str, Any]] = pa.Table.from_batches(batches).to_pylist()
+    return rows
 
 
 def offsets_of(rows: list[dict[str, Any]]) -> list[int]:
@@ -79,7 +85,7 @@ def files_under(storage: Storage, rel: str) -> list[str]:
         )
     storage.fs.invalidate_cache()
     prefix = root.strip("/") + "/"
-    return sorted(p.strip("/")[len(prefix):] for p in storage.fs.find(root))
+    return sorted(p.strip("/")[len(prefix) :] for p in storage.fs.find(root))
 
 
 def state_summary(state: PartitionState) -> dict[str, Any]:
@@ -116,7 +122,9 @@ def replay_from_zero(partition: Partition) -> PartitionState:
 def test_create_list_and_describe_topics(any_store: StoreTarget) -> None:
     store = open_store(any_store)
     assert store.list_topics() == []
-    alpha = store.create_topic("alpha", 3, {"retention.ms": 1000, "cleanup.policy": "compact,delete"})
+    alpha = store.create_topic(
+        "alpha", 3, {"retention.ms": 1000, "cleanup.policy": "compact,delete"}
+    )
     beta = store.create_topic("beta.with-dots_and_dashes", 1)
     assert alpha.partitions == 3
     assert alpha.config == {"retention.ms": 1000, "cleanup.policy": "delete,compact"}
@@ -129,7 +137,13 @@ def test_create_list_and_describe_topics(any_store: StoreTarget) -> None:
     desc = store.describe_topic("alpha")
     assert [p.partition for p in desc.partitions] == [0, 1, 2]
     for p in desc.partitions:
-        assert (p.log_start_offset, p.log_end_offset, p.segments, p.size_bytes, p.records) == (0, 0, 0, 0, 0)
+        assert (p.log_start_offset, p.log_end_offset, p.segments, p.size_bytes, p.records) == (
+            0,
+            0,
+            0,
+            0,
+            0,
+        )
         assert p.oldest_timestamp_ms is None
         assert p.newest_timestamp_ms is None
     entries = {name: (value, is_default) for name, value, is_default in desc.config_entries()}
@@ -154,20 +168,32 @@ def test_create_list_and_describe_topics(any_store: StoreTarget) -> None:
 def test_alter_config_sets_and_resets_to_default(any_store: StoreTarget) -> None:
     store = open_store(any_store)
     store.create_topic("t", 1, {"retention.ms": 5000})
-    meta = store.alter_topic_config("t", set={"retention.bytes": "1048576", "compression.type": "zstd"})
-    assert meta.config == {"retention.ms": 5000, "retention.bytes": 1_048_576, "compression.type": "zstd"}
+    meta = store.alter_topic_config(
+        "t", set={"retention.bytes": "1048576", "compression.type": "zstd"}
+    )
+    assert meta.config == {
+        "retention.ms": 5000,
+        "retention.bytes": 1_048_576,
+        "compression.type": "zstd",
+    }
     meta = store.alter_topic_config("t", delete=["retention.ms"])
     assert meta.config == {"retention.bytes": 1_048_576, "compression.type": "zstd"}
     assert meta.effective_config["retention.ms"] == SPECS["retention.ms"].default
     # Set and reset in one commit.
-    meta = store.alter_topic_config("t", set={"min.cleanable.dirty.ratio": 0.25}, delete=["compression.type"])
+    meta = store.alter_topic_config(
+        "t", set={"min.cleanable.dirty.ratio": 0.25}, delete=["compression.type"]
+    )
     assert meta.config == {"retention.bytes": 1_048_576, "min.cleanable.dirty.ratio": 0.25}
     # A fresh store reads the same.
     again = open_store(any_store).topic("t")
     assert again.config == meta.config
     assert again.version == meta.version
     # Invalid changes are refused and change nothing.
-    for bad_set, bad_delete in (({"retention.ms": -5}, ()), ({"no.such.config": 1}, ()), ({}, ["no.such"])):
+    for bad_set, bad_delete in (
+        ({"retention.ms": -5}, ()),
+        ({"no.such.config": 1}, ()),
+        ({}, ["no.such"]),
+    ):
         with pytest.raises(InvalidConfigurationError):
             store.alter_topic_config("t", set=bad_set, delete=bad_delete)
     assert open_store(any_store).topic("t") == meta
@@ -240,7 +266,13 @@ def test_round_trip_keys_values_tombstones_headers_timestamps(
     part = store.partition("t", 0)
     keys = [b"k1", None, b"", b"k4\x00\xff", b"k1"]
     values = [b"v1", b"no key", b"", None, bytes(range(256)) * 8]  # None: a tombstone
-    ts = [BASE_US // 1000 + 1, BASE_US // 1000 - 86_400_000, 0, BASE_US // 1000 + 7, BASE_US // 1000 + 7]
+    ts = [
+        BASE_US // 1000 + 1,
+        BASE_US // 1000 - 86_400_000,
+        0,
+        BASE_US // 1000 + 7,
+        BASE_US // 1000 + 7,
+    ]
     headers = [
         [{"key": "trace", "value": b"abc"}, {"key": "trace", "value": None}],
         None,
@@ -248,7 +280,9 @@ def test_round_trip_keys_values_tombstones_headers_timestamps(
         [{"key": "\u00e9t\u00e9", "value": b"\x00"}],
         None,
     ]
-    first = part.append(batch(values, keys=keys, ts_ms=ts, headers=headers), compression=compression)
+    first = part.append(
+        batch(values, keys=keys, ts_ms=ts, headers=headers), compression=compression
+    )
     second = part.append(batch([b"tail"], keys=[b"k9"], ts_ms=[123]), compression=compression)
     assert (first.base_offset, first.last_offset, first.duplicate) == (0, 4, False)
     assert (second.base_offset, second.last_offset) == (5, 5)
@@ -264,11 +298,17 @@ def test_round_trip_keys_values_tombstones_headers_timestamps(
     assert [r["timestamp"] for r in rows] == expected_ts
     # The batches have exactly the schema Spark expects.
     for b in open_store(any_store).partition("t", 0).read(0):
-        assert b.schema.equals(pa.schema([
-            pa.field("key", pa.binary()), pa.field("value", pa.binary()),
-            pa.field("timestamp", TIMESTAMP_TYPE), pa.field("headers", HEADERS_TYPE),
-            pa.field("offset", pa.int64()),
-        ]))
+        assert b.schema.equals(
+            pa.schema(
+                [
+                    pa.field("key", pa.binary()),
+                    pa.field("value", pa.binary()),
+                    pa.field("timestamp", TIMESTAMP_TYPE),
+                    pa.field("headers", HEADERS_TYPE),
+                    pa.field("offset", pa.int64()),
+                ]
+            )
+        )
 
 
 def test_microsecond_timestamps_survive(any_store: StoreTarget) -> None:
@@ -321,7 +361,7 @@ def test_read_with_max_bytes_is_a_gapless_prefix(any_store: StoreTarget) -> None
             # budget never yields fewer records.
             assert got == list(range(start, start + len(got))), (start, budget, got)
             assert len(got) >= max(1, previous)
-            assert [r["value"] for r in rows] == values[start:start + len(got)]
+            assert [r["value"] for r in rows] == values[start : start + len(got)]
             previous = len(got)
         assert previous == end - start  # a budget above everything reads everything
         both = read_rows(part, start, max_bytes=everything * 2, max_records=2)
@@ -415,16 +455,23 @@ def test_checkpoints_every_n_commits_and_a_fresh_store_reads_the_same_state(
     assert len(read_rows(from_checkpoint)) == replayed.end_offset
 
 
-@pytest.mark.parametrize(
-    "hint",
-    [None, b"", b"garbage", b"\xff\xfe\x00", b"[]", b"{}", b'{"version": "9"}', b'{"version": null}',
-     b'{"version": 999}', b'{"version": 3}', b'{"version": -1}'],
-    ids=["missing", "empty", "garbage", "not-utf8", "list", "no-version", "string", "null",
-         "ahead", "stale", "negative"],
-)
-def test_opening_works_when_last_checkpoint_is_missing_or_malformed(
-    any_store: StoreTarget, hint: bytes | None
-) -> None:
+MALFORMED_HINTS: dict[str, bytes | None] = {
+    "missing": None,
+    "empty": b"",
+    "garbage": b"garbage",
+    "not-utf8": b"\xff\xfe\x00",
+    "list": b"[]",
+    "no-version": b"{}",
+    "string": b'{"version": "6"}',
+    "null": b'{"version": null}',
+    "ahead": b'{"version": 999}',
+    "stale": b'{"version": 3}',
+    "negative": b'{"version": -1}',
+    "not-a-checkpoint": b'{"version": 5}',
+}
+
+
+def test_opening_works_when_last_checkpoint_is_missing_or_malformed(any_store: StoreTarget) -> None:
     store = open_store(any_store)
     store.create_topic("t", 1, {"checkpoint.interval": 3})
     part = store.partition("t", 0)
@@ -432,33 +479,46 @@ def test_opening_works_when_last_checkpoint_is_missing_or_malformed(
         part.append(batch([b"%d" % i]))
     expected = state_summary(part.state())
     path = f"{part.log.directory}/{LAST_CHECKPOINT}"
-    if hint is None:
-        store.storage.delete([path])
-    elif hint:
-        store.storage.put(path, hint)
-    else:  # an empty file cannot be created through put_if_absent; put allows it
-        store.storage.put(path, hint)
-    before = _log_names(store.storage, part)
-    fresh = open_store(any_store).partition("t", 0)
-    assert state_summary(fresh.state()) == expected
-    assert [r["value"] for r in read_rows(fresh)] == [b"%d" % i for i in range(8)]
-    assert _log_names(store.storage, part) == before  # opening wrote nothing
+    for label, hint in MALFORMED_HINTS.items():
+        if hint is None:
+            store.storage.delete([path])
+        else:
+            store.storage.put(path, hint)
+        before = _log_names(store.storage, part)
+        fresh = open_store(any_store).partition("t", 0)
+        assert state_summary(fresh.state()) == expected, label
+        assert [r["value"] for r in read_rows(fresh)] == [b"%d" % i for i in range(8)], label
+        assert _log_names(store.storage, part) == before, label  # opening wrote nothing
 
 
 # --- sparse and Parquet segments ---------------------------------------------------------------
 
 
-def _add_sparse(part: Partition, offsets: list[int], values: list[bytes], ts_ms: list[int],
-                base: int, last: int, fmt: str) -> Segment:
+def _add_sparse(
+    part: Partition,
+    offsets: list[int],
+    values: list[bytes],
+    ts_ms: list[int],
+    base: int,
+    last: int,
+    fmt: str,
+) -> Segment:
     table = batch(list(values), ts_ms=ts_ms).append_column("offset", pa.array(offsets, pa.int64()))
     written = write_segment(part.storage, part.directory, table, fmt=fmt, compression="zstd")
     assert written.sparse
     assert (written.first_offset, written.last_offset) == (offsets[0], offsets[-1])
     seg = Segment(
-        path=written.path, base_offset=base, last_offset=last, record_count=written.record_count,
-        min_timestamp_ms=written.min_timestamp_ms, max_timestamp_ms=written.max_timestamp_ms,
-        size_bytes=written.size_bytes, checksum=written.checksum, format=written.format,
-        sparse=True, created_ms=0,
+        path=written.path,
+        base_offset=base,
+        last_offset=last,
+        record_count=written.record_count,
+        min_timestamp_ms=written.min_timestamp_ms,
+        max_timestamp_ms=written.max_timestamp_ms,
+        size_bytes=written.size_bytes,
+        checksum=written.checksum,
+        format=written.format,
+        sparse=True,
+        created_ms=0,
     )
     result = part.commit_actions(lambda state: [seg.to_action()], operation="TEST ADD")
     assert result is not None
@@ -480,8 +540,20 @@ def test_sparse_and_parquet_segments_read_like_dense_ones(any_store: StoreTarget
     assert (tail.base_offset, tail.last_offset) == (16, 17)  # offsets continue after the range
 
     fresh = open_store(any_store).partition("t", 0)
-    expected = {0: b"d0", 1: b"d1", 2: b"d2", 3: b"d3", 4: b"d4", 6: b"s6", 8: b"s8",
-                9: b"s9", 12: b"p12", 15: b"p15", 16: b"d16", 17: b"d17"}
+    expected = {
+        0: b"d0",
+        1: b"d1",
+        2: b"d2",
+        3: b"d3",
+        4: b"d4",
+        6: b"s6",
+        8: b"s8",
+        9: b"s9",
+        12: b"p12",
+        15: b"p15",
+        16: b"d16",
+        17: b"d17",
+    }
     rows = read_rows(fresh)
     assert {r["offset"]: r["value"] for r in rows} == expected
     assert offsets_of(rows) == sorted(expected)
@@ -560,7 +632,12 @@ def test_fencing_and_sequence_errors_change_nothing(any_store: StoreTarget) -> N
         part.append(batch([b"bad"]), producer=ProducerBatch("p", 1, 2, 2))
     # Other producers are independent.
     part.append(batch([b"q"]), producer=ProducerBatch("q", 0, 0, 0))
-    assert [r["value"] for r in read_rows(open_store(any_store).partition("t", 0))] == [b"a", b"b", b"c", b"q"]
+    assert [r["value"] for r in read_rows(open_store(any_store).partition("t", 0))] == [
+        b"a",
+        b"b",
+        b"c",
+        b"q",
+    ]
 
 
 def test_transaction_identifier_commits_once(any_store: StoreTarget) -> None:
@@ -571,7 +648,11 @@ def test_transaction_identifier_commits_once(any_store: StoreTarget) -> None:
     assert not first.duplicate
     log_before = _log_names(store.storage, part)
     for version in (5, 4, 0):  # a replay of the same micro-batch, or an older one
-        again = open_store(any_store).partition("t", 0).append(batch([b"replayed"]), txn=("query-1", version))
+        again = (
+            open_store(any_store)
+            .partition("t", 0)
+            .append(batch([b"replayed"]), txn=("query-1", version))
+        )
         assert again.duplicate
         assert again.version is None
     assert _log_names(store.storage, part) == log_before
@@ -589,7 +670,9 @@ def test_log_files_are_numbered_and_hold_commit_info(any_store: StoreTarget) -> 
     for i in range(3):
         part.append(batch([b"%d" % i]))
     names = _log_names(store.storage, part)
-    assert [version_file(v) for v in range(3)] == [n for n in names if n.endswith(".json") and "checkpoint" not in n]
+    assert [version_file(v) for v in range(3)] == [
+        n for n in names if n.endswith(".json") and "checkpoint" not in n
+    ]
     assert checkpoint_file(2) in names
     info, actions = part.log.read_commit(1) or ({}, [])
     assert info["operation"] == "APPEND"

@@ -10,6 +10,7 @@ user opts in.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import fsspec
@@ -58,7 +59,9 @@ def test_put_if_absent_refuses_a_file_made_by_put(any_store: StoreTarget) -> Non
     assert st.read("a/hint") == b"1"
 
 
-@pytest.mark.parametrize("empty", [b"", bytearray(), memoryview(b"")], ids=["bytes", "bytearray", "memoryview"])
+@pytest.mark.parametrize(
+    "empty", [b"", bytearray(), memoryview(b"")], ids=["bytes", "bytearray", "memoryview"]
+)
 def test_empty_bodies_are_refused(any_store: StoreTarget, empty: Any) -> None:
     # On S3 an empty body bypasses If-None-Match (it becomes a touch that overwrites).
     st = storage_of(any_store)
@@ -152,7 +155,9 @@ def test_delete_tree_removes_everything_below_and_nothing_beside(any_store: Stor
 # --- pickling ----------------------------------------------------------------------------------
 
 
-def test_storage_pickles_and_the_copy_reads_and_writes_the_same_data(any_store: StoreTarget) -> None:
+def test_storage_pickles_and_the_copy_reads_and_writes_the_same_data(
+    any_store: StoreTarget,
+) -> None:
     st = storage_of(any_store)
     st.put_if_absent("pk/one", b"written before pickling")
     st.fs  # noqa: B018 - open a live connection first: it must not travel in the pickle
@@ -187,7 +192,7 @@ def test_repr_hides_secrets(any_store: StoreTarget) -> None:
 # --- filesystems without an atomic create ----------------------------------------------------
 
 
-class NoAtomicCreateFS(MemoryFileSystem):
+class NoAtomicCreateFS(MemoryFileSystem):  # type: ignore[misc]
     """An in-memory filesystem under a protocol kstore knows nothing about, so no atomic create."""
 
     protocol = ("kstore-test-noatomic",)
@@ -207,12 +212,13 @@ def test_filesystem_without_atomic_create_is_refused(no_atomic_fs: NoAtomicCreat
     url = "kstore-test-noatomic://bucket/store"
     st = Storage(url)
     assert st.atomic_create is None
-    for write in (
+    writes: list[Callable[[], None]] = [
         lambda: st.put_if_absent("a", b"1"),
         lambda: st.put("a", b"1"),
         lambda: st.delete(["a"]),
         lambda: st.delete_tree("a"),
-    ):
+    ]
+    for write in writes:
         with pytest.raises(UnsafeStorageError, match="allow_unsafe_writes"):
             write()
     with pytest.raises(UnsafeStorageError):

@@ -1,0 +1,548 @@
+"""The Spark writers (batch ``df.write`` and streaming ``writeStream``): executors write segment
+files, the driver commits them, one manifest commit per touched partition.
+
+Exactly-once: a commit carries a transaction identifier ``(app id, version)``, and a partition
+that already holds that version for that app id commits nothing (kstore's txn action, as Delta's
+``txnAppId``/``txnVersion``). A streaming query uses its query id (or option ``txnAppId``) and the
+micro-batch id, so a replayed micro-batch is recognised partition by partition: when a driver
+died after committing some partitions of a batch, the replay commits the remaining ones only.
+For that to hold, a replayed batch must place every record in the partition it chose the first
+time; records are placed by their key (the producer's partitioners), their ``partition``
+column, or, without either, by a choice derived from (app id, batch id, task), never at random.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+import uuid
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    DataType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampType,
+)
+
+from kstore.errors import (
+    CommitStateUnknownError,
+    ConcurrentModificationError,
+    InvalidRecordError,
+    RecordTooLargeError,
+    UnknownTopicOrPartitionError,
+)
+from kstore.partition import AppendResult
+from kstore.partitioner import NO_PARTITION, get_partitioner
+from kstore.segments import HEADERS_TYPE, RECORD_SCHEMA, TIMESTAMP_TYPE, SegmentFile
+from kstore.store import Store, TopicMetadata
+
+from .options import InvalidOptionError, WriteOptions
+from .schema import HEADERS_SPARK_TYPE
+from .stores import get_store
+
+log = logging.getLogger(__name__)
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"  # set by Spark on every task of a streaming query
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+COMMIT_THREADS = 8  # partitions committed concurrently (object-store round trips dominate)
+RECORD_OVERHEAD_BYTES = 70  # as the producer: Kafka's per-record overhead, for size limits
+
+_INPUT_TYPES: dict[str, tuple[type[DataType], ...]] = {
+    "value": (BinaryType, StringType),
+    "key": (BinaryType, StringType),
+    "topic": (StringType,),
+    "partition": (IntegerType, ShortType, LongType),
+    "timestamp": (TimestampType,),
+}
+
+
+def check_input_schema(schema: StructType, options: WriteOptions) -> dict[str, str]:
+    """The input columns the sink uses (lower-case name -> column name), as the Kafka sink:
+    ``value`` required, ``key``, ``topic``, ``partition``, ``headers``, ``timestamp`` optional,
+    other columns ignored. Raises naming the column at fault."""
+    names = {f.name.lower(): f for f in schema.fields}
+    if "value" not in names:
+        raise InvalidRecordError(
+            f"kstore sink: the input needs a 'value' column (string or binary); it has "
+            f"{', '.join(schema.fieldNames()) or 'no columns'}"
+        )
+    for name, kinds in _INPUT_TYPES.items():
+        f = names.get(name)
+        if f is not None and not isinstance(f.dataType, kinds):
+            wanted = " or ".join(k.typeName() for k in kinds)
+            raise InvalidRecordError(
+                f"kstore sink: column {f.name!r} must be {wanted}, got {f.dataType.simpleString()}"
+            )
+    f = names.get("headers")
+    if f is not None and f.dataType.simpleString() != HEADERS_SPARK_TYPE.simpleString():
+        raise InvalidRecordError(
+            f"kstore sink: column {f.name!r} must be {HEADERS_SPARK_TYPE.simpleString()}, got "
+            f"{f.dataType.simpleString()}"
+        )
+    if options.topic is None and "topic" not in names:
+        raise InvalidOptionError(
+            "kstore sink: no topic: set the option 'topic' or give the input a 'topic' column"
+        )
+    return {
+        n: f.name
+        for n, f in names.items()
+        if n in ("value", "key", "topic", "partition", "timestamp", "headers")
+    }
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    topic: str
+    topic_id: str
+    partition: int
+    file: SegmentFile
+    order: tuple[int, int]  # (task partition id, sequence): commit order within a partition
+
+
+@dataclass
+class KStoreCommitMessage(WriterCommitMessage):
+    """What one task reports to the driver: the segment files it wrote."""
+
+    files: list[WrittenFile] = field(default_factory=list)
+    records: int = 0
+    query_id: str | None = None
+    batch_id: int | None = None
+
+
+def _task_info() -> tuple[int, str | None, int | None]:
+    """(task partition id, query id, batch id) from Spark's task context, when there is one."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return 0, None, None
+    query = ctx.getLocalProperty(QUERY_ID_PROPERTY)
+    batch = ctx.getLocalProperty(BATCH_ID_PROPERTY)
+    return ctx.partitionId(), query, int(batch) if batch is not None else None
+
+
+def _binary(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if column.type == pa.binary():
+        return column
+    if (
+        pa.types.is_large_binary(column.type)
+        or pa.types.is_large_string(column.type)
+        or pa.types.is_string(column.type)
+    ):
+        return column.cast(pa.binary())
+    raise InvalidRecordError(f"kstore sink: expected string or binary, got {column.type}")
+
+
+class TaskSink:
+    """Buffers one task's records per (topic, partition) and writes them as segments."""
+
+    def __init__(
+        self,
+        options: WriteOptions,
+        store: Store,
+        columns: dict[str, str],
+        *,
+        seed: str,
+        task: int,
+    ) -> None:
+        self.options = options
+        self.store = store
+        self.columns = columns
+        self.seed = seed
+        self.task = task
+        self.partitioner = get_partitioner(options.partitioner)
+        self.topics: dict[str, TopicMetadata] = {}
+        self.buffers: dict[tuple[str, int], list[pa.Table]] = {}
+        self.buffered: dict[tuple[str, int], int] = {}
+        self.written: list[WrittenFile] = []
+        self.records = 0
+        self._sequence = 0
+        self._sticky: dict[str, int] = {}
+
+    def _topic(self, name: str) -> TopicMetadata:
+        meta = self.topics.get(name)
+        if meta is None:
+            try:
+                meta = self.topics[name] = self.store.topic(name)
+            except UnknownTopicOrPartitionError:
+                raise UnknownTopicOrPartitionError(
+                    f"kstore sink: topic {name!r} does not exist in store {self.store!r}; create it "
+                    "first (kstore topics create)"
+                ) from None
+        return meta
+
+    def _sticky_partition(self, topic: str, n: int) -> int:
+        # Derived, not random: a replayed micro-batch puts unkeyed records where it put them
+        # the first time (exactly-once depends on it).
+        chosen = self._sticky.get(topic)
+        if chosen is None or chosen >= n:
+            chosen = self._sticky[topic] = zlib.crc32(f"{self.seed}/{topic}".encode()) % n
+        return chosen
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        rows = batch.num_rows
+        if rows == 0:
+            return
+        cols = self.columns
+        table = self._records(batch)
+        if self.options.topic is not None:
+            self._add_topic(self.options.topic, table, self._column(batch, "partition"), batch)
+            return
+        topics = batch.column(cols["topic"])
+        if topics.null_count:
+            raise InvalidRecordError(
+                "kstore sink: a record has a null 'topic' (and no option 'topic' is set)"
+            )
+        groups = pc.unique(topics).to_pylist()
+        for name in groups:
+            if len(groups) == 1:
+                part, sub = table, batch
+            else:
+                mask = pc.equal(topics, pa.scalar(name, topics.type))
+                part, sub = table.filter(mask), batch.filter(mask)
+            self._add_topic(str(name), part, self._column(sub, "partition"), sub)
+
+    def _column(self, batch: pa.RecordBatch, name: str) -> pa.Array | None:
+        column = self.columns.get(name)
+        return None if column is None else batch.column(column)
+
+    def _records(self, batch: pa.RecordBatch) -> pa.Table:
+        """The batch as segment records (RECORD_SCHEMA), validated."""
+        rows = batch.num_rows
+        cols = self.columns
+        value = _binary(batch.column(cols["value"]))
+        key = _binary(batch.column(cols["key"])) if "key" in cols else pa.nulls(rows, pa.binary())
+        now_us = int(time.time() * 1_000_000)
+        if "timestamp" in cols:
+            stamps = batch.column(cols["timestamp"]).cast(TIMESTAMP_TYPE)
+            if stamps.null_count:
+                stamps = pc.fill_null(stamps, pa.scalar(now_us, TIMESTAMP_TYPE))
+        else:
+            stamps = pa.array(np.full(rows, now_us, np.int64)).cast(TIMESTAMP_TYPE)
+        if "headers" in cols:
+            headers = batch.column(cols["headers"]).cast(HEADERS_TYPE)
+        else:
+            headers = pa.nulls(rows, HEADERS_TYPE)
+        return pa.Table.from_arrays([key, value, stamps, headers], schema=RECORD_SCHEMA)
+
+    def _add_topic(
+        self, topic: str, table: pa.Table, explicit: pa.Array | None, batch: pa.RecordBatch
+    ) -> None:
+        meta = self._topic(topic)
+        n = meta.partitions
+        config = meta.effective_config
+        self._check_sizes(table, topic, int(config["max.message.bytes"]))
+        if config["message.timestamp.type"] == "LogAppendTime":
+            now = pa.array(np.full(table.num_rows, int(time.time() * 1_000_000), np.int64)).cast(
+                TIMESTAMP_TYPE
+            )
+            table = table.set_column(2, "timestamp", now)
+        parts = np.asarray(
+            self.partitioner.partition_batch(table.column("key").combine_chunks(), n),
+            dtype=np.int32,
+        )
+        if explicit is not None:
+            given = explicit.cast(pa.int64()).to_numpy(zero_copy_only=False)
+            valid = ~np.asarray(explicit.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+            bad = valid & ((given < 0) | (given >= n))
+            if bad.any():
+                raise UnknownTopicOrPartitionError(
+                    f"kstore sink: topic {topic!r} has partitions 0..{n - 1}; a record names "
+                    f"partition {int(given[bad][0])}"
+                )
+            parts = np.where(valid, given, parts).astype(np.int32)
+        unkeyed = parts == NO_PARTITION
+        if unkeyed.any():
+            parts[unkeyed] = self._sticky_partition(topic, n)
+        if parts.size and bool((parts == parts[0]).all()):
+            self._buffer(topic, int(parts[0]), table)
+            return
+        order = np.argsort(parts, kind="stable")
+        counts = np.bincount(parts, minlength=n)
+        ordered = table.take(pa.array(order))
+        start = 0
+        for p in np.nonzero(counts)[0]:
+            count = int(counts[p])
+            self._buffer(topic, int(p), ordered.slice(start, count))
+            start += count
+
+    @staticmethod
+    def _check_sizes(table: pa.Table, topic: str, limit: int) -> None:
+        sizes = pc.add(
+            pc.fill_null(pc.binary_length(table.column("value")), 0),
+            pc.fill_null(pc.binary_length(table.column("key")), 0),
+        )
+        largest = pc.max(sizes).as_py() or 0
+        headers = table.column("headers").combine_chunks()
+        if headers.null_count < len(headers):
+            flat = pc.list_flatten(headers)
+            if len(flat):
+                pair = pc.add(
+                    pc.fill_null(pc.binary_length(pc.struct_field(flat, [0]).cast(pa.binary())), 0),
+                    pc.fill_null(pc.binary_length(pc.struct_field(flat, [1])), 0),
+                ).to_numpy(zero_copy_only=False)
+                parents = pc.list_parent_indices(headers).to_numpy(zero_copy_only=False)
+                per_row = np.bincount(parents, weights=pair, minlength=len(headers))
+                total = np.asarray(sizes.to_numpy(zero_copy_only=False), dtype=np.float64) + per_row
+                largest = int(total.max())
+        if largest + RECORD_OVERHEAD_BYTES > limit:
+            raise RecordTooLargeError(
+                f"kstore sink: a record of {largest + RECORD_OVERHEAD_BYTES} bytes is larger than "
+                f"topic {topic!r}'s max.message.bytes={limit}"
+            )
+
+    def _buffer(self, topic: str, partition: int, table: pa.Table) -> None:
+        key = (topic, partition)
+        self.buffers.setdefault(key, []).append(table)
+        self.buffered[key] = self.buffered.get(key, 0) + table.nbytes
+        self.records += table.num_rows
+        if self.buffered[key] >= self.options.segment_bytes:
+            self._flush(key)
+
+    def _flush(self, key: tuple[str, int]) -> None:
+        tables = self.buffers.pop(key, [])
+        self.buffered.pop(key, None)
+        if not tables:
+            return
+        topic, p = key
+        meta = self._topic(topic)
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        compression = self.options.compression
+        if compression is None:
+            configured = meta.effective_config["compression.type"]
+            compression = "uncompressed" if configured == "producer" else str(configured)
+        partition = self.store.partition(topic, p, meta)
+        written = partition.write_segment(
+            table, compression=compression, durable=self.options.durable
+        )
+        self.written.append(
+            WrittenFile(topic, meta.topic_id, p, written, (self.task, self._sequence))
+        )
+        self._sequence += 1
+
+    def finish(self) -> list[WrittenFile]:
+        for key in sorted(self.buffers):
+            self._flush(key)
+        return list(self.written)
+
+    def discard(self) -> None:
+        """Delete what this task wrote (it failed; nothing of it is committed)."""
+        delete_files(self.store, self.written)
+        self.written = []
+
+
+def delete_files(store: Store, files: Iterable[WrittenFile]) -> None:
+    by_dir: dict[tuple[str, str, int], list[str]] = {}
+    for f in files:
+        by_dir.setdefault((f.topic, f.topic_id, f.partition), []).append(f.file.path)
+    from kstore.layout import partition_dir
+
+    paths = [
+        f"{partition_dir(t, tid, p)}/{path}"
+        for (t, tid, p), names in by_dir.items()
+        for path in names
+    ]
+    if paths:
+        try:
+            store.storage.delete(paths)
+        except Exception:  # a leftover file costs space, never correctness: vacuum removes it
+            log.warning(
+                "kstore sink: could not delete %d uncommitted segment files",
+                len(paths),
+                exc_info=True,
+            )
+
+
+def delete_uncommitted(store: Store, files: Sequence[WrittenFile]) -> None:
+    """Delete the files that no manifest references (an aborted or replayed batch's files).
+    Each partition's manifest is read first: a file that did get committed stays."""
+    by_partition: dict[tuple[str, str, int], list[WrittenFile]] = {}
+    for f in files:
+        by_partition.setdefault((f.topic, f.topic_id, f.partition), []).append(f)
+    orphans: list[WrittenFile] = []
+    for (topic, topic_id, p), group in by_partition.items():
+        try:
+            meta = store.topic(topic)
+        except UnknownTopicOrPartitionError:
+            meta = None
+        if meta is None or meta.topic_id != topic_id:
+            orphans.extend(group)  # the topic is gone: nothing can reference these files
+            continue
+        state = store.partition(topic, p, meta).state()
+        live = {s.path for s in state.segments}
+        orphans.extend(f for f in group if f.file.path not in live)
+    delete_files(store, orphans)
+
+
+def commit_files(
+    store: Store,
+    messages: Sequence[WriterCommitMessage | None],
+    *,
+    txn: tuple[str, int] | None,
+    durable: bool,
+) -> dict[tuple[str, int], AppendResult]:
+    """Phase two on the driver: one commit per touched partition, in parallel.
+
+    With ``txn``, a partition that already committed that transaction commits nothing and the
+    files written for it now are deleted. If any partition fails, the files of the partitions
+    not committed are deleted before the error propagates, except where the outcome is unknown
+    (the commit may have landed): those are resolved by the replay, and vacuum removes leftovers.
+    """
+    groups: dict[tuple[str, str, int], list[WrittenFile]] = {}
+    for message in messages:
+        if isinstance(message, KStoreCommitMessage):
+            for f in message.files:
+                groups.setdefault((f.topic, f.topic_id, f.partition), []).append(f)
+    if not groups:
+        return {}
+
+    def commit_one(key: tuple[str, str, int]) -> AppendResult:
+        topic, topic_id, p = key
+        files = sorted(groups[key], key=lambda f: f.order)
+        meta = store.topic(topic)
+        if meta.topic_id != topic_id:
+            raise ConcurrentModificationError(
+                f"kstore sink: topic {topic!r} was deleted and re-created while this write ran"
+            )
+        result = store.partition(topic, p, meta).commit_segments(
+            [f.file for f in files], txn=txn, durable=durable, operation="SPARK WRITE"
+        )
+        if result.duplicate:
+            # An earlier attempt of this batch committed this partition with its own files.
+            delete_files(store, files)
+        return result
+
+    results: dict[tuple[str, int], AppendResult] = {}
+    failures: list[tuple[tuple[str, str, int], BaseException]] = []
+    with concurrent.futures.ThreadPoolExecutor(
+        max_workers=min(COMMIT_THREADS, len(groups))
+    ) as pool:
+        futures = {pool.submit(commit_one, key): key for key in sorted(groups)}
+        for future in concurrent.futures.as_completed(futures):
+            key = futures[future]
+            try:
+                results[(key[0], key[2])] = future.result()
+            except BaseException as exc:  # collected, then re-raised after the cleanup
+                failures.append((key, exc))
+    if failures:
+        unknown = {key for key, exc in failures if isinstance(exc, CommitStateUnknownError)}
+        leftovers = [f for key, _ in failures if key not in unknown for f in groups[key]]
+        delete_uncommitted(store, leftovers)
+        raise failures[0][1]
+    return results
+
+
+def _app_id(options: WriteOptions, messages: Sequence[WriterCommitMessage | None]) -> str | None:
+    if options.txn_app_id is not None:
+        return options.txn_app_id
+    ids = {m.query_id for m in messages if isinstance(m, KStoreCommitMessage) and m.query_id}
+    if len(ids) > 1:
+        raise ConcurrentModificationError(
+            f"kstore sink: tasks of one batch report several query ids {sorted(ids)}"
+        )
+    return ids.pop() if ids else None
+
+
+class _WriterBase:
+    options: WriteOptions
+    columns: dict[str, str]
+
+    def _write(self, iterator: Iterator[pa.RecordBatch], *, streaming: bool) -> KStoreCommitMessage:
+        task, query_id, batch_id = _task_info()
+        store = get_store(self.options.store)
+        if streaming:
+            seed = f"{self.options.txn_app_id or query_id}/{batch_id}/{task}"
+        elif self.options.txn_app_id is not None:
+            seed = f"{self.options.txn_app_id}/{self.options.txn_version}/{task}"
+        else:
+            seed = uuid.uuid4().hex  # a plain batch write: nothing to replay, spread the load
+        sink = TaskSink(self.options, store, self.columns, seed=seed, task=task)
+        try:
+            for batch in iterator:
+                sink.add(batch)
+            files = sink.finish()
+        except BaseException:
+            sink.discard()
+            raise
+        return KStoreCommitMessage(
+            files=files, records=sink.records, query_id=query_id, batch_id=batch_id
+        )
+
+
+class KStoreBatchWriter(_WriterBase, DataSourceArrowWriter):
+    """``df.write.format("kstore")``: append to topics. With options txnAppId and txnVersion
+    the write is idempotent (a repeated job with the same version commits nothing)."""
+
+    def __init__(self, options: WriteOptions, columns: dict[str, str]) -> None:
+        self.options = options
+        self.columns = columns
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> KStoreCommitMessage:
+        return self._write(iterator, streaming=False)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        txn = None
+        if self.options.txn_app_id is not None and self.options.txn_version is not None:
+            txn = (self.options.txn_app_id, self.options.txn_version)
+        commit_files(get_store(self.options.store), messages, txn=txn, durable=self.options.durable)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        _abort(self.options, messages)
+
+
+class KStoreStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
+    """``writeStream.format("kstore")``: each micro-batch commits at most once per partition,
+    under the transaction (query id or txnAppId, batch id)."""
+
+    def __init__(self, options: WriteOptions, columns: dict[str, str]) -> None:
+        self.options = options
+        self.columns = columns
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> KStoreCommitMessage:
+        return self._write(iterator, streaming=True)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        files = [f for m in messages if isinstance(m, KStoreCommitMessage) for f in m.files]
+        if not files:
+            return
+        app_id = _app_id(self.options, messages)
+        if app_id is None:
+            delete_uncommitted(get_store(self.options.store), files)
+            raise InvalidOptionError(
+                "kstore sink: cannot tell which query this micro-batch belongs to, so a replay "
+                "could not be recognised; set the option 'txnAppId'"
+            )
+        commit_files(
+            get_store(self.options.store),
+            messages,
+            txn=(app_id, batchId),
+            durable=self.options.durable,
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        _abort(self.options, messages)
+
+
+def _abort(options: WriteOptions, messages: Sequence[WriterCommitMessage | None]) -> None:
+    files = [f for m in messages if isinstance(m, KStoreCommitMessage) for f in m.files]
+    if files:
+        log.info("kstore sink: aborting; deleting %d uncommitted segment files", len(files))
+        delete_uncommitted(get_store(options.store), files)

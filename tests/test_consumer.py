@@ -1,0 +1,297 @@
+"""Consumer SDK: reading, positions, resets, seeks, pauses, gaps, commits, offsets_for_times."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import kstore
+from kstore.consumer import Consumer
+from kstore.errors import (
+    IllegalStateError,
+    InvalidConfigurationError,
+    InvalidGroupIdError,
+    OffsetOutOfRangeError,
+    UnknownTopicOrPartitionError,
+)
+from kstore.partition import Segment
+from kstore.producer import Producer
+from kstore.records import OffsetAndMetadata, TopicPartition
+from kstore.segments import write_segment
+
+BACKENDS = ["memory", "local", "seaweed"]
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest) -> Iterator[kstore.Store]:
+    url, options = request.getfixturevalue(f"{request.param}_store")
+    yield kstore.Store(url, options)
+
+
+def produce(store: kstore.Store, topic: str, n: int, *, key_mod: int = 10, start: int = 0,
+            timestamps: list[int] | None = None) -> None:
+    with Producer(store, linger_ms=1) as producer:
+        for i in range(start, start + n):
+            producer.send(topic, value=b"%d" % i, key=b"k%d" % (i % key_mod),
+                          timestamp_ms=None if timestamps is None else timestamps[i - start])
+
+
+def drain(consumer: Consumer, *, idle_polls: int = 3, timeout_ms: int = 50) -> list[Any]:
+    out: list[Any] = []
+    idle = 0
+    while idle < idle_polls:
+        got = consumer.poll(timeout_ms=timeout_ms)
+        if not got:
+            idle += 1
+            continue
+        idle = 0
+        for records in got.values():
+            out.extend(records)
+    return out
+
+
+def test_reads_everything_in_partition_order(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=3)
+    produce(store, "t", 600)
+    with Consumer("t", store=store, auto_offset_reset="earliest", max_poll_records=70) as consumer:
+        records = drain(consumer)
+    assert sorted(int(r.value) for r in records) == list(range(600))
+    by_partition: dict[int, list[int]] = {}
+    for r in records:
+        by_partition.setdefault(r.partition, []).append(r.offset)
+        assert r.topic == "t" and r.timestamp_type == 0 and r.headers == []
+    for offsets in by_partition.values():
+        assert offsets == list(range(len(offsets)))  # in order, no gap, no repeat
+    # each key's values arrive in send order
+    per_key: dict[bytes, list[int]] = {}
+    for r in sorted(records, key=lambda r: (r.partition, r.offset)):
+        per_key.setdefault(r.key, []).append(int(r.value))
+    assert all(v == sorted(v) for v in per_key.values())
+
+
+def test_latest_and_none_resets(store: kstore.Store) -> None:
+    store.create_topic("t")
+    produce(store, "t", 5)
+    with Consumer("t", store=store, auto_offset_reset="latest") as consumer:
+        assert consumer.poll(timeout_ms=50) == {}
+        produce(store, "t", 3, start=5)
+        assert [int(r.value) for r in drain(consumer)] == [5, 6, 7]
+    with Consumer("t", store=store, group_id="g", auto_offset_reset="none") as consumer, \
+            pytest.raises(OffsetOutOfRangeError, match="no committed offset"):
+        consumer.poll(timeout_ms=50)
+
+
+def test_seek_position_pause_resume(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=2)
+    produce(store, "t", 100)
+    tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    with Consumer(store=store, auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp0, tp1])
+        end = consumer.end_offsets([tp0, tp1])
+        assert consumer.beginning_offsets([tp0]) == {tp0: 0}
+        consumer.seek(tp0, 3)
+        assert consumer.position(tp0) == 3
+        consumer.pause(tp1)
+        assert consumer.paused() == {tp1}
+        records = drain(consumer)
+        assert {r.partition for r in records} == {0}
+        assert records[0].offset == 3 and consumer.position(tp0) == end[tp0]
+        consumer.resume(tp1)
+        assert {r.partition for r in drain(consumer)} == {1}
+        consumer.seek_to_beginning(tp0)
+        assert consumer.position(tp0) == 0
+        consumer.seek_to_end()
+        assert consumer.position(tp1) == end[tp1]
+        with pytest.raises(IllegalStateError):
+            consumer.seek(TopicPartition("t", 7), 0)
+        with pytest.raises(ValueError, match="non-negative"):
+            consumer.seek(tp0, -1)
+
+
+def test_poll_batches_are_arrow(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=2)
+    produce(store, "t", 1_000)
+    total = 0
+    with Consumer("t", store=store, auto_offset_reset="earliest", max_poll_records=10_000) as consumer:
+        while got := consumer.poll_batches(timeout_ms=50):
+            for tp, batches in got.items():
+                for batch in batches:
+                    assert isinstance(batch, pa.RecordBatch)
+                    assert batch.schema.names == ["key", "value", "timestamp", "headers", "offset"]
+                    total += batch.num_rows
+    assert total == 1_000
+
+
+def test_deserializers_and_headers(store: kstore.Store) -> None:
+    store.create_topic("t")
+    with Producer(store) as producer:
+        producer.send("t", value=b'{"a": 1}', key=b"k", headers=[("h", b"v")])
+        producer.send("t", value=None, key=b"k")
+    import json
+
+    with Consumer("t", store=store, auto_offset_reset="earliest", value_deserializer=json.loads,
+                  key_deserializer=bytes.decode) as consumer:
+        first, tombstone = drain(consumer)
+    assert first.value == {"a": 1} and first.key == "k" and first.headers == [("h", b"v")]
+    assert tombstone.value is None and tombstone.serialized_value_size == -1
+
+
+def test_offsets_for_times_matches_a_scan(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=1)
+    # Not monotonic: producers choose CreateTime, and several segments are written.
+    stamps = [1_000, 5_000, 3_000, 9_000, 2_000, 7_000, 7_000, 11_000]
+    for i, ts in enumerate(stamps):
+        produce(store, "t", 1, start=i, timestamps=[ts])
+    tp = TopicPartition("t", 0)
+    with Consumer(store=store) as consumer:
+        consumer.assign([tp])
+        for query in [0, 1_000, 1_001, 4_000, 7_000, 8_000, 11_000, 11_001]:
+            expected = next(((i, ts) for i, ts in enumerate(stamps) if ts >= query), None)
+            found = consumer.offsets_for_times({tp: query})[tp]
+            if expected is None:
+                assert found is None
+            else:
+                assert found is not None and (found.offset, found.timestamp) == expected
+
+
+def test_compaction_gaps_are_skipped(store: kstore.Store) -> None:
+    store.create_topic("t", config={"cleanup.policy": "compact"})
+    produce(store, "t", 10)
+    part = store.partition("t", 0)
+    state = part.state()
+    # Replace every segment by one sparse segment holding offsets 2, 5 and 9 (as compaction would).
+    rows = [r for b in part.read(0) for r in b.to_pylist() if r["offset"] in (2, 5, 9)]
+    table = pa.Table.from_pylist(rows, schema=kstore.READ_SCHEMA)
+    seg_file = write_segment(part.storage, part.directory, table)
+    seg = Segment(seg_file.path, 0, 9, 3, seg_file.min_timestamp_ms, seg_file.max_timestamp_ms,
+                  seg_file.size_bytes, seg_file.checksum, seg_file.format, True, 0)
+
+    def build(s: kstore.PartitionState) -> list[dict[str, Any]]:
+        now = int(time.time() * 1000)
+        return [*({"remove": {"path": x.path, "deletionTimestamp": now}} for x in s.segments), seg.to_action()]
+
+    part.commit_actions(build, operation="COMPACT")
+    assert state.end_offset == 10
+    with Consumer("t", store=store, auto_offset_reset="earliest") as consumer:
+        assert [r.offset for r in drain(consumer)] == [2, 5, 9]
+        consumer.seek(TopicPartition("t", 0), 3)
+        assert [r.offset for r in drain(consumer)] == [5, 9]
+
+
+def test_retention_moves_log_start_and_resets_positions(store: kstore.Store) -> None:
+    store.create_topic("t")
+    produce(store, "t", 5)
+    produce(store, "t", 5, start=5)
+    part = store.partition("t", 0)
+    first = part.state().segments[0]
+
+    def retain(s: kstore.PartitionState) -> list[dict[str, Any]]:
+        return [{"remove": {"path": first.path, "deletionTimestamp": int(time.time() * 1000)}},
+                {"logStart": {"offset": first.last_offset + 1}}]
+
+    part.commit_actions(retain, operation="RETENTION")
+    store.create_topic("other")
+    tp = TopicPartition("t", 0)
+    group = kstore.groups.Group(store, "g")
+    group.commit_offsets({tp: OffsetAndMetadata(1, "before retention")}, member_id=None, generation=-1)
+    with Consumer(store=store, group_id="g", auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp])
+        assert [int(r.value) for r in drain(consumer)] == list(range(first.last_offset + 1, 10))
+    with Consumer(store=store, group_id="g", auto_offset_reset="none", enable_auto_commit=False) as consumer:
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        with pytest.raises(OffsetOutOfRangeError, match="outside the live range"):
+            consumer.poll(timeout_ms=10)
+
+
+def test_commit_committed_and_restart_resume(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=2)
+    produce(store, "t", 200)
+    with Consumer("t", store=store, group_id="g", auto_offset_reset="earliest",
+                  enable_auto_commit=False, max_poll_records=30) as consumer:
+        got = consumer.poll(timeout_ms=1_000)
+        first = [r for rs in got.values() for r in rs]
+        consumer.commit()
+        for tp in got:
+            assert consumer.committed(tp) == consumer.position(tp)
+        tp = next(iter(got))
+        consumer.commit({tp: OffsetAndMetadata(consumer.position(tp), "checkpoint-7")})
+        assert consumer.committed(tp, metadata=True) == OffsetAndMetadata(consumer.position(tp), "checkpoint-7")
+    with Consumer("t", store=store, group_id="g", auto_offset_reset="earliest") as consumer:
+        rest = drain(consumer)
+    values = sorted(int(r.value) for r in first + rest)
+    assert values == list(range(200))  # resumed exactly where the commit left off
+
+
+def test_auto_commit(store: kstore.Store) -> None:
+    store.create_topic("t")
+    produce(store, "t", 50)
+    with Consumer("t", store=store, group_id="auto", auto_offset_reset="earliest",
+                  auto_commit_interval_ms=1) as consumer:
+        drain(consumer)
+        consumer.poll(timeout_ms=5)  # the commit happens at the start of a later poll
+        assert consumer.committed(TopicPartition("t", 0)) == 50
+
+
+def test_commit_async_callback(store: kstore.Store) -> None:
+    store.create_topic("t")
+    produce(store, "t", 5)
+    seen: list[Any] = []
+    with Consumer("t", store=store, group_id="ga", auto_offset_reset="earliest", enable_auto_commit=False) as consumer:
+        drain(consumer)
+        consumer.commit_async(callback=lambda offsets, exc: seen.append((offsets, exc))).result(timeout=30)
+    assert seen and seen[0][1] is None and seen[0][0][TopicPartition("t", 0)].offset == 5
+
+
+def test_pattern_subscription(store: kstore.Store) -> None:
+    for name in ("logs-a", "logs-b", "metrics"):
+        store.create_topic(name)
+        produce(store, name, 3)
+    with Consumer(store=store, auto_offset_reset="earliest") as consumer:
+        consumer.subscribe(pattern=r"logs-.*")
+        assert consumer.subscription() == {"logs-a", "logs-b"}
+        assert {r.topic for r in drain(consumer)} == {"logs-a", "logs-b"}
+
+
+def test_iteration_stops_after_consumer_timeout(store: kstore.Store) -> None:
+    store.create_topic("t")
+    produce(store, "t", 7)
+    consumer = Consumer("t", store=store, auto_offset_reset="earliest", consumer_timeout_ms=200)
+    assert len(list(consumer)) == 7
+    consumer.close()
+    with pytest.raises(IllegalStateError, match="closed"):
+        consumer.poll()
+
+
+def test_bad_input(memory_store: tuple[str, dict[str, Any]]) -> None:
+    store = kstore.Store(memory_store[0])
+    store.create_topic("t")
+    with pytest.raises(InvalidConfigurationError, match="auto_offset_reset"):
+        Consumer("t", store=store, auto_offset_reset="middle")
+    with pytest.raises(InvalidConfigurationError, match="unknown consumer config"):
+        Consumer("t", store=store, max_poll_record=5)
+    with pytest.raises(InvalidConfigurationError, match="heartbeat"):
+        Consumer("t", store=store, session_timeout_ms=100, heartbeat_interval_ms=500)
+    with pytest.raises(InvalidConfigurationError, match="assignment strategy"):
+        Consumer("t", store=store, partition_assignment_strategy=["best"])
+    with pytest.raises(InvalidGroupIdError):
+        Consumer("t", store=store, group_id="../g")
+    with pytest.raises(UnknownTopicOrPartitionError):
+        Consumer("missing", store=store)
+    consumer = Consumer(store=store)
+    with pytest.raises(IllegalStateError, match="not subscribed"):
+        consumer.poll()
+    with pytest.raises(IllegalStateError):
+        consumer.subscribe(["t"], pattern="t")
+    with pytest.raises(UnknownTopicOrPartitionError):
+        consumer.assign([TopicPartition("t", 3)])
+    with pytest.raises(IllegalStateError, match="group_id"):
+        consumer.commit()
+    with pytest.raises(ValueError, match="timestamp"):
+        consumer.offsets_for_times({TopicPartition("t", 0): -1})
+    with pytest.raises(kstore.StoreNotFoundError):
+        Consumer("t", store="memory://no-such-store-here")

@@ -1,0 +1,278 @@
+"""Consumer groups without a broker: assignment, liveness, fencing, hand-over, administration."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import kstore
+from kstore.assignors import range_assign, roundrobin_assign, sticky_assign
+from kstore.consumer import Consumer
+from kstore.errors import CommitFailedError, IllegalStateError
+from kstore.groups import Group, delete_group, describe_group, list_groups, reset_offsets
+from kstore.producer import Producer
+from kstore.records import OffsetAndMetadata, TopicPartition
+
+BACKENDS = ["memory", "local", "seaweed"]
+FAST = {"session_timeout_ms": 2_500, "heartbeat_interval_ms": 200}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(params=BACKENDS)
+def target(request: pytest.FixtureRequest) -> tuple[str, str, dict[str, Any]]:
+    url, options = request.getfixturevalue(f"{request.param}_store")
+    return request.param, url, options
+
+
+@pytest.fixture
+def store(target: tuple[str, str, dict[str, Any]]) -> kstore.Store:
+    return kstore.Store(target[1], target[2])
+
+
+def produce(store: kstore.Store, topic: str, n: int) -> None:
+    with Producer(store, linger_ms=1) as producer:
+        for i in range(n):
+            producer.send(topic, value=b"%d" % i, key=b"k%d" % (i % 37))
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, poll: Callable[[], None]) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        poll()
+        if condition():
+            return time.monotonic() - started
+        time.sleep(0.02)
+    raise AssertionError(f"condition not reached within {timeout} s")
+
+
+def parts(c: Consumer) -> list[int]:
+    return sorted(tp.partition for tp in c.assignment())
+
+
+def test_three_members_share_six_partitions(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=6)
+    members = [Consumer("t", store=store, group_id="g", **FAST) for _ in range(3)]
+    try:
+        def poll_all() -> None:
+            for m in members:
+                m.poll(timeout_ms=0)
+
+        wait_until(lambda: all(len(parts(m)) == 2 for m in members), 10, poll_all)
+        owned = [tp for m in members for tp in m.assignment()]
+        assert sorted(owned) == [TopicPartition("t", p) for p in range(6)]
+        assert len({m.generation for m in members}) == 1
+    finally:
+        for m in members:
+            m.close()
+
+
+def test_extra_members_idle(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=2)
+    members = [Consumer("t", store=store, group_id="g", **FAST) for _ in range(3)]
+    try:
+        def poll_all() -> None:
+            for m in members:
+                m.poll(timeout_ms=0)
+
+        wait_until(lambda: sorted(len(parts(m)) for m in members) == [0, 1, 1], 10, poll_all)
+    finally:
+        for m in members:
+            m.close()
+
+
+def test_dead_member_partitions_move_within_session_timeout(target: tuple[str, str, dict[str, Any]]) -> None:
+    backend, url, options = target
+    store = kstore.Store(url, options)
+    store.create_topic("t", partitions=6)
+    survivors = [Consumer("t", store=store, group_id="g", **FAST) for _ in range(2)]
+    process: subprocess.Popen[str] | None = None
+    victim: Consumer | None = None
+    try:
+        if backend == "memory":  # one process: a member that stops heartbeating is as good as dead
+            victim = Consumer("t", store=store, group_id="g", **FAST)
+        else:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "tests.workers.group_member", url, json.dumps(options), "t", "g"],
+                cwd=REPO, stdout=subprocess.PIPE, text=True,
+            )
+
+        def poll_all() -> None:
+            for m in survivors:
+                m.poll(timeout_ms=0)
+            if victim is not None:
+                victim.poll(timeout_ms=0)
+
+        wait_until(lambda: sum(len(parts(m)) for m in survivors) == 4, 20, poll_all)
+        if process is not None:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+        else:
+            assert victim is not None
+            victim._heartbeat_stop.set()  # crash: no more heartbeats, no leave
+        moved = wait_until(lambda: sum(len(parts(m)) for m in survivors) == 6, 20, poll_all)
+        # Session timeout plus a heartbeat or two to notice, plus storage round trips.
+        assert moved < FAST["session_timeout_ms"] / 1000 + 3
+    finally:
+        for m in survivors:
+            m.close()
+        if process is not None and process.poll() is None:
+            process.kill()
+
+
+def test_zombie_commit_is_rejected(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=2)
+    produce(store, "t", 20)
+    zombie = Consumer("t", store=store, group_id="g", auto_offset_reset="earliest", enable_auto_commit=False, **FAST)
+    zombie.poll(timeout_ms=500)
+    zombie.commit()  # a live member's commit is accepted
+    zombie._heartbeat_stop.set()  # it stalls (a long GC pause, say): its session expires
+    other = Consumer("t", store=store, group_id="g", **FAST)
+    try:
+        wait_until(lambda: len(other.assignment()) == 2, 15, lambda: other.poll(timeout_ms=0))
+        with pytest.raises(CommitFailedError):
+            zombie._group.commit_offsets(  # type: ignore[union-attr]
+                {TopicPartition("t", 0): OffsetAndMetadata(20)},
+                member_id=zombie.member_id, generation=zombie.generation,
+            )
+        group = Group(store, "g")
+        with pytest.raises(CommitFailedError, match="generation"):
+            group.commit_offsets({TopicPartition("t", 0): OffsetAndMetadata(1)},
+                                 member_id=other.member_id, generation=other.generation - 1)
+        with pytest.raises(CommitFailedError, match="live member"):
+            group.commit_offsets({TopicPartition("t", 0): OffsetAndMetadata(1)}, member_id=None, generation=-1)
+    finally:
+        other.close()
+        zombie._member_id = None
+        zombie.close(autocommit=False)
+
+
+def test_hand_over_loses_nothing_and_repeats_nothing(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=4)
+    produce(store, "t", 800)
+    events: list[tuple[str, str, list[int]]] = []
+
+    class Listener:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+            events.append((self.name, "revoked", sorted(tp.partition for tp in revoked)))
+
+        def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+            events.append((self.name, "assigned", sorted(tp.partition for tp in assigned)))
+
+    seen: list[tuple[int, int]] = []
+    a = Consumer(store=store, group_id="g", auto_offset_reset="earliest", max_poll_records=40, **FAST)
+    a.subscribe(["t"], listener=Listener("a"))
+    for _ in range(3):
+        seen.extend((r.partition, r.offset) for rs in a.poll(timeout_ms=200).values() for r in rs)
+    b = Consumer(store=store, group_id="g", auto_offset_reset="earliest", max_poll_records=40, **FAST)
+    b.subscribe(["t"], listener=Listener("b"))
+    idle = 0
+    while idle < 10:
+        got = [r for c in (a, b) for rs in c.poll(timeout_ms=20).values() for r in rs]
+        seen.extend((r.partition, r.offset) for r in got)
+        idle = 0 if got else idle + 1
+    a.close()
+    b.close()
+    assert len(seen) == len(set(seen)) == 800  # nothing read twice, nothing lost
+    revoked = [ps for n, e, ps in events if n == "a" and e == "revoked"]
+    assigned_b = [ps for n, e, ps in events if n == "b" and e == "assigned"]
+    assert revoked and assigned_b and sorted(sum(revoked, [])) == sorted(sum(assigned_b, []))
+
+
+def test_static_membership_survives_restart_without_rebalance(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=4)
+    first = Consumer("t", store=store, group_id="g", group_instance_id="worker-1", **FAST)
+    other = Consumer("t", store=store, group_id="g", group_instance_id="worker-2", **FAST)
+
+    def poll_both() -> None:
+        first.poll(timeout_ms=0)
+        other.poll(timeout_ms=0)
+
+    wait_until(lambda: len(first.assignment()) == 2 and len(other.assignment()) == 2, 10, poll_both)
+    generation, owned = first.generation, first.assignment()
+    first.close()  # a static member does not leave on close
+    restarted = Consumer("t", store=store, group_id="g", group_instance_id="worker-1", **FAST)
+    try:
+        restarted.poll(timeout_ms=0)
+        assert restarted.generation == generation
+        assert restarted.assignment() == owned
+        other.poll(timeout_ms=0)
+        assert other.generation == generation
+    finally:
+        restarted.close()
+        other.close()
+
+
+def test_group_administration(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=2)
+    produce(store, "t", 100)
+    with Consumer("t", store=store, group_id="app", auto_offset_reset="earliest",
+                  enable_auto_commit=False, **FAST) as consumer:
+        got = consumer.poll(timeout_ms=500, max_records=30)
+        consumer.commit()
+        assert list_groups(store) == ["app"]
+        live = describe_group(store, "app")
+        assert live.state == "Stable" and len(live.members) == 1
+        read = {tp.partition: len(v) for tp, v in got.items()}
+        for row in live.partitions:
+            if row.partition in read:
+                assert row.current_offset == read[row.partition]
+                assert row.lag == row.log_end_offset - read[row.partition]
+            else:  # never committed: no lag to show, as kafka-consumer-groups prints "-"
+                assert row.current_offset is None and row.lag is None
+        with pytest.raises(IllegalStateError, match="live member"):
+            reset_offsets(store, "app", ["t"], to_earliest=True)
+        with pytest.raises(IllegalStateError, match="live member"):
+            delete_group(store, "app")
+    empty = describe_group(store, "app")
+    assert empty.state == "Empty"
+    plan = reset_offsets(store, "app", ["t"], shift_by=-5)  # a dry run by default
+    assert describe_group(store, "app").total_lag == empty.total_lag
+    assert all(o >= 0 for o in plan.values())
+    reset_offsets(store, "app", ["t"], to_latest=True, execute=True)
+    assert describe_group(store, "app").total_lag == 0
+    reset_offsets(store, "app", ["t"], to_offset=10_000, execute=True)  # clamped to the end
+    assert all(p.current_offset == p.log_end_offset for p in describe_group(store, "app").partitions)
+    reset_offsets(store, "app", ["t"], by_duration_ms=3_600_000, execute=True)
+    assert describe_group(store, "app").total_lag == 100
+    reset_offsets(store, "app", ["t"], to_datetime_ms=int(time.time() * 1000) + 60_000, execute=True)
+    assert describe_group(store, "app").total_lag == 0  # nothing that new: the end
+    with pytest.raises(ValueError, match="exactly one"):
+        reset_offsets(store, "app", ["t"], to_earliest=True, to_latest=True)
+    delete_group(store, "app")
+    assert list_groups(store) == []
+
+
+# -- assignors (pure functions) -----------------------------------------------------------------
+
+def test_range_and_roundrobin_assignors() -> None:
+    members = {"a": ("t",), "b": ("t",), "c": ("t", "u")}
+    counts = {"t": 7, "u": 2}
+    ranged = range_assign(members, counts)
+    assert [len(ranged[m]) for m in "abc"] == [3, 2, 4]  # t: 3/2/2, u: all to c
+    robin = roundrobin_assign(members, counts)
+    assert sorted(tp for ps in robin.values() for tp in ps) == sorted(
+        [TopicPartition("t", p) for p in range(7)] + [TopicPartition("u", p) for p in range(2)])
+
+
+def test_sticky_assignor_moves_little() -> None:
+    counts = {"t": 12}
+    three = {"a": ("t",), "b": ("t",), "c": ("t",)}
+    before = sticky_assign(three, counts)
+    assert sorted(len(v) for v in before.values()) == [4, 4, 4]
+    four = {**three, "d": ("t",)}
+    after = sticky_assign(four, counts, before)
+    assert sorted(len(v) for v in after.values()) == [3, 3, 3, 3]
+    moved = sum(1 for m in "abc" for tp in after[m] if tp not in before[m])
+    assert moved == 0  # only d's three partitions were taken from others; nobody else moved
+    assert len(after["d"]) == 3
