@@ -780,6 +780,13 @@ class Producer:
             metadata = ConsumerGroupMetadata(metadata, -1, None, None)
         if txn.group is not None and txn.group.group_id != metadata.group_id:
             raise IllegalStateError("one transaction can carry the offsets of one consumer group")
+        if txn.group is None:
+            # Record the group first (Kafka's AddOffsetsToTxn): a successor that finds this
+            # transaction unfinished fences the group before deciding its fate.
+            version, epoch, group_id = txn.version, self._epoch, metadata.group_id
+            self._registry_commit("TXN GROUP", lambda s: [{"txnPartitions": {
+                "version": version, "epoch": epoch, "time": int(time.time() * 1000),
+                "group": group_id, "partitions": []}}])
         txn.group = metadata
         for tp, om in offsets.items():
             txn.offsets[tp] = om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
@@ -796,11 +803,8 @@ class Producer:
         tid, epoch, version = self._transactional_id, self._epoch, txn.version
         if not txn.decided:
             if txn.group is not None and txn.offsets:
-                group_id = txn.group.group_id
-                self._registry_commit("TXN GROUP", lambda s: [{"txnPartitions": {
-                    "version": version, "epoch": epoch, "time": int(time.time() * 1000),
-                    "group": group_id, "partitions": []}}])
-                Group(self.store, group_id).commit_offsets(
+                self._check_not_fenced()
+                Group(self.store, txn.group.group_id).commit_offsets(
                     txn.offsets, member_id=txn.group.member_id, generation=txn.group.generation_id,
                     transaction=(tid, version, epoch),
                 )

@@ -314,11 +314,11 @@ def parse_store(options: Mapping[str, str]) -> StoreRef:
     if not url:
         hint = ""
         if not options:
-            # Spark 4.3 hands a Python data source no options on INSERT INTO a catalog table.
+            # Spark 4.3 hands a Python data source none of a catalog table's options.
             hint = (
-                " (no option at all reached the source: for SQL writes, INSERT INTO a temporary "
-                "view created with USING kstore OPTIONS (...), or give the options in the "
-                "statement: INSERT INTO t WITH ('store' = '...') SELECT ...)"
+                " (no option at all reached the source: Spark does not pass a catalog table's "
+                "options to a Python data source; use a temporary view, CREATE TEMPORARY VIEW v "
+                "USING kstore OPTIONS (...), or give them in the statement: ... WITH ('store' = '...'))"
             )
         raise InvalidOptionError(
             "kstore option 'store' is required: the store's URL, e.g. file:///data/ks or "

@@ -283,7 +283,11 @@ class KStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ranges.append(r)
         tasks: list[InputPartition] = list(
             plan_tasks(
-                ranges, states, resolver.metadata, min_partitions=self.options.min_partitions
+                ranges,
+                states,
+                resolver.metadata,
+                min_partitions=self.options.min_partitions,
+                snapshot=True,
             )
         )
         return tasks

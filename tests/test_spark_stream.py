@@ -1,0 +1,249 @@
+"""Streaming reads through Spark: ``spark.readStream.format("kstore")``, admission control,
+availableNow, checkpoints, new partitions, and data loss."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kstore import Store
+from tests.test_spark_support import (
+    BACKENDS,
+    append,
+    apply_retention,
+    open_store,
+    source_options,
+    topic_values,
+    wait_for,
+)
+
+pytestmark = pytest.mark.spark
+
+
+def stream(spark: Any, target: Any, **options: Any) -> Any:
+    return spark.readStream.format("kstore").options(**source_options(target, **options)).load()
+
+
+def memory_rows(spark: Any, name: str) -> list[Any]:
+    return spark.sql(f"SELECT partition, offset, CAST(value AS STRING) AS v FROM {name}").collect()
+
+
+def batch_sizes(query: Any) -> list[int]:
+    return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"] > 0]
+
+
+@pytest.mark.parametrize("target", BACKENDS)
+def test_a_query_picks_up_records_produced_while_it_runs(
+    spark: Any, target: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    where = request.getfixturevalue(target)
+    store = open_store(where)
+    store.create_topic("in", 2)
+    store.create_topic("out", 2)
+    append(store, "in", 0, [b"before-%d" % i for i in range(5)])
+    query = (
+        stream(spark, where, subscribe="in", startingOffsets="earliest")
+        .selectExpr("key", "value")
+        .writeStream.format("kstore")
+        .options(**source_options(where, topic="out"))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        assert topic_values(store, "out") == sorted(b"before-%d" % i for i in range(5))
+        expected = [b"before-%d" % i for i in range(5)]
+        for round_ in range(3):
+            values = [b"round%d-%d" % (round_, i) for i in range(7)]
+            append(store, "in", round_ % 2, values)
+            expected += values
+            query.processAllAvailable()
+            assert topic_values(store, "out") == sorted(expected)
+    finally:
+        query.stop()
+    assert query.exception() is None
+
+
+def test_available_now_with_limits_runs_several_batches_then_stops(spark: Any, local_store_url: Any) -> None:
+    store = open_store(local_store_url)
+    store.create_topic("t", 3)
+    for p in range(3):
+        for seg in range(4):
+            append(store, "t", p, [b"%d-%d-%d" % (p, seg, i) for i in range(25)])
+    name = f"q_{uuid.uuid4().hex[:8]}"
+    query = (
+        stream(spark, local_store_url, subscribe="t", startingOffsets="earliest", maxOffsetsPerTrigger=60)
+        .writeStream.format("memory")
+        .queryName(name)
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(120)
+    sizes = batch_sizes(query)
+    assert sizes == [60, 60, 60, 60, 60]  # 300 offsets, 20 per partition per batch
+    rows = memory_rows(spark, name)
+    assert sorted((r.partition, r.offset) for r in rows) == [(p, o) for p in range(3) for o in range(100)]
+
+
+def test_max_bytes_per_trigger(spark: Any, local_store_url: Any) -> None:
+    store = open_store(local_store_url)
+    store.create_topic("t", 1)
+    for seg in range(4):
+        append(store, "t", 0, [b"x" * 1000 for _ in range(50)])
+    segment_bytes = store.partition("t", 0).state().segments[0].size_bytes
+    name = f"q_{uuid.uuid4().hex[:8]}"
+    query = (
+        stream(spark, local_store_url, subscribe="t", startingOffsets="earliest",
+               maxBytesPerTrigger=str(segment_bytes // 2))
+        .writeStream.format("memory")
+        .queryName(name)
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(120)
+    assert batch_sizes(query) == [25] * 8  # half a segment's bytes per batch
+    assert len(memory_rows(spark, name)) == 200
+
+
+def test_min_offsets_per_trigger_waits_up_to_max_trigger_delay(spark: Any, local_store_url: Any) -> None:
+    store = open_store(local_store_url)
+    store.create_topic("t", 1)
+    append(store, "t", 0, [b"a%d" % i for i in range(10)])
+    name = f"q_{uuid.uuid4().hex[:8]}"
+    query = (
+        stream(spark, local_store_url, subscribe="t", startingOffsets="earliest",
+               minOffsetsPerTrigger=50, maxTriggerDelay="6s")
+        .writeStream.format("memory")
+        .queryName(name)
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        # As Kafka's source: the first trigger does not wait.
+        wait_for(lambda: len(memory_rows(spark, name)) == 10, timeout=60)
+        fired = time.monotonic()
+        append(store, "t", 0, [b"b%d" % i for i in range(10)])
+        time.sleep(1.5)
+        assert len(memory_rows(spark, name)) == 10  # 10 new < 50: the batch waits
+        append(store, "t", 0, [b"c%d" % i for i in range(45)])
+        wait_for(lambda: len(memory_rows(spark, name)) == 65, timeout=60)
+        assert time.monotonic() - fired < 6  # enough records: no waiting for the delay
+        fired = time.monotonic()
+        append(store, "t", 0, [b"d%d" % i for i in range(5)])
+        wait_for(lambda: len(memory_rows(spark, name)) == 70, timeout=60)
+        assert time.monotonic() - fired >= 5  # too few records: waited for maxTriggerDelay
+    finally:
+        query.stop()
+
+
+def test_restart_from_checkpoint_continues_without_gaps_or_repeats(
+    spark: Any, local_store_url: Any, tmp_path: Path
+) -> None:
+    store = open_store(local_store_url)
+    store.create_topic("in", 2)
+    store.create_topic("out", 1)
+    expected: list[bytes] = []
+
+    def produce(label: str) -> None:
+        for p in range(2):
+            values = [b"%s-%d-%d" % (label.encode(), p, i) for i in range(40)]
+            append(store, "in", p, values)
+            expected.extend(values)
+
+    def run() -> list[int]:
+        query = (
+            stream(spark, local_store_url, subscribe="in", startingOffsets="earliest", maxOffsetsPerTrigger=30)
+            .selectExpr("value")
+            .writeStream.format("kstore")
+            .options(**source_options(local_store_url, topic="out"))
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120)
+        assert query.exception() is None
+        return batch_sizes(query)
+
+    produce("first")
+    assert run() == [30, 30, 20]
+    assert topic_values(store, "out") == sorted(expected)
+    produce("second")
+    assert run() == [30, 30, 20]  # only the new records
+    assert topic_values(store, "out") == sorted(expected)
+    assert run() == []  # nothing new: no batch at all
+    assert topic_values(store, "out") == sorted(expected)
+
+
+def test_new_partitions_are_picked_up(spark: Any, local_store_url: Any) -> None:
+    store = open_store(local_store_url)
+    store.create_topic("t", 1)
+    append(store, "t", 0, [b"old"])
+    name = f"q_{uuid.uuid4().hex[:8]}"
+    query = (
+        stream(spark, local_store_url, subscribePattern="t|u", startingOffsets="earliest")
+        .selectExpr("topic", "partition", "offset", "value")
+        .writeStream.format("memory")
+        .queryName(name)
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        Store(local_store_url[0]).add_partitions("t", 3)
+        append(store, "t", 2, [b"new"])
+        store.create_topic("u", 1)  # a new topic matching the pattern
+        append(store, "u", 0, [b"other"])
+        wait_for(lambda: len(memory_rows(spark, name)) == 3, timeout=60)
+        rows = spark.sql(f"SELECT topic, partition, offset, CAST(value AS STRING) AS v FROM {name}").collect()
+        assert sorted((r.topic, r.partition, r.offset, r.v) for r in rows) == [
+            ("t", 0, 0, "old"), ("t", 2, 0, "new"), ("u", 0, 0, "other")
+        ]
+    finally:
+        query.stop()
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_fail_on_data_loss_when_retention_removed_unread_offsets(
+    spark: Any, local_store_url: Any, tmp_path: Path, fail: bool
+) -> None:
+    store = open_store(local_store_url)
+    store.create_topic("t", 1)
+    store.create_topic("out", 1)
+    append(store, "t", 0, [b"a%d" % i for i in range(10)])
+
+    def run() -> Any:
+        query = (
+            stream(spark, local_store_url, subscribe="t", startingOffsets="earliest",
+                   failOnDataLoss=str(fail).lower())
+            .selectExpr("value")
+            .writeStream.format("kstore")
+            .options(**source_options(local_store_url, topic="out"))
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            query.awaitTermination(120)
+        except Exception as exc:  # the query's failure
+            return exc
+        return None
+
+    assert run() is None
+    append(store, "t", 0, [b"b%d" % i for i in range(10)])
+    append(store, "t", 0, [b"c%d" % i for i in range(10)])
+    # Retention removes a (read) and b (never read) before the query runs again.
+    assert apply_retention(store, "t", 0, 2) == 20
+    error = run()
+    if fail:
+        assert error is not None
+        assert "offsets 10..19 were to be read, but the log now starts at 20" in str(error)
+        assert "failOnDataLoss" in str(error)
+        assert topic_values(store, "out") == sorted(b"a%d" % i for i in range(10))
+    else:
+        assert error is None
+        assert topic_values(store, "out") == sorted([b"a%d" % i for i in range(10)] + [b"c%d" % i for i in range(10)])
