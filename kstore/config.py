@@ -122,7 +122,7 @@ _SPECS = [
     ConfigSpec("file.delete.delay.ms", 60_000, _int(0),
                "grace period between removing a file from the manifest and deleting it"),
     ConfigSpec("message.timestamp.type", "CreateTime", _choice(TIMESTAMP_TYPES),
-               "CreateTime (the producer's) or LogAppendTime (the commit's)"),
+               "CreateTime (the producer's) or LogAppendTime (when the segment is written)"),
     ConfigSpec("checkpoint.interval", 100, _int(1, 100_000),
                "write a partition checkpoint every this many commits (kstore-specific)"),
 ]
@@ -155,6 +155,23 @@ def _check_relations(effective: Mapping[str, Any]) -> None:
         )
 
 
+def read_config(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """Config as stored in a topic log, for reading: known keys parsed, unknown keys (from a
+    newer writer) kept as they are, and a value this version cannot parse falls back to the
+    default rather than making the topic unreadable."""
+    out: dict[str, Any] = {}
+    for name, value in stored.items():
+        spec = SPECS.get(name)
+        if spec is None:
+            out[name] = value
+            continue
+        try:
+            out[name] = spec.parse(name, value)
+        except InvalidConfigurationError:
+            continue
+    return out
+
+
 def validate_names(names: list[str]) -> None:
     for name in names:
         if not isinstance(name, str) or name not in SPECS:
@@ -166,8 +183,8 @@ def defaults() -> dict[str, Any]:
 
 
 def effective(explicit: Mapping[str, Any]) -> dict[str, Any]:
-    """Every config value: explicit ones over the defaults."""
-    return {**defaults(), **explicit}
+    """Every known config value: explicit ones over the defaults."""
+    return {**defaults(), **{k: v for k, v in explicit.items() if k in SPECS}}
 
 
 def parse_config_value(name: str, value: Any) -> Any:

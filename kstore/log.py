@@ -241,6 +241,11 @@ class Log(Generic[S]):
         while state.version < version:
             commit = self.read_commit(state.version + 1)
             if commit is None:
+                if self.read_commit(state.version + 2) is None:
+                    raise ValueError(
+                        f"{self.storage.url}/{self.directory}: version {version} does not exist "
+                        f"(the newest is {state.version})"
+                    )
                 raise CorruptLogError(
                     f"{self.storage.url}/{self.directory}: version {state.version + 1} is missing"
                 )
@@ -258,6 +263,8 @@ class Log(Generic[S]):
             raise CorruptLogError(f"{self.describe(version)}: malformed action ({exc})") from None
         except CorruptLogError as exc:
             raise CorruptLogError(f"{self.describe(version)}: {exc}") from None
+        except UnsupportedFormatVersionError as exc:
+            raise UnsupportedFormatVersionError(f"{self.describe(version)}: {exc}") from None
         state.version = version
         ts = info.get("timestamp")
         if isinstance(ts, int):
@@ -320,6 +327,10 @@ class Log(Generic[S]):
                 state.apply(name, body)
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptLogError(f"{where}: malformed action ({exc})") from None
+        except CorruptLogError as exc:
+            raise CorruptLogError(f"{where}: {exc}") from None
+        except UnsupportedFormatVersionError as exc:
+            raise UnsupportedFormatVersionError(f"{where}: {exc}") from None
         state.version = version
         ts = info.get("timestamp")
         if isinstance(ts, int):
@@ -356,11 +367,11 @@ class Log(Generic[S]):
                 return None
             version = state.version + 1
             meta = {
+                **(info or {}),  # first: a caller's field never replaces one the protocol relies on
                 "timestamp": int(time.time() * 1000),
                 "operation": operation,
                 "commitId": commit_id,
                 "writer": f"kstore/{__version__}",
-                **(info or {}),
             }
             # Apply the actions to a copy *before* publishing: a commit that does not apply (an
             # add overlapping a live segment, a remove of a segment already gone) must never
@@ -423,7 +434,16 @@ class Log(Generic[S]):
                     ) from exc
                 continue
             if existing is None:
-                continue  # nothing landed: send the same payload again
+                # "Exists" but unreadable (deleted meanwhile, or a store whose reads lag its
+                # writes): count it as an unknown outcome and back off before sending again.
+                unknown_attempts += 1
+                if unknown_attempts > 5:
+                    raise CommitStateUnknownError(
+                        f"{self.describe(version)}: the storage says the version exists but it "
+                        "cannot be read"
+                    )
+                time.sleep(self.retry.backoff(unknown_attempts + 3))
+                continue
             return _commit_id_of(existing) == commit_id
 
     def _maybe_checkpoint(self, state: S) -> None:

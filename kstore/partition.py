@@ -95,6 +95,8 @@ class Segment:
             raise CorruptLogError(f"add: illegal segment path {seg.path!r}")
         if seg.base_offset < 0 or seg.last_offset < seg.base_offset - 1 or seg.record_count < 0:
             raise CorruptLogError(f"add {seg.path}: inconsistent offsets/records")
+        if seg.sparse and seg.record_count > seg.last_offset - seg.base_offset + 1:
+            raise CorruptLogError(f"add {seg.path}: more records than offsets in its range")
         if not seg.sparse and seg.record_count != seg.last_offset - seg.base_offset + 1:
             raise CorruptLogError(f"add {seg.path}: dense segment record count does not match its offsets")
         return seg
@@ -153,6 +155,8 @@ class PartitionState(LogState):
             seg = Segment.from_action(body)
             if seg.base_offset < self.end_offset and self._overlaps(seg):
                 raise CorruptLogError(f"add {seg.path}: overlaps a live segment")
+            if any(s.path == seg.path for s in self.segments):
+                raise CorruptLogError(f"add {seg.path}: the path is already a live segment")
             bisect.insort(self.segments, seg, key=lambda s: s.base_offset)
             self.end_offset = max(self.end_offset, seg.last_offset + 1)
             if seg.transaction is not None:
@@ -380,7 +384,7 @@ class Partition:
 
         def build(state: PartitionState) -> list[Action] | None:
             if txn is not None and state.txns.get(txn[0], -1) >= txn[1]:
-                outcome["duplicate"] = (state.end_offset, state.end_offset - 1)
+                outcome["duplicate"] = (-1, -1)  # where that batch landed is not recorded
                 return None
             if producer is not None:
                 dup = producer.check(state)
@@ -411,6 +415,11 @@ class Partition:
         result = self._commit(build, operation=operation, durable=durable)
         if result is None:
             base, last = outcome["duplicate"]
+            # The batch was committed before (a replayed micro-batch, an ambiguous retry).
+            # Files of this attempt that no commit references are garbage; a file that the
+            # earlier commit does reference (the same file, retried) must stay.
+            live = {s.path for s in self.state(refresh=False).segments}
+            self.storage.delete([f"{self.directory}/{f.path}" for f in files if f.path not in live])
             return AppendResult(base, last, None, 0, duplicate=True)
         base, last, now = outcome["range"]
         return AppendResult(base, last, result.version, now)
@@ -581,6 +590,10 @@ class ProducerBatch:
     last_sequence: int
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.first_sequence <= self.last_sequence:
+            raise ValueError(f"bad producer sequence range {self.first_sequence}..{self.last_sequence}")
+
     def check(self, state: PartitionState) -> ProducerEntry | None:
         """None if this batch is new and in order; the committed entry if it is the last
         batch already committed (a retried or ambiguous commit); raises otherwise."""
@@ -609,9 +622,10 @@ class ProducerBatch:
 
     def action(self, base_offset: int, last_offset: int, now_ms: int) -> Action:
         return {"producer": {
+            **self.extra,  # first: never replaces the fields idempotence relies on
             "id": self.producer_id, "epoch": self.epoch, "firstSequence": self.first_sequence,
             "lastSequence": self.last_sequence, "baseOffset": base_offset,
-            "lastOffset": last_offset, "timestamp": now_ms, **self.extra,
+            "lastOffset": last_offset, "timestamp": now_ms,
         }}
 
 

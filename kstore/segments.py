@@ -147,7 +147,9 @@ def write_segment(
         name = new_segment_name("arrow")
     elif fmt == FORMAT_PARQUET:
         sink = pa.BufferOutputStream()
-        codec = COMPRESSIONS.get(compression) or "none"
+        if compression not in COMPRESSIONS:
+            raise InvalidRecordError(f"unknown segment compression {compression!r}; use {sorted(COMPRESSIONS)}")
+        codec = COMPRESSIONS[compression] or "none"
         pq.write_table(table, sink, compression=codec, row_group_size=parquet_row_group_size)
         buf = sink.getvalue()
         name = new_segment_name("parquet")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -15,6 +16,7 @@ from kstore import config as topic_config
 from kstore.errors import (
     CorruptLogError,
     InvalidPartitionsError,
+    KStoreError,
     StoreNotFoundError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
@@ -89,17 +91,23 @@ class TopicState(LogState):
         super().__init__()
         self.metadata: dict[str, Any] | None = None
         self.deleted = False
+        self.deleted_body: dict[str, Any] = {}
 
     def apply(self, name: str, body: dict[str, Any]) -> None:
         if name == "metaData":
             for key, kind in (("name", str), ("id", str), ("partitions", int), ("config", dict),
                               ("createdTime", int)):
-                if not isinstance(body.get(key), kind):
+                if not isinstance(body.get(key), kind) or isinstance(body.get(key), bool):
                     raise CorruptLogError(f"metaData: field {key!r} missing or not {kind.__name__}")
+            if not re.fullmatch(r"[0-9a-f]{32}", body["id"]):
+                raise CorruptLogError(f"metaData: topic id {body['id']!r} is not 32 hex digits")
+            if not 1 <= body["partitions"] <= MAX_PARTITIONS:
+                raise CorruptLogError(f"metaData: partition count {body['partitions']!r} is out of range")
             self.metadata = body
             self.deleted = False
         elif name == "delete":
             self.deleted = True
+            self.deleted_body = body
         else:
             super().apply(name, body)
 
@@ -108,7 +116,7 @@ class TopicState(LogState):
         if self.metadata is not None:
             actions.append({"metaData": self.metadata})
         if self.deleted:
-            actions.append({"delete": {}})
+            actions.append({"delete": self.deleted_body})
         return actions
 
     def to_metadata(self) -> TopicMetadata | None:
@@ -117,7 +125,8 @@ class TopicState(LogState):
         m = self.metadata
         return TopicMetadata(
             name=m["name"], topic_id=m["id"], partitions=m["partitions"],
-            config=topic_config.validate_config(m["config"]) if m["config"] else {},
+            # Lenient: a key written by a newer kstore is kept but not interpreted.
+            config=topic_config.read_config(m["config"]),
             created_ms=m["createdTime"], version=self.version,
         )
 
@@ -276,7 +285,7 @@ class Store:
             try:
                 if self.topic_exists(info.name):
                     names.append(info.name)
-            except CorruptLogError:
+            except KStoreError:
                 names.append(info.name)  # visible, so that describe can report what is wrong
         return sorted(names)
 
@@ -307,9 +316,10 @@ class Store:
         topic_config.validate_names(removals)
 
         def change(raw: dict[str, Any], current: TopicMetadata) -> dict[str, Any]:
-            merged = {k: v for k, v in current.config.items() if k not in removals}
+            # Start from the stored config so keys this version does not know survive.
+            merged = {k: v for k, v in dict(raw.get("config", {})).items() if k not in removals}
             merged.update(updates)
-            topic_config.validate_config(merged)  # relations between values
+            topic_config.validate_config({k: v for k, v in merged.items() if k in topic_config.SPECS})
             return {**raw, "config": merged}
 
         return self._change_metadata(name, "ALTER CONFIG", change)

@@ -255,7 +255,8 @@ class TaskSink:
                 TIMESTAMP_TYPE
             )
             table = table.set_column(2, "timestamp", now)
-        parts = np.asarray(
+        # A copy: the partitioner's Arrow result may be read-only memory.
+        parts = np.array(
             self.partitioner.partition_batch(table.column("key").combine_chunks(), n),
             dtype=np.int32,
         )

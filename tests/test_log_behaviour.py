@@ -286,7 +286,8 @@ def test_round_trip_keys_values_tombstones_headers_timestamps(
     second = part.append(batch([b"tail"], keys=[b"k9"], ts_ms=[123]), compression=compression)
     assert (first.base_offset, first.last_offset, first.duplicate) == (0, 4, False)
     assert (second.base_offset, second.last_offset) == (5, 5)
-    assert second.version == first.version + 1 if first.version is not None else False
+    assert first.version is not None
+    assert second.version == first.version + 1
 
     rows = read_rows(open_store(any_store).partition("t", 0))
     assert offsets_of(rows) == [0, 1, 2, 3, 4, 5]

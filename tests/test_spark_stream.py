@@ -55,15 +55,15 @@ def test_a_query_picks_up_records_produced_while_it_runs(
         .start()
     )
     try:
-        query.processAllAvailable()
-        assert topic_values(store, "out") == sorted(b"before-%d" % i for i in range(5))
         expected = [b"before-%d" % i for i in range(5)]
+        # Polling the sink, not processAllAvailable: that can return on a trigger that looked
+        # for data just before the append.
+        wait_for(lambda: topic_values(store, "out") == sorted(expected))
         for round_ in range(3):
             values = [b"round%d-%d" % (round_, i) for i in range(7)]
             append(store, "in", round_ % 2, values)
             expected += values
-            query.processAllAvailable()
-            assert topic_values(store, "out") == sorted(expected)
+            wait_for(lambda: topic_values(store, "out") == sorted(expected))
     finally:
         query.stop()
     assert query.exception() is None
@@ -193,7 +193,7 @@ def test_new_partitions_are_picked_up(spark: Any, local_store_url: Any) -> None:
         .start()
     )
     try:
-        query.processAllAvailable()
+        wait_for(lambda: len(memory_rows(spark, name)) == 1)
         Store(local_store_url[0]).add_partitions("t", 3)
         append(store, "t", 2, [b"new"])
         store.create_topic("u", 1)  # a new topic matching the pattern
