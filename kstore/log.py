@@ -115,7 +115,12 @@ class RetryPolicy:
     max_backoff_s: float = 0.25
 
     def backoff(self, attempt: int) -> float:
-        return random.uniform(0, min(self.max_backoff_s, self.base_backoff_s * (2**attempt)))
+        # A lost race is not overload: the winner has already moved on, so the first retries
+        # go at once (the rebuild re-reads only the commits that won); backing off starts
+        # when a writer keeps losing.
+        if attempt <= 2:
+            return 0.0
+        return random.uniform(0, min(self.max_backoff_s, self.base_backoff_s * (2 ** (attempt - 2))))
 
 
 @dataclass(frozen=True)

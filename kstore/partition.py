@@ -54,6 +54,9 @@ class Segment:
     # "<producer id>:<transaction version>" while written by an open transaction; records of
     # an open transaction are invisible to read_committed readers until its marker commits.
     transaction: str | None = None
+    # Compaction's tombstone clock (Kafka's deleteHorizonMs, KIP-534): no record tombstone in
+    # this segment below the cleaned point may be dropped before this time, ms.
+    delete_horizon_ms: int | None = None
 
     def to_action(self, *, open_transaction: bool = True) -> Action:
         action: Action = {
@@ -73,6 +76,8 @@ class Segment:
         }
         if self.transaction is not None and open_transaction:
             action["add"]["transaction"] = self.transaction
+        if self.delete_horizon_ms is not None:
+            action["add"]["deleteHorizon"] = self.delete_horizon_ms
         return action
 
     @classmethod
@@ -90,6 +95,7 @@ class Segment:
             sparse=bool(body.get("sparse", False)),
             created_ms=int(body.get("createdTime", 0)),
             transaction=body.get("transaction") if isinstance(body.get("transaction"), str) else None,
+            delete_horizon_ms=_optional_int(body, "deleteHorizon"),
         )
         if not seg.path.startswith("segments/") or ".." in seg.path or "\\" in seg.path:
             raise CorruptLogError(f"add: illegal segment path {seg.path!r}")
@@ -199,6 +205,12 @@ class PartitionState(LogState):
             self.cleaned_offset = max(self.cleaned_offset, _int(body, "offset"))
         elif name == "tombstone":  # only in checkpoints: a removed file awaiting vacuum
             self.removed[_str(body, "path")] = _int(body, "deletionTimestamp")
+        elif name == "vacuumed":  # removed files now deleted from storage: forget them
+            paths = body.get("paths")
+            if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+                raise CorruptLogError(f"field 'paths' must be a list of strings, got {paths!r}")
+            for path in paths:
+                self.removed.pop(path, None)
         else:
             super().apply(name, body)
 
@@ -300,6 +312,8 @@ class Partition:
         self.cache = cache or SegmentCache()
         self._state: PartitionState | None = None
         self._lock = threading.Lock()
+        # When the cached state was last known to be the newest (monotonic seconds).
+        self._confirmed = time.monotonic()
 
     def __repr__(self) -> str:
         return f"Partition({self.topic!r}, {self.partition})"
@@ -310,17 +324,22 @@ class Partition:
         """The newest state (polls the next log version by name unless ``refresh`` is False)."""
         with self._lock:
             current = self._state
-        if current is None:
+        if current is None or (refresh and time.monotonic() - self._confirmed > STALE_STATE_S):
+            # Polling by name cannot step over log versions that vacuum deleted (17.5 of
+            # PROTOCOL.md): a state not confirmed for that long is reloaded from a checkpoint.
             current = self.log.load()
+            self._remember(current, confirmed=True)
         elif refresh:
             current = self.log.update(current)
-        self._remember(current)
+            self._remember(current, confirmed=True)
         return current
 
-    def _remember(self, state: PartitionState) -> None:
+    def _remember(self, state: PartitionState, *, confirmed: bool = False) -> None:
         with self._lock:
-            if self._state is None or state.version > self._state.version:
+            if self._state is None or state.version >= self._state.version:
                 self._state = state
+                if confirmed:
+                    self._confirmed = time.monotonic()
 
     def end_offset(self) -> int:
         return self.state().end_offset
@@ -438,12 +457,16 @@ class Partition:
 
     def _commit(self, build: Any, *, operation: str, durable: bool) -> CommitResult[PartitionState] | None:
         state = self.state(refresh=False)
+        if time.monotonic() - self._confirmed > STALE_STATE_S:
+            # A commit built on a state older than the versions vacuum deleted could take a
+            # deleted version's name, "succeed", and be lost: reload it first.
+            state = self.state()
         result = self.log.commit(state, build, operation=operation, durable=durable,
                                  info={"topic": self.topic, "partition": self.partition})
         if result is not None:
-            self._remember(result.state)
+            self._remember(result.state, confirmed=True)
         else:
-            self._remember(self.log.update(state))
+            self._remember(self.log.update(state), confirmed=True)
         return result
 
     def end_transaction(self, producer_id: str, epoch: int, version: int, *, commit: bool) -> bool:
@@ -574,6 +597,11 @@ class Partition:
         return None
 
 
+# A cached state not confirmed as the newest for this long is reloaded from a checkpoint
+# before it is used: vacuum keeps log versions at least twice as long (PROTOCOL.md 17.5).
+STALE_STATE_S = 24 * 3600.0
+
+
 def _search(offsets: pa.ChunkedArray | pa.Array, value: int) -> int:
     """First index whose offset is >= value (offsets are strictly increasing)."""
     array = offsets.combine_chunks() if isinstance(offsets, pa.ChunkedArray) else offsets
@@ -633,6 +661,15 @@ def _str(body: dict[str, Any], name: str) -> str:
     value = body.get(name)
     if not isinstance(value, str):
         raise CorruptLogError(f"field {name!r} must be a string, got {value!r}")
+    return value
+
+
+def _optional_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise CorruptLogError(f"field {name!r} must be an integer, got {value!r}")
     return value
 
 

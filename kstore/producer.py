@@ -87,6 +87,7 @@ def _after_fork_in_child() -> None:
     for producer in list(_LIVE_PRODUCERS):
         producer._forked = True
         producer._usable = False
+        producer._open = {}  # the next send() opens a batch, which raises
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -174,6 +175,7 @@ class _Batch:
         self.headers: dict[int, list[tuple[str, bytes]]] = {}
         self.partitions: dict[int, int] = {}
         self.nbytes = 0
+        self.reserved = 0  # bytes of buffer_memory held by this batch until it completes
         self.table: pa.Table | None = None  # set instead of the lists by send_batch()
         self.explicit_partition: int | None = None
         self.done = threading.Event()
@@ -298,6 +300,8 @@ class Producer:
                 raise InvalidConfigurationError(f"producer config {name!r} must be callable")
         self._key_serializer: Callable[[Any], bytes] | None = cfg["key_serializer"]
         self._value_serializer: Callable[[Any], bytes] | None = cfg["value_serializer"]
+        self._serializing = self._key_serializer is not None or self._value_serializer is not None
+        self._limits: dict[str, int] = {}  # topic -> largest record accepted (fast path)
         self._partitioner = get_partitioner(cfg["partitioner"])
         self._sticky = StickyPartitioner()
         self.store = store if isinstance(store, Store) else Store(store, cfg["storage_options"])
@@ -353,6 +357,32 @@ class Producer:
         timestamp_ms: int | None = None,
     ) -> FutureRecordMetadata:
         """Queue one record; returns a future of its :class:`RecordMetadata`."""
+        # The common case (bytes, no headers, no explicit partition or timestamp, a known
+        # topic, not transactional) in as few operations as possible: this is the hottest
+        # path of the library. Everything else takes the general path below.
+        if (
+            headers is None and partition is None and timestamp_ms is None and not self._serializing
+            and value.__class__ is bytes and (key is None or key.__class__ is bytes)
+        ):
+            size = RECORD_OVERHEAD_BYTES + len(value) + (0 if key is None else len(key))
+            limit = self._limits.get(topic)
+            if limit is not None and size <= limit:
+                with self._lock:
+                    batch = self._open.get(topic)
+                    if batch is None:
+                        batch = self._new_batch(topic, size)
+                    index = len(batch.values)
+                    batch.values.append(value)
+                    batch.keys.append(key)
+                    batch.timestamps.append(_now())
+                    batch.nbytes += size
+                    if batch.nbytes >= self._batch_size:
+                        self._seal(topic)
+                return FutureRecordMetadata((batch, index))
+        return self._send(topic, value, key, headers, partition, timestamp_ms)
+
+    def _send(self, topic: str, value: Any, key: Any, headers: Sequence[tuple[str, bytes]] | None,
+              partition: int | None, timestamp_ms: int | None) -> FutureRecordMetadata:
         if self._key_serializer is not None and key is not None:
             key = self._key_serializer(key)
         if self._value_serializer is not None and value is not None:
@@ -386,17 +416,10 @@ class Producer:
                 f"({topic!r} max.message.bytes={info.max_message_bytes}, producer max_request_size="
                 f"{self.config['max_request_size']})"
             )
-        if self._transactional_id is not None and self._txn is None:
-            raise IllegalStateError("a transactional producer sends inside a transaction: call begin_transaction() first")
         with self._lock:
-            if not self._usable:
-                self._raise_unusable()
-            if self._buffered + size > self._buffer_memory:
-                self._wait_for_space(size)
             batch = self._open.get(topic)
             if batch is None:
-                batch = self._open[topic] = _Batch(topic, time.monotonic())
-                self._wakeup.notify()
+                batch = self._new_batch(topic, size)
             index = len(batch.values)
             batch.values.append(value)
             batch.keys.append(key)
@@ -406,11 +429,33 @@ class Producer:
             if partition != NO_PARTITION:
                 batch.partitions[index] = partition
             batch.nbytes += size
-            self._buffered += size
             if batch.nbytes >= self._batch_size:
-                self._queue.append(self._open.pop(topic))
-                self._wakeup.notify()
+                self._seal(topic)
         return FutureRecordMetadata((batch, index))
+
+    def _new_batch(self, topic: str, size: int) -> _Batch:
+        """Open a batch for ``topic`` (lock held). Checks that happen once per batch rather
+        than once per record live here: usability, transactions, and buffer space, which is
+        reserved a whole batch at a time (as Kafka's buffer pool allocates batch-sized
+        buffers), so buffer_memory can be exceeded by at most one batch per topic."""
+        if not self._usable:
+            self._raise_unusable()
+        if self._transactional_id is not None and self._txn is None:
+            raise IllegalStateError("a transactional producer sends inside a transaction: call begin_transaction() first")
+        reserve = max(size, min(self._batch_size, self._buffer_memory))
+        if self._buffered + reserve > self._buffer_memory:
+            self._wait_for_space(reserve)
+        batch = self._open[topic] = _Batch(topic, time.monotonic())
+        batch.reserved = reserve
+        self._buffered += reserve
+        self._wakeup.notify()
+        return batch
+
+    def _seal(self, topic: str) -> None:
+        """Hand a full batch to the sender (lock held)."""
+        batch = self._open.pop(topic)
+        self._queue.append(batch)
+        self._wakeup.notify()
 
     def send_batch(self, topic: str, data: Any, *, partition: int | None = None) -> FutureBatchMetadata:
         """Queue a whole table of records (columns ``value`` and optionally ``key``,
@@ -436,6 +481,7 @@ class Producer:
             if earlier is not None:
                 self._queue.append(earlier)
             self._queue.append(batch)
+            batch.reserved = size
             self._buffered += size
             self._wakeup.notify()
         return FutureBatchMetadata(batch)
@@ -465,6 +511,10 @@ class Producer:
             with self._lock:
                 self._closed = True
                 self._usable = False
+                # Records another thread added after the flush still go out before the
+                # sender stops: no future is left hanging.
+                for topic in list(self._open):
+                    self._seal(topic)
                 self._wakeup.notify()
             if not self._forked:
                 self._sender.join(timeout)
@@ -541,6 +591,7 @@ class Producer:
             compression=compression, log_append_time=effective["message.timestamp.type"] == "LogAppendTime",
         )
         self._topics[topic] = info
+        self._limits[topic] = info.record_limit
         return info
 
     def _run(self) -> None:
@@ -567,7 +618,7 @@ class Producer:
             for batch in work:
                 self._deliver(batch)
                 with self._lock:
-                    self._buffered -= batch.nbytes
+                    self._buffered -= batch.reserved
                     self._in_flight.remove(batch)
                     self._space.notify_all()
 
@@ -754,6 +805,8 @@ class Producer:
         self._fatal = exc
         self._usable = False
         with self._lock:
+            for topic in list(self._open):  # their records fail; the next send() raises
+                self._seal(topic)
             self._space.notify_all()
 
     # -- transactions (Kafka's API) ----------------------------------------------------------

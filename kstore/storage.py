@@ -155,8 +155,14 @@ class Storage:
     @property
     def fs(self) -> Any:
         if self._fs is None:
+            options = dict(self.storage_options)
+            if self.protocol in _S3_PROTOCOLS:
+                # No listings cache: s3fs answers reads and existence checks of files in a
+                # directory it once listed from that listing, so a tailing reader would never
+                # see the next log version another process commits.
+                options.setdefault("use_listings_cache", False)
             try:
-                self._fs = self._fs_cls(**self.storage_options)
+                self._fs = self._fs_cls(**options)
             except TypeError as exc:
                 raise InvalidStoreError(
                     f"store {redact_url(self.url)!r}: bad storage options "

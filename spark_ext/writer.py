@@ -14,11 +14,12 @@ column, or, without either, by a choice derived from (app id, batch id, task), n
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import time
 import uuid
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,7 +53,9 @@ from kstore.partitioner import NO_PARTITION, get_partitioner
 from kstore.segments import HEADERS_TYPE, RECORD_SCHEMA, TIMESTAMP_TYPE, SegmentFile
 from kstore.store import Store, TopicMetadata
 
+from . import pending
 from .options import InvalidOptionError, WriteOptions
+from .pending import FileLike, FileRef
 from .schema import HEADERS_SPARK_TYPE
 from .stores import get_store
 
@@ -114,6 +117,10 @@ class WrittenFile:
     file: SegmentFile
     order: tuple[int, int]  # (task partition id, sequence): commit order within a partition
 
+    @property
+    def path(self) -> str:
+        return self.file.path
+
 
 @dataclass
 class KStoreCommitMessage(WriterCommitMessage):
@@ -123,6 +130,7 @@ class KStoreCommitMessage(WriterCommitMessage):
     records: int = 0
     query_id: str | None = None
     batch_id: int | None = None
+    marker: str | None = None  # the task's write-intent record (see pending.py)
 
 
 def _task_info() -> tuple[int, str | None, int | None]:
@@ -162,7 +170,9 @@ class TaskSink:
         *,
         seed: str,
         task: int,
+        on_written: Callable[[list[WrittenFile]], None] | None = None,
     ) -> None:
+        self.on_written = on_written
         self.options = options
         self.store = store
         self.columns = columns
@@ -338,6 +348,8 @@ class TaskSink:
             WrittenFile(topic, meta.topic_id, p, written, (self.task, self._sequence))
         )
         self._sequence += 1
+        if self.on_written is not None:
+            self.on_written(list(self.written))
 
     def finish(self) -> list[WrittenFile]:
         for key in sorted(self.buffers):
@@ -350,17 +362,8 @@ class TaskSink:
         self.written = []
 
 
-def delete_files(store: Store, files: Iterable[WrittenFile]) -> None:
-    by_dir: dict[tuple[str, str, int], list[str]] = {}
-    for f in files:
-        by_dir.setdefault((f.topic, f.topic_id, f.partition), []).append(f.file.path)
-    from kstore.layout import partition_dir
-
-    paths = [
-        f"{partition_dir(t, tid, p)}/{path}"
-        for (t, tid, p), names in by_dir.items()
-        for path in names
-    ]
+def delete_files(store: Store, files: Iterable[FileLike]) -> None:
+    paths = [FileRef(f.topic, f.topic_id, f.partition, f.path).storage_path() for f in files]
     if paths:
         try:
             store.storage.delete(paths)
@@ -372,25 +375,46 @@ def delete_files(store: Store, files: Iterable[WrittenFile]) -> None:
             )
 
 
-def delete_uncommitted(store: Store, files: Sequence[WrittenFile]) -> None:
+def delete_uncommitted(store: Store, files: Sequence[FileLike]) -> None:
     """Delete the files that no manifest references (an aborted or replayed batch's files).
     Each partition's manifest is read first: a file that did get committed stays."""
-    by_partition: dict[tuple[str, str, int], list[WrittenFile]] = {}
+    by_partition: dict[tuple[str, str, int], list[FileLike]] = {}
     for f in files:
         by_partition.setdefault((f.topic, f.topic_id, f.partition), []).append(f)
-    orphans: list[WrittenFile] = []
+    orphans: list[FileLike] = []
     for (topic, topic_id, p), group in by_partition.items():
         try:
             meta = store.topic(topic)
         except UnknownTopicOrPartitionError:
             meta = None
-        if meta is None or meta.topic_id != topic_id:
+        if meta is None or meta.topic_id != topic_id or p >= meta.partitions:
             orphans.extend(group)  # the topic is gone: nothing can reference these files
             continue
         state = store.partition(topic, p, meta).state()
         live = {s.path for s in state.segments}
-        orphans.extend(f for f in group if f.file.path not in live)
+        orphans.extend(f for f in group if f.path not in live)
     delete_files(store, orphans)
+
+
+def _messages(messages: Sequence[WriterCommitMessage | None]) -> list[KStoreCommitMessage]:
+    return [m for m in messages if isinstance(m, KStoreCommitMessage)]
+
+
+def clean_up(
+    store: Store, job: str, messages: Sequence[WriterCommitMessage | None], *, aborted: bool
+) -> None:
+    """After a commit or an abort: delete every file of the job that no manifest references
+    (reported in messages when aborting, and recorded by tasks whose messages were lost or by
+    an earlier attempt of the batch), then the job's write intents."""
+    reported = _messages(messages)
+    known = {m.marker for m in reported if m.marker is not None}
+    files: list[FileLike] = list(pending.recorded(store, job, skip=known))
+    if aborted:
+        files.extend(f for m in reported for f in m.files)
+    if files:
+        log.info("kstore sink: deleting up to %d uncommitted segment files of %s", len(files), job)
+        delete_uncommitted(store, files)
+    pending.clear(store, job)
 
 
 def commit_files(
@@ -459,23 +483,54 @@ def _app_id(options: WriteOptions, messages: Sequence[WriterCommitMessage | None
         raise ConcurrentModificationError(
             f"kstore sink: tasks of one batch report several query ids {sorted(ids)}"
         )
-    return ids.pop() if ids else None
+    if ids:
+        return ids.pop()
+    return query_id_from_checkpoint(options.checkpoint_location)
+
+
+def query_id_from_checkpoint(location: str | None) -> str | None:
+    """The query id Spark keeps in ``<checkpointLocation>/metadata`` (stable across restarts):
+    the driver's way to the query id when no task reported it (every task failed)."""
+    if not location:
+        return None
+    try:
+        import fsspec
+
+        with fsspec.open(f"{location.rstrip('/')}/metadata", "rb") as f:
+            data = json.loads(f.read(64 * 1024).decode().splitlines()[0])
+        query_id = data.get("id") if isinstance(data, dict) else None
+        return query_id if isinstance(query_id, str) and query_id else None
+    except Exception:  # unreadable from here (credentials, scheme): the caller copes without it
+        log.info("kstore sink: could not read the query id from %s", location, exc_info=True)
+        return None
 
 
 class _WriterBase:
     options: WriteOptions
     columns: dict[str, str]
 
+    def _job(self, app_id: str | None, batch_id: int | None) -> str:
+        raise NotImplementedError
+
     def _write(self, iterator: Iterator[pa.RecordBatch], *, streaming: bool) -> KStoreCommitMessage:
         task, query_id, batch_id = _task_info()
         store = get_store(self.options.store)
+        app_id = self.options.txn_app_id or query_id
         if streaming:
-            seed = f"{self.options.txn_app_id or query_id}/{batch_id}/{task}"
+            seed = f"{app_id}/{batch_id}/{task}"
         elif self.options.txn_app_id is not None:
             seed = f"{self.options.txn_app_id}/{self.options.txn_version}/{task}"
         else:
             seed = uuid.uuid4().hex  # a plain batch write: nothing to replay, spread the load
-        sink = TaskSink(self.options, store, self.columns, seed=seed, task=task)
+        job = self._job(app_id, batch_id)
+        marker = f"{task}-{uuid.uuid4().hex}"
+
+        def on_written(files: list[WrittenFile]) -> None:
+            pending.record(store, job, marker, list(files))
+
+        sink = TaskSink(
+            self.options, store, self.columns, seed=seed, task=task, on_written=on_written
+        )
         try:
             for batch in iterator:
                 sink.add(batch)
@@ -483,8 +538,13 @@ class _WriterBase:
         except BaseException:
             sink.discard()
             raise
+        if not streaming and files and pending.is_aborted(store, job):
+            # Cancelled while writing, after the driver cleaned up: nobody else will.
+            sink.discard()
+            pending.forget(store, job, marker)
+            files = []
         return KStoreCommitMessage(
-            files=files, records=sink.records, query_id=query_id, batch_id=batch_id
+            files=files, records=sink.records, query_id=query_id, batch_id=batch_id, marker=marker
         )
 
 
@@ -495,6 +555,11 @@ class KStoreBatchWriter(_WriterBase, DataSourceArrowWriter):
     def __init__(self, options: WriteOptions, columns: dict[str, str]) -> None:
         self.options = options
         self.columns = columns
+        # Made on the driver, shipped with this object to the tasks and back to commit/abort.
+        self.job_id = uuid.uuid4().hex
+
+    def _job(self, app_id: str | None, batch_id: int | None) -> str:
+        return pending.batch_job(self.job_id)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> KStoreCommitMessage:
         return self._write(iterator, streaming=False)
@@ -503,10 +568,15 @@ class KStoreBatchWriter(_WriterBase, DataSourceArrowWriter):
         txn = None
         if self.options.txn_app_id is not None and self.options.txn_version is not None:
             txn = (self.options.txn_app_id, self.options.txn_version)
-        commit_files(get_store(self.options.store), messages, txn=txn, durable=self.options.durable)
+        store = get_store(self.options.store)
+        commit_files(store, messages, txn=txn, durable=self.options.durable)
+        clean_up(store, self._job(None, None), messages, aborted=False)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        _abort(self.options, messages)
+        store = get_store(self.options.store)
+        job = self._job(None, None)
+        pending.mark_aborted(store, job)  # first: a task recording later sees it
+        clean_up(store, job, messages, aborted=True)
 
 
 class KStoreStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
@@ -517,33 +587,31 @@ class KStoreStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
         self.options = options
         self.columns = columns
 
+    def _job(self, app_id: str | None, batch_id: int | None) -> str:
+        return pending.stream_job(app_id or "unknown-query", -1 if batch_id is None else batch_id)
+
     def write(self, iterator: Iterator[pa.RecordBatch]) -> KStoreCommitMessage:
         return self._write(iterator, streaming=True)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        files = [f for m in messages if isinstance(m, KStoreCommitMessage) for f in m.files]
-        if not files:
-            return
+        store = get_store(self.options.store)
         app_id = _app_id(self.options, messages)
         if app_id is None:
-            delete_uncommitted(get_store(self.options.store), files)
+            files = [f for m in _messages(messages) for f in m.files]
+            if not files:
+                return  # an empty micro-batch: nothing written, nothing to recognise
+            delete_uncommitted(store, files)
             raise InvalidOptionError(
                 "kstore sink: cannot tell which query this micro-batch belongs to, so a replay "
                 "could not be recognised; set the option 'txnAppId'"
             )
-        commit_files(
-            get_store(self.options.store),
-            messages,
-            txn=(app_id, batchId),
-            durable=self.options.durable,
-        )
+        commit_files(store, messages, txn=(app_id, batchId), durable=self.options.durable)
+        clean_up(store, self._job(app_id, batchId), messages, aborted=False)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        _abort(self.options, messages)
-
-
-def _abort(options: WriteOptions, messages: Sequence[WriterCommitMessage | None]) -> None:
-    files = [f for m in messages if isinstance(m, KStoreCommitMessage) for f in m.files]
-    if files:
-        log.info("kstore sink: aborting; deleting %d uncommitted segment files", len(files))
-        delete_uncommitted(get_store(options.store), files)
+        app_id = _app_id(self.options, messages)
+        store = get_store(self.options.store)
+        if app_id is None:
+            delete_uncommitted(store, [f for m in _messages(messages) for f in m.files])
+            return
+        clean_up(store, self._job(app_id, batchId), messages, aborted=True)

@@ -23,7 +23,11 @@ from tests.test_spark_support import (
     source_options,
 )
 
-pytestmark = pytest.mark.spark
+pytestmark = [
+    pytest.mark.spark,
+    # PySpark 4.3 warns that it does not fully support pandas 3 when a feature imports pandas.
+    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
+]
 
 UTC = dt.UTC
 

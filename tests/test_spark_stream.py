@@ -21,7 +21,11 @@ from tests.test_spark_support import (
     wait_for,
 )
 
-pytestmark = pytest.mark.spark
+pytestmark = [
+    pytest.mark.spark,
+    # PySpark 4.3 warns that it does not fully support pandas 3 when a feature imports pandas.
+    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
+]
 
 
 def stream(spark: Any, target: Any, **options: Any) -> Any:

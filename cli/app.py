@@ -1,0 +1,271 @@
+"""The ``kstore`` command: Kafka's admin tools for a kstore store.
+
+Exit codes: 0 success; 1 an error (one ``error: ...`` line on stderr, no traceback unless
+``--debug``) or, for ``verify``, problems found; 2 a usage error; 130 interrupted (Ctrl-C),
+except ``consume`` and ``produce``, for which Ctrl-C is the normal way to stop (exit 0).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import typer
+from kstore.cli import consume as consume_cmd
+from kstore.cli import groups, topics
+from kstore.cli import produce as produce_cmd
+from kstore.cli.common import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    ConfigFileOpt,
+    DebugOpt,
+    OptionOpt,
+    OutputFormat,
+    OutputOpt,
+    RootOptions,
+    StoreOpt,
+    begin_invocation,
+    human_bytes,
+    new_table,
+    note,
+    open_store,
+    print_json,
+    print_table,
+    report_error,
+    resolve_store,
+    store_from,
+    text,
+    write_out,
+)
+from typer.core import TyperGroup
+
+# typer's own exceptions (usage errors, exits, aborts) pass through untouched. typer >= 0.20
+# vendors click, so they are found from typer's public classes rather than imported from click.
+_CLICK_EXCEPTION = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_PASS_THROUGH: tuple[type[BaseException], ...] = (typer.Exit, typer.Abort, _CLICK_EXCEPTION)
+
+
+class KstoreGroup(TyperGroup):
+    """The root command: turns every error raised by a command into one redacted line on
+    stderr and exit code 1 (usage errors keep their exit code 2)."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
+    ) -> Any:
+        begin_invocation()  # before parsing: --debug is recorded while the options are parsed
+        return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _PASS_THROUGH:
+            raise
+        except KeyboardInterrupt:
+            sys.stderr.write("interrupted\n")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except BrokenPipeError:
+            raise typer.Exit(0) from None  # the reader of our output went away (| head)
+        except Exception as exc:
+            report_error(exc)
+            raise typer.Exit(EXIT_FAILURE) from None
+
+
+app = typer.Typer(
+    name="kstore",
+    cls=KstoreGroup,
+    help="Administer a kstore store: Kafka's log model on local disk or S3, with no brokers.",
+    epilog="Examples:\n\n"
+    "  export KSTORE_STORE=s3://bucket/ks\n\n"
+    "  export KSTORE_OPTION_CLIENT_KWARGS__ENDPOINT_URL=http://127.0.0.1:8333\n\n"
+    "  kstore topics create orders --partitions 3\n\n"
+    "  echo 'k1:hello' | kstore produce orders --key-separator :\n\n"
+    "  kstore consume orders --from-beginning --print-key\n\n"
+    "Exit codes: 0 ok, 1 failure (or problems found by verify), 2 usage error.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,  # tracebacks with locals could show secrets
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(topics.app, name="topics")
+app.add_typer(groups.app, name="groups")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from kstore import __version__
+
+        sys.stdout.write(f"kstore {__version__}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    debug: DebugOpt = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Administer a kstore store: Kafka's log model on local disk or S3, with no brokers."""
+    ctx.obj = RootOptions(store=store, options=list(option or []), config_file=config_file)
+
+
+app.command(
+    "produce",
+    epilog="Examples:\n\n"
+    "  kstore produce orders < records.txt\n\n"
+    "  printf 'k1:v1\\nk2:v2\\n' | kstore produce orders --key-separator :\n\n"
+    "  printf 'src:web\\tk1:v1\\n' | kstore produce orders --headers --key-separator :\n\n"
+    "  kstore consume orders -o json | kstore produce orders-copy --format json\n\n"
+    '  echo \'{"key": "k1", "value": {"n": 1}, "headers": {"src": "cli"}}\' | kstore produce orders --format json',
+)(produce_cmd.produce)
+
+app.command(
+    "consume",
+    epilog="Examples:\n\n"
+    "  kstore consume orders                          (everything, then exit)\n\n"
+    "  kstore consume orders --follow                 (new records until Ctrl-C)\n\n"
+    "  kstore consume orders -p 0 --offset 42 --max-messages 10 --print-key --print-offset\n\n"
+    "  kstore consume orders --from-time 2h -o json | jq .value\n\n"
+    "  kstore consume orders --group billing --follow",
+)(consume_cmd.consume)
+
+
+@app.command(
+    epilog="Examples:\n\n  kstore info --store s3://bucket/ks\n\n  kstore info -o json",
+)
+def info(
+    ctx: typer.Context,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Show the store: its URL and storage options (secrets hidden), id, topics and groups."""
+    from kstore.groups import list_groups
+    from kstore.storage import redact_options, redact_url
+    from kstore.store import STORE_FORMAT_VERSION
+
+    settings = resolve_store(ctx, store, option, config_file)
+    handle = open_store(settings)
+    data = {
+        "store": redact_url(settings.url),
+        "storage_options": redact_options(settings.options),
+        "store_id": handle.store_id,
+        "format_version": STORE_FORMAT_VERSION,
+        "topics": len(handle.list_topics()),
+        "groups": len(list_groups(handle)),
+    }
+    if output is OutputFormat.json:
+        print_json(data)
+        return
+    table = new_table("PROPERTY", "VALUE")
+    for key, value in data.items():
+        table.add_row(text(key), text(value))
+    print_table(table)
+
+
+@app.command(
+    epilog="Examples:\n\n  kstore verify                 (every topic)\n\n  kstore verify orders users -o json\n\n"
+    "Exit code 1 when a problem is found; warnings (orphan files) do not fail.",
+)
+def verify(
+    ctx: typer.Context,
+    topics_: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[TOPIC]...", help="Topics to check (default: all).", show_default=False
+        ),
+    ] = None,
+    no_data: Annotated[
+        bool,
+        typer.Option(
+            "--no-data", help="Check the logs and the file listing only; do not read segment data."
+        ),
+    ] = False,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Check topics: every log file and segment, checksums, offsets, manifest consistency.
+
+    Lists the problems found and exits 1 when there are any.
+    """
+    from kstore.cli.verify import planned_bytes, verify_topic
+
+    # No segment cache: every segment is read once, and memory stays flat.
+    handle = store_from(ctx, store, option, config_file, segment_cache_bytes=0)
+    names = topics_ or handle.list_topics()
+    show_progress = output is OutputFormat.table and sys.stderr.isatty()
+    reports = []
+    if show_progress:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        total = planned_bytes(handle, names)
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TimeRemainingColumn(),
+            console=Console(file=sys.stderr),
+            transient=True,
+        ) as bar:
+            task = bar.add_task("verifying", total=total or None)
+            for name in names:
+                bar.update(task, description=f"verifying {name}")
+                reports.append(
+                    verify_topic(
+                        handle, name, progress=lambda n: bar.advance(task, n), read_data=not no_data
+                    )
+                )
+    else:
+        reports = [verify_topic(handle, name, read_data=not no_data) for name in names]
+    problems = [f for r in reports for f in r.problems]
+    warnings = [f for r in reports for f in r.warnings]
+    if output is OutputFormat.json:
+        print_json({"ok": not problems, "topics": [r.to_json() for r in reports]})
+    else:
+        # One finding per line (paths are long; a table would fold them): grep-friendly.
+        lines = []
+        for f in problems + warnings:
+            where = f.topic if f.partition is None else f"{f.topic}-{f.partition}"
+            lines.append(f"{f.severity}: {where}: {f.path + ': ' if f.path else ''}{f.message}\n")
+        if lines:
+            write_out("".join(lines))
+        segments = sum(r.segments for r in reports)
+        records = sum(r.records for r in reports)
+        size = sum(r.bytes for r in reports)
+        status = "OK" if not problems else f"{len(problems)} problem(s)"
+        note(
+            f"Verified {len(reports)} topic(s), {sum(r.partitions for r in reports)} partition(s), "
+            f"{sum(r.log_files for r in reports)} log file(s), {segments} segment(s), {records} record(s), "
+            f"{human_bytes(size)}: {status}"
+            + (f", {len(warnings)} warning(s)" if warnings else "")
+            + "."
+        )
+    if problems:
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def main() -> None:
+    """Console script entry point."""
+    app(prog_name="kstore")
+
+
+if __name__ == "__main__":
+    main()

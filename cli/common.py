@@ -1,0 +1,539 @@
+"""What every command shares: store selection, secrets redaction, output and error reporting.
+
+Nothing here imports the kstore core's heavy modules (pyarrow, fsspec, s3fs) at import time:
+``kstore --help`` and usage errors must stay fast. The store is opened inside the commands.
+
+Store selection, lowest precedence first:
+
+1. a TOML config file (``--config-file PATH`` or ``KSTORE_CONFIG``) with ``store = "URL"``
+   and an ``[options]`` table (nested tables for nested options, e.g. ``client_kwargs``);
+2. the environment: ``KSTORE_STORE`` and ``KSTORE_OPTION_<NAME>=value`` (lower-cased; a
+   double underscore nests: ``KSTORE_OPTION_CLIENT_KWARGS__ENDPOINT_URL``);
+3. options before the command (``kstore --store URL --option k=v topics list``);
+4. options after the command (``kstore topics list --store URL --option k=v``).
+
+Storage option values are strings, except ``true``/``false`` (booleans) and integers, unless
+the option's name looks like a secret (key, secret, token, ...), whose values stay strings.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import sys
+import tomllib
+import traceback
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from kstore.store import Store
+
+ENV_STORE = "KSTORE_STORE"
+ENV_CONFIG = "KSTORE_CONFIG"
+ENV_OPTION_PREFIX = "KSTORE_OPTION_"
+ENV_DEBUG = "KSTORE_DEBUG"
+# Credentials botocore may take from the environment: never echo them either.
+_SECRET_ENV = (
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECURITY_TOKEN",
+)
+# A secret shorter than this is not searched for in output: replacing, say, "1" everywhere
+# would garble every number printed. Real credentials are far longer.
+MIN_SECRET_LENGTH = 4
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # an error, or problems found (verify)
+EXIT_USAGE = 2  # typer's code for usage errors
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(typer.BadParameter):
+    """A usage error the CLI finds itself: shown as typer shows its own, exit code 2."""
+
+    def __init__(self, message: str, ctx: typer.Context | None = None) -> None:
+        super().__init__(message, ctx)
+
+    def format_message(self) -> str:
+        return self.message
+
+
+class OutputFormat(enum.StrEnum):
+    table = "table"
+    json = "json"
+
+
+# -- options every command accepts ----------------------------------------------------------------
+
+_STORE_PANEL = "Store selection"
+
+StoreOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        "-s",
+        metavar="URL",
+        rich_help_panel=_STORE_PANEL,
+        help="Store URL: file:///path, a local path, s3://bucket/prefix or memory://name. "
+        f"Default: ${ENV_STORE}, else 'store' in the config file.",
+    ),
+]
+OptionOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--option",
+        "-O",
+        metavar="KEY=VALUE",
+        rich_help_panel=_STORE_PANEL,
+        help="A storage (fsspec/s3fs) option; repeatable; dotted keys nest "
+        "(client_kwargs.endpoint_url=http://127.0.0.1:8333). Also "
+        f"{ENV_OPTION_PREFIX}<NAME>=value.",
+    ),
+]
+ConfigFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config-file",
+        metavar="PATH",
+        rich_help_panel=_STORE_PANEL,
+        help=f'TOML file with store = "URL" and an \\[options] table. Default: ${ENV_CONFIG}.',
+    ),
+]
+OutputOpt = Annotated[
+    OutputFormat,
+    typer.Option("--output", "-o", help="table for people, json for scripts."),
+]
+
+
+def _debug_callback(value: bool) -> bool:
+    if value:
+        _current.debug = True
+    return value
+
+
+DebugOpt = Annotated[
+    bool,
+    typer.Option(
+        "--debug",
+        help=f"Show tracebacks of errors (or set {ENV_DEBUG}=1).",
+        callback=_debug_callback,
+        is_eager=True,
+    ),
+]
+
+
+@dataclass
+class RootOptions:
+    """Store options given before the command name (``kstore --store URL topics list``)."""
+
+    store: str | None = None
+    options: list[str] = field(default_factory=list)
+    config_file: Path | None = None
+
+
+# -- secrets --------------------------------------------------------------------------------------
+
+
+class Redactor:
+    """Replaces every known secret in text with ``***``."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self.secrets: set[str] = set()
+        self.add(secrets)
+
+    def add(self, secrets: Iterable[str]) -> None:
+        for secret in secrets:
+            if isinstance(secret, str) and len(secret) >= MIN_SECRET_LENGTH:
+                self.secrets.add(secret)
+                # A secret may also appear escaped inside a JSON string or a repr.
+                for escaped in (json.dumps(secret)[1:-1], repr(secret)[1:-1]):
+                    if escaped != secret:
+                        self.secrets.add(escaped)
+
+    def __call__(self, text: str) -> str:
+        # Longest first, so that a secret containing another is replaced whole.
+        for secret in sorted(self.secrets, key=len, reverse=True):
+            if secret in text:
+                text = text.replace(secret, "***")
+        return text
+
+
+def secrets_of_options(options: Mapping[str, Any]) -> list[str]:
+    """The values the library itself would hide (kstore.storage.redact_options)."""
+    from kstore.storage import redact_options
+
+    shown = redact_options(options)
+    found: list[str] = []
+
+    def walk(original: Mapping[str, Any], redacted: Mapping[str, Any]) -> None:
+        for name, value in original.items():
+            other = redacted.get(name)
+            if isinstance(value, Mapping) and isinstance(other, Mapping):
+                walk(value, other)
+            elif other == "***" and value is not None:
+                found.append(str(value))
+
+    walk(options, shown)
+    return found
+
+
+def secrets_of_url(url: str) -> list[str]:
+    """Credentials embedded in a URL (``s3://key:secret@bucket``)."""
+    _, sep, rest = url.partition("://")
+    if not sep:
+        return []
+    authority = rest.partition("/")[0]
+    if "@" not in authority:
+        return []
+    userinfo = authority.rsplit("@", 1)[0]
+    user, _, password = userinfo.partition(":")
+    return [s for s in (userinfo, user, password) if s]
+
+
+@dataclass
+class _Invocation:
+    """What one run of the command has learnt: the secrets to hide, whether to debug."""
+
+    redactor: Redactor
+    debug: bool = False
+
+
+_current = _Invocation(Redactor())
+
+
+def begin_invocation() -> None:
+    """Forget the previous run's state (tests run many commands in one process)."""
+    global _current
+    _current = _Invocation(Redactor(_env_secrets()))
+
+
+def redactor() -> Redactor:
+    """The redactor of the running command (knows the secrets seen so far)."""
+    return _current.redactor
+
+
+def _env_secrets() -> list[str]:
+    values = [os.environ.get(name, "") for name in _SECRET_ENV]
+    for name, value in os.environ.items():
+        if name.startswith(ENV_OPTION_PREFIX):
+            key = name[len(ENV_OPTION_PREFIX) :].lower().replace("__", ".")
+            values.extend(secrets_of_options({key.rsplit(".", 1)[-1]: value}))
+    return [v for v in values if v]
+
+
+# -- store selection --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    url: str
+    options: dict[str, Any]
+
+
+def parse_option_value(key: str, text: str) -> Any:
+    from kstore.storage import redact_options
+
+    if redact_options({key: text}).get(key) == "***":
+        return text  # a secret is always a string, even when it looks like a number
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    stripped = text.strip()
+    if stripped.lstrip("-").isdigit() and not (
+        stripped.lstrip("-").startswith("0") and len(stripped.lstrip("-")) > 1
+    ):
+        return int(stripped)
+    return text
+
+
+def _set_nested(target: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    parts = dotted.split(".")
+    if any(not p for p in parts):
+        raise UsageError(f"{source}: option name {dotted!r} has an empty part")
+    node = target
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise UsageError(f"{source}: option {dotted!r} nests under {part!r}, which has a value")
+        node = child
+    existing = node.get(parts[-1])
+    if isinstance(existing, dict) and not isinstance(value, dict):
+        raise UsageError(f"{source}: option {dotted!r} is a table of options, not a value")
+    if isinstance(existing, dict) and isinstance(value, dict):
+        _merge(existing, value)
+    else:
+        node[parts[-1]] = value
+
+
+def _merge(target: dict[str, Any], extra: Mapping[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, Mapping):
+            _set_nested(target, key, dict(value), "options")
+        else:
+            _set_nested(target, key, value, "options")
+
+
+def parse_option_args(items: Iterable[str], source: str = "--option") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            # Never echo the argument: it may well be a secret given without its name.
+            raise UsageError(
+                f"{source} expects KEY=VALUE (for example "
+                "client_kwargs.endpoint_url=http://127.0.0.1:8333)"
+            )
+        _set_nested(out, key, parse_option_value(key.rsplit(".", 1)[-1], value), source)
+    return out
+
+
+def env_options(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in sorted(environ.items()):
+        if name.startswith(ENV_OPTION_PREFIX) and len(name) > len(ENV_OPTION_PREFIX):
+            key = name[len(ENV_OPTION_PREFIX) :].lower().replace("__", ".")
+            _set_nested(out, key, parse_option_value(key.rsplit(".", 1)[-1], value), name)
+    return out
+
+
+def load_config_file(path: Path) -> tuple[str | None, dict[str, Any]]:
+    where = f"config file {str(path)!r}"
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{where} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{where} cannot be read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{where} is not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - {"store", "options"})
+    if unknown:
+        raise UsageError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; expected "
+            'store = "URL" and an [options] table'
+        )
+    store = data.get("store")
+    if store is not None and not isinstance(store, str):
+        raise UsageError(f"{where}: 'store' must be a string")
+    options = data.get("options", {})
+    if not isinstance(options, dict):
+        raise UsageError(f"{where}: 'options' must be a table")
+    merged: dict[str, Any] = {}
+    _merge(merged, options)
+    return store, merged
+
+
+def resolve_store(
+    ctx: typer.Context,
+    store: str | None,
+    option: list[str] | None,
+    config_file: Path | None,
+) -> StoreSettings:
+    """The store URL and storage options of this invocation (see the module docstring)."""
+    root = ctx.find_root().obj
+    root = root if isinstance(root, RootOptions) else RootOptions()
+    secrets = redactor()
+    path = config_file or root.config_file
+    if path is None and os.environ.get(ENV_CONFIG):
+        path = Path(os.environ[ENV_CONFIG])
+    file_store, options = load_config_file(path) if path is not None else (None, {})
+    secrets.add(secrets_of_options(options))
+    for extra in (
+        env_options(os.environ),
+        parse_option_args(root.options),
+        parse_option_args(option or []),
+    ):
+        secrets.add(secrets_of_options(extra))
+        _merge(options, extra)
+    url = store or root.store or os.environ.get(ENV_STORE) or file_store
+    if not url:
+        raise UsageError(
+            f"no store given: pass --store URL, set {ENV_STORE}, or name one in a config file "
+            f"(--config-file PATH or {ENV_CONFIG})"
+        )
+    secrets.add(secrets_of_url(url))
+    secrets.add(secrets_of_options(options))
+    return StoreSettings(url, options)
+
+
+def open_store(
+    settings: StoreSettings, *, create: bool = False, segment_cache_bytes: int | None = None
+) -> Store:
+    """Open the store; with ``create=False`` a URL holding no store fails clearly."""
+    from kstore.store import Store
+
+    if segment_cache_bytes is None:
+        return Store(settings.url, settings.options, create=create)
+    return Store(
+        settings.url, settings.options, create=create, segment_cache_bytes=segment_cache_bytes
+    )
+
+
+def store_from(
+    ctx: typer.Context,
+    store: str | None,
+    option: list[str] | None,
+    config_file: Path | None,
+    *,
+    create: bool = False,
+    segment_cache_bytes: int | None = None,
+) -> Store:
+    return open_store(
+        resolve_store(ctx, store, option, config_file),
+        create=create,
+        segment_cache_bytes=segment_cache_bytes,
+    )
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+
+def _console(stream: Any) -> Console:
+    from rich.console import Console
+
+    interactive = hasattr(stream, "isatty") and stream.isatty()
+    width = None if interactive else int(os.environ.get("COLUMNS", "0") or 0) or 200
+    return Console(file=stream, width=width, highlight=False, soft_wrap=False)
+
+
+def print_table(table: Table) -> None:
+    """Render a rich table to stdout, with every secret redacted."""
+    console = _console(sys.stdout)
+    with console.capture() as captured:
+        console.print(table)
+    write_out(captured.get())
+
+
+def new_table(*columns: str, right: Iterable[str] = ()) -> Table:
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    numeric = set(right)
+    for column in columns:
+        table.add_column(column, justify="right" if column in numeric else "left", overflow="fold")
+    return table
+
+
+def print_json(data: Any) -> None:
+    write_out(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_out(text: str) -> None:
+    sys.stdout.write(redactor()(text))
+    sys.stdout.flush()
+
+
+def note(message: str) -> None:
+    """A message for people, on stderr (stdout stays clean for data)."""
+    sys.stderr.write(redactor()(message) + "\n")
+    sys.stderr.flush()
+
+
+def ms_to_iso(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return (
+        datetime.fromtimestamp(ms / 1000, UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def text(value: Any) -> Any:
+    """A table cell that rich prints literally (no markup, no emoji)."""
+    from rich.text import Text
+
+    return Text("-" if value is None else str(value))
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+def debug_enabled() -> bool:
+    if os.environ.get(ENV_DEBUG, "").strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    return _current.debug
+
+
+def error_message(exc: BaseException) -> str:
+    """One line that says what went wrong (and, where it helps, what to do)."""
+    from kstore.errors import (
+        InvalidStoreError,
+        KStoreError,
+        StorageError,
+        StoreNotFoundError,
+    )
+
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, StoreNotFoundError):
+        return f"{message} (check --store; `kstore topics create` creates a new store)"
+    if isinstance(exc, StorageError | InvalidStoreError):
+        lowered = message.lower()
+        if "unable to locate credentials" in lowered or "nocredentials" in lowered:
+            return (
+                f"{message} (no credentials: pass --option key=... --option secret=..., set "
+                f"{ENV_OPTION_PREFIX}KEY/{ENV_OPTION_PREFIX}SECRET or AWS_ACCESS_KEY_ID/"
+                "AWS_SECRET_ACCESS_KEY)"
+            )
+        if any(
+            word in lowered
+            for word in (
+                "forbidden",
+                "accessdenied",
+                "access denied",
+                "signaturedoesnotmatch",
+                "invalidaccesskeyid",
+            )
+        ):
+            return f"{message} (the storage refused the credentials)"
+        if "could not connect" in lowered or "connect timeout" in lowered:
+            return f"{message} (check the endpoint: --option client_kwargs.endpoint_url=...)"
+        return message
+    if isinstance(exc, KStoreError):
+        return message
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__}: {message}"
+    return f"unexpected {type(exc).__name__}: {message} (run with --debug for the traceback)"
+
+
+def report_error(exc: BaseException) -> None:
+    redact = redactor()
+    if debug_enabled():
+        trace = "".join(traceback.format_exception(exc))
+        sys.stderr.write(redact(trace))
+    sys.stderr.write(redact(f"error: {error_message(exc)}") + "\n")
+    sys.stderr.flush()
+
+
+def fail(message: str) -> typer.Exit:
+    """Report a failure found by the CLI itself (exit code 1); ``raise fail(...)``."""
+    sys.stderr.write(redactor()(f"error: {message}") + "\n")
+    sys.stderr.flush()
+    return typer.Exit(EXIT_FAILURE)
+
+
+def chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

@@ -1,0 +1,474 @@
+"""``kstore produce``: the console producer.
+
+Reads records one per line from stdin or a file. Text mode follows Kafka's console producer
+(``parse.key``, ``key.separator``, ``parse.headers``, ``null.marker``); JSON-lines mode reads
+objects with ``key``, ``value``, ``headers``, ``partition`` and ``timestamp``, the same shape
+``kstore consume --output json`` prints, so the two round-trip.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import json
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO, Annotated, Any
+
+import typer
+from kstore.cli.common import (
+    EXIT_FAILURE,
+    ConfigFileOpt,
+    DebugOpt,
+    OptionOpt,
+    OutputFormat,
+    OutputOpt,
+    StoreOpt,
+    UsageError,
+    error_message,
+    note,
+    print_json,
+    store_from,
+)
+from kstore.cli.timeparse import parse_datetime_ms
+
+
+class Acks(enum.StrEnum):
+    none = "0"
+    leader = "1"
+    all = "all"
+
+
+class InputFormat(enum.StrEnum):
+    text = "text"
+    json = "json"
+
+
+class InputError(ValueError):
+    """A line that cannot be turned into a record."""
+
+
+@dataclass
+class InputRecord:
+    value: bytes | None
+    key: bytes | None = None
+    headers: list[tuple[str, bytes]] | None = None
+    partition: int | None = None
+    timestamp_ms: int | None = None
+
+
+def unescape(separator: str) -> bytes:
+    """Separators as typed: ``\\t``, ``\\n`` and ``\\\\`` stand for a tab, newline, backslash."""
+    out, i = [], 0
+    while i < len(separator):
+        char = separator[i]
+        if char == "\\" and i + 1 < len(separator) and separator[i + 1] in "tn\\":
+            out.append({"t": "\t", "n": "\n", "\\": "\\"}[separator[i + 1]])
+            i += 2
+            continue
+        out.append(char)
+        i += 1
+    return "".join(out).encode()
+
+
+@dataclass
+class TextParser:
+    """Kafka's LineMessageReader: ``[headers<delimiter>][key<separator>]value``."""
+
+    key_separator: bytes | None = None
+    parse_headers: bool = False
+    headers_delimiter: bytes = b"\t"
+    headers_separator: bytes = b","
+    headers_key_separator: bytes = b":"
+    null_marker: bytes | None = None
+
+    def parse(self, line: bytes) -> InputRecord:
+        headers: list[tuple[str, bytes]] | None = None
+        if self.parse_headers:
+            head, sep, line = line.partition(self.headers_delimiter)
+            if not sep:
+                raise InputError(f"no headers delimiter {self.headers_delimiter.decode()!r} found")
+            headers = []
+            if head and head != self.null_marker:
+                for item in head.split(self.headers_separator):
+                    name, hsep, header_value = item.partition(self.headers_key_separator)
+                    if not hsep:
+                        raise InputError(
+                            f"header {item.decode(errors='replace')!r} has no "
+                            f"{self.headers_key_separator.decode()!r} between name and value"
+                        )
+                    try:
+                        headers.append((name.decode("utf-8"), header_value))
+                    except UnicodeDecodeError:
+                        raise InputError("a header name is not UTF-8") from None
+        key: bytes | None = None
+        if self.key_separator is not None:
+            key, sep, line = line.partition(self.key_separator)
+            if not sep:
+                raise InputError(f"no key separator {self.key_separator.decode()!r} found")
+            if key == self.null_marker:
+                key = None
+        value: bytes | None = None if line == self.null_marker else line
+        return InputRecord(value, key, headers)
+
+
+_JSON_FIELDS = {
+    "key",
+    "value",
+    "headers",
+    "partition",
+    "timestamp",
+    "key_encoding",
+    "value_encoding",
+}
+# Fields that `kstore consume --output json` prints and that make no sense to produce.
+_JSON_IGNORED = {"topic", "offset", "timestamp_type"}
+
+
+def _json_bytes(obj: Any, encoding: Any, what: str) -> bytes | None:
+    if obj is None:
+        return None
+    if encoding not in (None, "utf-8", "base64"):
+        raise InputError(f"{what}_encoding must be 'utf-8' or 'base64', got {encoding!r}")
+    if isinstance(obj, str):
+        if encoding == "base64":
+            try:
+                return base64.b64decode(obj, validate=True)
+            except (binascii.Error, ValueError):
+                raise InputError(f"{what} is not valid base64") from None
+        return obj.encode("utf-8")
+    if encoding == "base64":
+        raise InputError(f"{what} must be a string when {what}_encoding is base64")
+    # Any other JSON value is sent as its compact JSON text.
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _json_headers(obj: Any) -> list[tuple[str, bytes]] | None:
+    if obj is None:
+        return None
+    items: list[tuple[Any, Any, Any]] = []
+    if isinstance(obj, dict):
+        items = [(k, v, None) for k, v in obj.items()]
+    elif isinstance(obj, list):
+        for item in obj:
+            if isinstance(item, dict) and "key" in item:
+                unknown = set(item) - {"key", "value", "value_encoding"}
+                if unknown:
+                    raise InputError(f"header field(s) {sorted(unknown)} are unknown")
+                items.append((item["key"], item.get("value"), item.get("value_encoding")))
+            elif isinstance(item, list) and len(item) == 2:
+                items.append((item[0], item[1], None))
+            else:
+                raise InputError(
+                    'headers must be an object, or a list of {"key": ..., "value": ...} '
+                    "or [name, value] pairs"
+                )
+    else:
+        raise InputError("headers must be an object or a list")
+    out = []
+    for name, value, encoding in items:
+        if not isinstance(name, str):
+            raise InputError(f"header name {name!r} is not a string")
+        data = _json_bytes(value, encoding, f"header {name!r}")
+        out.append((name, b"" if data is None else data))
+    return out
+
+
+def parse_json_record(line: bytes) -> InputRecord:
+    try:
+        obj = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise InputError("each line must be a JSON object")
+    unknown = set(obj) - _JSON_FIELDS - _JSON_IGNORED
+    if unknown:
+        raise InputError(f"unknown field(s) {sorted(unknown)}; known: {sorted(_JSON_FIELDS)}")
+    if "value" not in obj:
+        raise InputError('a record needs a "value" (null for a tombstone)')
+    partition = obj.get("partition")
+    if partition is not None and (not isinstance(partition, int) or isinstance(partition, bool)):
+        raise InputError(f"partition must be an integer, got {partition!r}")
+    stamp = obj.get("timestamp")
+    timestamp_ms: int | None = None
+    if isinstance(stamp, int) and not isinstance(stamp, bool):
+        timestamp_ms = stamp
+    elif isinstance(stamp, str):
+        try:
+            timestamp_ms = parse_datetime_ms(stamp)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+    elif stamp is not None:
+        raise InputError(
+            f"timestamp must be epoch milliseconds or an ISO 8601 string, got {stamp!r}"
+        )
+    return InputRecord(
+        value=_json_bytes(obj["value"], obj.get("value_encoding"), "value"),
+        key=_json_bytes(obj.get("key"), obj.get("key_encoding"), "key"),
+        headers=_json_headers(obj.get("headers")),
+        partition=partition,
+        timestamp_ms=timestamp_ms,
+    )
+
+
+@dataclass
+class _Delivery:
+    """What the producer reported back (callbacks run on its sender thread)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    delivered: int = 0
+    failed: int = 0
+    first_error: BaseException | None = None
+    partitions: dict[int, list[int]] = field(
+        default_factory=dict
+    )  # partition -> [count, first, last]
+
+    def ok(self, metadata: Any) -> None:
+        with self.lock:
+            self.delivered += 1
+            entry = self.partitions.setdefault(
+                metadata.partition, [0, metadata.offset, metadata.offset]
+            )
+            entry[0] += 1
+            if metadata.offset >= 0:
+                entry[1] = min(entry[1], metadata.offset) if entry[1] >= 0 else metadata.offset
+                entry[2] = max(entry[2], metadata.offset)
+
+    def error(self, exc: BaseException) -> None:
+        with self.lock:
+            self.failed += 1
+            if self.first_error is None:
+                self.first_error = exc
+
+
+class _Interrupt:
+    """Ctrl-C (or SIGTERM) stops reading and delivers what was read. The signal interrupts a
+    blocked read at once, but never the producer's own code (whose locks and buffers must not
+    be left half-updated): there it only sets a flag, checked between records."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self.reading = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Interrupt:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.stopped = True
+        if self.reading:
+            raise KeyboardInterrupt
+
+
+def _lines(stream: IO[bytes], interrupt: _Interrupt) -> Any:
+    number = 0
+    while not interrupt.stopped:
+        interrupt.reading = True
+        try:
+            raw = stream.readline()
+        except KeyboardInterrupt:
+            return
+        finally:
+            interrupt.reading = False
+        if not raw:
+            return
+        number += 1
+        yield number, raw.removesuffix(b"\n").removesuffix(b"\r")
+
+
+def produce(
+    ctx: typer.Context,
+    topic: Annotated[
+        str, typer.Argument(metavar="TOPIC", help="Topic to write to.", show_default=False)
+    ],
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            "-f",
+            exists=True,
+            dir_okay=False,
+            readable=True,
+            help="Read records from this file instead of stdin.",
+        ),
+    ] = None,
+    input_format: Annotated[
+        InputFormat,
+        typer.Option("--format", help="text: one record per line; json: one JSON object per line."),
+    ] = InputFormat.text,
+    key_separator: Annotated[
+        str | None,
+        typer.Option(
+            "--key-separator",
+            "-k",
+            metavar="SEP",
+            help="Text mode: each line is KEY<SEP>VALUE (\\t for a tab).",
+        ),
+    ] = None,
+    headers: Annotated[
+        bool,
+        typer.Option(
+            "--headers",
+            help="Text mode: each line starts with headers: NAME:VALUE,NAME:VALUE<TAB>...",
+        ),
+    ] = False,
+    headers_delimiter: Annotated[
+        str,
+        typer.Option(
+            "--headers-delimiter",
+            metavar="SEP",
+            help="Between the headers and the rest of the line.",
+        ),
+    ] = "\\t",
+    headers_separator: Annotated[
+        str, typer.Option("--headers-separator", metavar="SEP", help="Between two headers.")
+    ] = ",",
+    headers_key_separator: Annotated[
+        str,
+        typer.Option(
+            "--headers-key-separator", metavar="SEP", help="Between a header's name and value."
+        ),
+    ] = ":",
+    null_marker: Annotated[
+        str | None,
+        typer.Option(
+            "--null-marker",
+            metavar="TEXT",
+            help="Text mode: a key or value equal to TEXT is sent as null (a value: a tombstone).",
+        ),
+    ] = None,
+    acks: Annotated[
+        Acks,
+        typer.Option(
+            "--acks", help="0: do not wait; 1: wait until visible; all: visible and durable."
+        ),
+    ] = Acks.all,
+    partition: Annotated[
+        int | None,
+        typer.Option("--partition", "-p", min=0, help="Send every record to this partition."),
+    ] = None,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Write records read line by line from stdin (or --file) to a topic.
+
+    Ends at end of input (Ctrl-D on a terminal) or on Ctrl-C, after delivering every record
+    read. A summary goes to stderr (with -o json: a JSON object to stdout).
+    """
+    from kstore.errors import KStoreError
+    from kstore.producer import Producer
+
+    if input_format is InputFormat.json and (
+        key_separator is not None or headers or null_marker is not None
+    ):
+        raise UsageError("--key-separator, --headers and --null-marker apply to --format text only")
+    parser = TextParser(
+        key_separator=unescape(key_separator) if key_separator is not None else None,
+        parse_headers=headers,
+        headers_delimiter=unescape(headers_delimiter),
+        headers_separator=unescape(headers_separator),
+        headers_key_separator=unescape(headers_key_separator),
+        null_marker=unescape(null_marker) if null_marker is not None else None,
+    )
+    for name, sep in (
+        ("--key-separator", parser.key_separator),
+        ("--headers-delimiter", parser.headers_delimiter),
+        ("--headers-separator", parser.headers_separator),
+        ("--headers-key-separator", parser.headers_key_separator),
+    ):
+        if sep is not None and not sep:
+            raise UsageError(f"{name} must not be empty")
+    handle = store_from(ctx, store, option, config_file)
+    meta = handle.topic(topic)  # fail before reading any input if the topic does not exist
+    if partition is not None and partition >= meta.partitions:
+        from kstore.errors import UnknownTopicOrPartitionError
+
+        raise UnknownTopicOrPartitionError(
+            f"topic {topic!r} has partitions 0..{meta.partitions - 1}; {partition} does not exist"
+        )
+    acks_value: int | str = "all" if acks is Acks.all else int(acks.value)
+    stream: IO[bytes] = open(file, "rb") if file is not None else sys.stdin.buffer  # noqa: SIM115
+    if file is None and sys.stdin.isatty():
+        note(f"Reading records for {topic!r}, one per line; Ctrl-D to finish.")
+    delivery = _Delivery()
+    failure: str | None = None
+    sent = 0
+    producer = Producer(handle, acks=acks_value, client_id="kstore-cli")
+    try:
+        with _Interrupt() as interrupt:
+            for number, line in _lines(stream, interrupt):
+                if input_format is InputFormat.json and not line.strip():
+                    continue
+                try:
+                    record = (
+                        parse_json_record(line)
+                        if input_format is InputFormat.json
+                        else parser.parse(line)
+                    )
+                    future = producer.send(
+                        topic,
+                        value=record.value,
+                        key=record.key,
+                        headers=record.headers,
+                        partition=partition if partition is not None else record.partition,
+                        timestamp_ms=record.timestamp_ms,
+                    )
+                except (InputError, KStoreError) as exc:
+                    detail = str(exc) if isinstance(exc, InputError) else error_message(exc)
+                    failure = f"line {number}: {detail}"
+                    break
+                future.add_callback(delivery.ok).add_errback(delivery.error)
+                sent += 1
+    finally:
+        try:
+            producer.close()
+        finally:
+            if file is not None:
+                stream.close()
+    per_partition = [
+        {"partition": p, "records": c, "first_offset": lo, "last_offset": hi}
+        for p, (c, lo, hi) in sorted(delivery.partitions.items())
+    ]
+    summary = {
+        "topic": topic,
+        "records": delivery.delivered,
+        "failed": delivery.failed,
+        "partitions": per_partition,
+    }
+    if delivery.failed and failure is None:
+        assert delivery.first_error is not None
+        failure = f"{delivery.failed} of {sent} records were not delivered: {error_message(delivery.first_error)}"
+    if output is OutputFormat.json:
+        print_json({**summary, "error": failure})
+    else:
+        ranges = ", ".join(
+            f"partition {p['partition']}: {p['records']}"
+            + (
+                f" (offsets {p['first_offset']}..{p['last_offset']})"
+                if p["first_offset"] >= 0
+                else ""
+            )
+            for p in per_partition
+        )
+        note(
+            f"Produced {delivery.delivered} record(s) to {topic!r}"
+            + (f": {ranges}." if ranges else ".")
+        )
+    if failure is not None:
+        note(f"error: {failure}")
+        raise typer.Exit(EXIT_FAILURE)

@@ -1,0 +1,378 @@
+"""``kstore topics``: what kafka-topics and kafka-configs do for topics."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from kstore.cli.common import (
+    ConfigFileOpt,
+    DebugOpt,
+    OptionOpt,
+    OutputFormat,
+    OutputOpt,
+    StoreOpt,
+    UsageError,
+    human_bytes,
+    ms_to_iso,
+    new_table,
+    note,
+    open_store,
+    print_json,
+    print_table,
+    resolve_store,
+    store_from,
+    text,
+    write_out,
+)
+
+if TYPE_CHECKING:
+    from kstore.store import Store, TopicDescription, TopicMetadata
+
+app = typer.Typer(
+    name="topics",
+    help="Create, list, describe, alter and delete topics (kafka-topics, kafka-configs).",
+    epilog="Examples:\n\n  kstore topics create orders --partitions 3\n\n  kstore topics describe orders",
+    no_args_is_help=True,
+)
+
+TopicArg = Annotated[str, typer.Argument(metavar="TOPIC", help="Topic name.", show_default=False)]
+
+
+def _parse_configs(items: list[str] | None, what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"{what} expects NAME=VALUE, got {item!r}")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _metadata_json(meta: TopicMetadata) -> dict[str, Any]:
+    return {
+        "topic": meta.name,
+        "topic_id": meta.topic_id,
+        "partitions": meta.partitions,
+        "config": dict(meta.config),
+        "created_ms": meta.created_ms,
+    }
+
+
+@app.command(
+    epilog="Examples:\n\n"
+    "  kstore topics create orders --partitions 3 --store s3://bucket/ks\n\n"
+    "  kstore topics create users -c cleanup.policy=compact -c retention.ms=-1\n\n"
+    "Creates the store itself (its marker file) when the URL holds none yet.",
+)
+def create(
+    ctx: typer.Context,
+    topic: TopicArg,
+    partitions: Annotated[
+        int, typer.Option("--partitions", "-p", min=1, help="Number of partitions.")
+    ] = 1,
+    config: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--config",
+            "-c",
+            metavar="NAME=VALUE",
+            help="A topic config (retention.ms, cleanup.policy, ...); repeatable.",
+        ),
+    ] = None,
+    if_not_exists: Annotated[
+        bool, typer.Option("--if-not-exists", help="Succeed without change when the topic exists.")
+    ] = False,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Create a topic (and the store, if the URL holds none yet)."""
+    from kstore.errors import TopicAlreadyExistsError
+
+    configs = _parse_configs(config, "--config")
+    handle = store_from(ctx, store, option, config_file, create=True)
+    try:
+        meta = handle.create_topic(topic, partitions, configs)
+        created = True
+    except TopicAlreadyExistsError:
+        if not if_not_exists:
+            raise
+        meta = handle.topic(topic)
+        created = False
+    if output is OutputFormat.json:
+        print_json({**_metadata_json(meta), "created": created})
+    elif created:
+        note(f"Created topic {meta.name!r} with {meta.partitions} partition(s).")
+    else:
+        note(f"Topic {meta.name!r} already exists; nothing changed.")
+
+
+@app.command(
+    "list",
+    epilog="Examples:\n\n  kstore topics list --store file:///data/ks\n\n"
+    "  kstore topics list -o json | jq -r '.[].topic'",
+)
+def list_(
+    ctx: typer.Context,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """List the topics of the store, with their partition counts."""
+    from kstore.errors import KStoreError
+
+    handle = store_from(ctx, store, option, config_file)
+    rows: list[dict[str, Any]] = []
+    for name in handle.list_topics():
+        try:
+            meta = handle.topic(name)
+            rows.append(
+                {
+                    "topic": name,
+                    "partitions": meta.partitions,
+                    "cleanup.policy": meta.effective_config["cleanup.policy"],
+                }
+            )
+        except KStoreError as exc:  # listed so that the problem is visible, not hidden
+            rows.append(
+                {"topic": name, "partitions": None, "cleanup.policy": None, "error": str(exc)}
+            )
+    if output is OutputFormat.json:
+        print_json(rows)
+        return
+    if not rows:
+        note("No topics.")
+        return
+    table = new_table("TOPIC", "PARTITIONS", "CLEANUP.POLICY", right=["PARTITIONS"])
+    for row in rows:
+        table.add_row(
+            text(row["topic"]),
+            text(row["partitions"]),
+            text(row["cleanup.policy"] or f"error: {row.get('error')}"),
+        )
+    print_table(table)
+
+
+def _describe_json(desc: TopicDescription) -> dict[str, Any]:
+    meta = desc.metadata
+    return {
+        **_metadata_json(meta),
+        "partitions": [
+            {
+                "partition": p.partition,
+                "log_start_offset": p.log_start_offset,
+                "log_end_offset": p.log_end_offset,
+                "records": p.records,
+                "segments": p.segments,
+                "bytes": p.size_bytes,
+                "oldest_timestamp_ms": p.oldest_timestamp_ms,
+                "newest_timestamp_ms": p.newest_timestamp_ms,
+            }
+            for p in desc.partitions
+        ],
+        "config": [
+            {"name": name, "value": value, "default": is_default}
+            for name, value, is_default in desc.config_entries()
+        ],
+    }
+
+
+@app.command(
+    epilog="Examples:\n\n  kstore topics describe orders\n\n"
+    "  kstore topics describe            (every topic)\n\n"
+    "  kstore topics describe orders -o json | jq '.[0].partitions'",
+)
+def describe(
+    ctx: typer.Context,
+    topics: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[TOPIC]...", help="Topics to describe (default: all).", show_default=False
+        ),
+    ] = None,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Show topics: offsets, records, segments, bytes and timestamps per partition, and config.
+
+    Per partition: log start and end offsets, records, segments, bytes, oldest and newest
+    timestamps; then every topic config, marking the values that are defaults.
+    """
+    handle = store_from(ctx, store, option, config_file)
+    names = topics or handle.list_topics()
+    descriptions = [handle.describe_topic(name) for name in names]
+    if output is OutputFormat.json:
+        print_json([_describe_json(d) for d in descriptions])
+        return
+    if not descriptions:
+        note("No topics.")
+        return
+    for index, desc in enumerate(descriptions):
+        if index:
+            sys.stdout.write("\n")
+        _print_description(desc)
+
+
+def _print_description(desc: TopicDescription) -> None:
+    meta = desc.metadata
+    parts = desc.partitions
+    total_records = sum(p.records for p in parts)
+    total_bytes = sum(p.size_bytes for p in parts)
+    title = (
+        f"Topic: {meta.name}  TopicId: {meta.topic_id}  Partitions: {meta.partitions}  "
+        f"Records: {total_records}  Size: {human_bytes(total_bytes)}  "
+        f"Created: {ms_to_iso(meta.created_ms)}"
+    )
+    numeric = ["PARTITION", "LOG-START", "LOG-END", "RECORDS", "SEGMENTS", "BYTES"]
+    write_out(title + "\n")
+    table = new_table(*numeric, "OLDEST", "NEWEST", right=numeric)
+    for p in parts:
+        table.add_row(
+            *(
+                text(v)
+                for v in (
+                    p.partition,
+                    p.log_start_offset,
+                    p.log_end_offset,
+                    p.records,
+                    p.segments,
+                    p.size_bytes,
+                )
+            ),
+            text(ms_to_iso(p.oldest_timestamp_ms)),
+            text(ms_to_iso(p.newest_timestamp_ms)),
+        )
+    print_table(table)
+    config = new_table("CONFIG", "VALUE", "SOURCE")
+    for name, value, is_default in desc.config_entries():
+        config.add_row(text(name), text(value), text("default" if is_default else "topic"))
+    print_table(config)
+
+
+@app.command(
+    epilog="Examples:\n\n"
+    "  kstore topics alter orders --set retention.ms=86400000 --set cleanup.policy=delete,compact\n\n"
+    "  kstore topics alter orders --delete retention.ms      (back to the default)\n\n"
+    "Kafka's spellings --add-config and --delete-config work too.",
+)
+def alter(
+    ctx: typer.Context,
+    topic: TopicArg,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set", "--add-config", metavar="NAME=VALUE", help="Set a topic config; repeatable."
+        ),
+    ] = None,
+    delete: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--delete",
+            "--delete-config",
+            metavar="NAME",
+            help="Return a config to its default; repeatable.",
+        ),
+    ] = None,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Change a topic's config: set values, or return them to their defaults, in one commit."""
+    updates = _parse_configs(set_, "--set")
+    removals = [name.strip() for name in delete or []]
+    if not updates and not removals:
+        raise UsageError("nothing to change: give --set NAME=VALUE and/or --delete NAME")
+    both = sorted(set(updates) & set(removals))
+    if both:
+        raise UsageError(f"config {both[0]!r} is both set and deleted")
+    handle = store_from(ctx, store, option, config_file)
+    meta = handle.alter_topic_config(topic, updates, removals)
+    if output is OutputFormat.json:
+        print_json(_metadata_json(meta))
+        return
+    changes = [f"{k}={v}" for k, v in updates.items()] + [f"{k} (default)" for k in removals]
+    note(f"Altered topic {topic!r}: {', '.join(changes)}.")
+
+
+@app.command(
+    epilog="Examples:\n\n  kstore topics delete orders\n\n"
+    "  kstore topics delete old-1 old-2 --if-exists --yes",
+)
+def delete(
+    ctx: typer.Context,
+    topics: Annotated[
+        list[str], typer.Argument(metavar="TOPIC...", help="Topics to delete.", show_default=False)
+    ],
+    if_exists: Annotated[
+        bool, typer.Option("--if-exists", help="Skip topics that do not exist.")
+    ] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Do not ask for confirmation on a terminal.")
+    ] = False,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Delete topics: gone at once for every reader, then their files are removed."""
+    from kstore.errors import UnknownTopicOrPartitionError
+
+    handle = store_from(ctx, store, option, config_file)
+    if not yes and sys.stdin.isatty() and sys.stderr.isatty():
+        typer.confirm(
+            f"Delete topic(s) {', '.join(topics)} and all their records?", abort=True, err=True
+        )
+    results: list[dict[str, Any]] = []
+    for name in topics:
+        try:
+            handle.delete_topic(name)
+            results.append({"topic": name, "deleted": True})
+            if output is OutputFormat.table:
+                note(f"Deleted topic {name!r}.")
+        except UnknownTopicOrPartitionError:
+            if not if_exists:
+                raise
+            results.append({"topic": name, "deleted": False})
+            if output is OutputFormat.table:
+                note(f"Topic {name!r} does not exist; skipped.")
+    if output is OutputFormat.json:
+        print_json(results)
+
+
+@app.command(
+    "add-partitions",
+    epilog="Examples:\n\n  kstore topics add-partitions orders --partitions 6\n\n"
+    "The count is the new total, as in kafka-topics --alter --partitions; it can only grow.",
+)
+def add_partitions(
+    ctx: typer.Context,
+    topic: TopicArg,
+    partitions: Annotated[
+        int, typer.Option("--partitions", "-p", help="The new total partition count.")
+    ],
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Grow a topic to more partitions (never fewer)."""
+    handle: Store = open_store(resolve_store(ctx, store, option, config_file))
+    before = handle.topic(topic).partitions
+    meta = handle.add_partitions(topic, partitions)
+    if output is OutputFormat.json:
+        print_json({**_metadata_json(meta), "previous_partitions": before})
+        return
+    note(f"Topic {topic!r} now has {meta.partitions} partitions (was {before}).")

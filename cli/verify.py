@@ -1,0 +1,529 @@
+"""Verify a topic: read every log file and every live segment, and check that they agree.
+
+This is a library module (no typer): ``verify_topic(store, name)`` returns a
+:class:`TopicReport` whose ``problems`` are violations of docs/PROTOCOL.md and whose
+``warnings`` are legal but noteworthy states (orphan files a crashed writer left behind,
+leftovers of a deleted incarnation). ``kstore verify`` prints them and exits 1 on a problem.
+
+What is checked, per topic:
+
+- the topic log: every commit and checkpoint file decodes (framing, JSON, action count), the
+  versions have no gaps, and the topic's metadata loads;
+- per partition log: the same for every file, then a replay of every commit from version 0
+  (or from the oldest checkpoint when the early commits were cleaned up) that must agree with
+  every checkpoint and with the state a reader loads (newest checkpoint plus the commits after
+  it);
+- the manifest: live segments sorted, their offset ranges inside ``[0, endOffset)`` and not
+  overlapping, the log start offset not past the end offset;
+- per live segment: the file exists with the size the manifest records; its CRC-32C checksum,
+  format, schema and record count match (``Partition.read_segment``); its timestamps are not
+  null and their range equals the manifest's; a sparse segment's offsets are non-null,
+  strictly increasing and inside the manifest's range (dense segments' offsets follow from
+  ``baseOffset`` and are dense by construction);
+- files in ``segments/`` that no live segment or pending deletion references (warnings).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kstore.log import LogState
+    from kstore.partition import Partition, PartitionState
+    from kstore.storage import Storage
+    from kstore.store import Store, TopicMetadata
+
+ERROR = "error"
+WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str  # ERROR or WARNING
+    topic: str
+    partition: int | None  # None: the topic as a whole
+    path: str | None  # the file at fault, relative to the store root
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "severity": self.severity,
+            "topic": self.topic,
+            "partition": self.partition,
+            "path": self.path,
+            "message": self.message,
+        }
+
+
+@dataclass
+class TopicReport:
+    topic: str
+    partitions: int = 0
+    segments: int = 0
+    records: int = 0
+    bytes: int = 0
+    log_files: int = 0
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == WARNING]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "ok": self.ok,
+            "partitions": self.partitions,
+            "segments": self.segments,
+            "records": self.records,
+            "bytes": self.bytes,
+            "log_files": self.log_files,
+            "problems": [f.to_json() for f in self.problems],
+            "warnings": [f.to_json() for f in self.warnings],
+        }
+
+
+Progress = Callable[[int], None]  # called with the number of bytes of each segment read
+
+
+class _Collector:
+    def __init__(self, report: TopicReport, partition: int | None) -> None:
+        self.report = report
+        self.partition = partition
+
+    def error(self, message: str, path: str | None = None) -> None:
+        self.report.findings.append(
+            Finding(ERROR, self.report.topic, self.partition, path, message)
+        )
+
+    def warning(self, message: str, path: str | None = None) -> None:
+        self.report.findings.append(
+            Finding(WARNING, self.report.topic, self.partition, path, message)
+        )
+
+
+def verify_topic(
+    store: Store, topic: str, *, progress: Progress | None = None, read_data: bool = True
+) -> TopicReport:
+    """Check one topic (see the module docstring). Never raises for what it finds: every
+    problem is a finding, so one bad file does not hide the others. ``read_data=False`` skips
+    reading segment data (the logs and the listing are still checked)."""
+    from kstore.errors import KStoreError
+    from kstore.layout import topic_dir, topic_log_dir
+    from kstore.names import validate_topic_name
+    from kstore.store import TopicState
+
+    report = TopicReport(topic)
+    out = _Collector(report, None)
+    try:
+        validate_topic_name(topic)
+    except KStoreError as exc:
+        out.error(str(exc))
+        return report
+    _check_log_files(store.storage, topic_log_dir(topic), TopicState, out, report)
+    try:
+        meta = store.topic(topic)
+    except KStoreError as exc:
+        out.error(f"the topic cannot be loaded: {exc}", topic_log_dir(topic))
+        return report
+    report.partitions = meta.partitions
+    _check_topic_dirs(store.storage, topic_dir(topic), meta, out)
+    for number in range(meta.partitions):
+        _verify_partition(store, meta, number, report, progress=progress, read_data=read_data)
+    return report
+
+
+def verify_store(
+    store: Store,
+    topics: list[str] | None = None,
+    *,
+    progress: Progress | None = None,
+    read_data: bool = True,
+) -> list[TopicReport]:
+    """Check the named topics (default: every topic of the store)."""
+    names = topics if topics is not None else store.list_topics()
+    return [verify_topic(store, name, progress=progress, read_data=read_data) for name in names]
+
+
+def planned_bytes(store: Store, topics: list[str]) -> int:
+    """Bytes of live segments that verification will read (for a progress bar); problems are
+    left for the verification itself to report."""
+    from kstore.errors import KStoreError
+
+    total = 0
+    for name in topics:
+        try:
+            meta = store.topic(name)
+            for number in range(meta.partitions):
+                total += store.partition(name, number, meta).state().size_bytes
+        except KStoreError:
+            continue
+    return total
+
+
+# -- logs -------------------------------------------------------------------------------------------
+
+
+def _check_topic_dirs(
+    storage: Storage, directory: str, meta: TopicMetadata, out: _Collector
+) -> None:
+    import re
+
+    for info in storage.list_dir(directory):
+        if info.name in ("_log", meta.topic_id) or info.name.startswith("."):
+            continue
+        if re.fullmatch(r"[0-9a-f]{32}", info.name):
+            out.warning(
+                "data of a deleted incarnation of the topic is still on storage",
+                f"{directory}/{info.name}",
+            )
+    for info in storage.list_dir(f"{directory}/{meta.topic_id}"):
+        if info.name.isdigit() and int(info.name) >= meta.partitions:
+            out.warning(
+                f"partition directory {info.name} is beyond the topic's {meta.partitions} "
+                "partitions",
+                f"{directory}/{meta.topic_id}/{info.name}",
+            )
+
+
+def _check_log_files(
+    storage: Storage,
+    directory: str,
+    factory: Callable[[], LogState],
+    out: _Collector,
+    report: TopicReport,
+) -> dict[int, Any] | None:
+    """Decode every file of a log and replay its commits in order. Returns the replayed state
+    summaries by version (for comparison with what readers load), or None when the replay
+    could not run to the newest version."""
+    from kstore.errors import CorruptLogError, KStoreError
+    from kstore.log import (
+        LAST_CHECKPOINT,
+        checkpoint_file,
+        decode_commit,
+        parse_log_file_name,
+        version_file,
+    )
+
+    versions: list[int] = []
+    checkpoints: list[int] = []
+    for info in storage.list_dir(directory):
+        parsed = parse_log_file_name(info.name)
+        if parsed is not None:
+            (checkpoints if parsed[1] else versions).append(parsed[0])
+        elif info.name == LAST_CHECKPOINT:
+            hint = storage.read_if_exists(f"{directory}/{LAST_CHECKPOINT}")
+            try:
+                version = json.loads(hint or b"")["version"]
+                if not isinstance(version, int):
+                    raise TypeError(version)
+            except (ValueError, KeyError, TypeError):
+                out.warning(
+                    "the _last_checkpoint hint is malformed (readers ignore it)",
+                    f"{directory}/{LAST_CHECKPOINT}",
+                )
+    versions.sort()
+    checkpoints.sort()
+    report.log_files += len(versions) + len(checkpoints)
+    if not versions and not checkpoints:
+        return {}
+    present = set(versions)
+    newest = max(versions or checkpoints)
+    oldest = min(versions) if versions else newest + 1
+    gaps = [v for v in range(oldest, newest + 1) if v not in present]
+    if gaps:
+        shown = ", ".join(map(str, gaps[:5])) + (" ..." if len(gaps) > 5 else "")
+        out.error(f"commit versions {shown} are missing between {oldest} and {newest}", directory)
+
+    # Where a full replay can start: version 0, or else the oldest checkpoint from which every
+    # later commit is present.
+    start_state: LogState | None = None
+    if 0 in present:
+        start_state = factory()
+    checkpoint_states: dict[int, LogState] = {}
+    for version in checkpoints:
+        path = f"{directory}/{checkpoint_file(version)}"
+        try:
+            data = storage.read(path)
+            header, actions = decode_commit(data, path)
+            if header.get("checkpointVersion") != version:
+                raise CorruptLogError(
+                    f"{path}: header names version {header.get('checkpointVersion')!r}"
+                )
+            state = factory()
+            for name, body in actions:
+                state.apply(name, body)
+            state.version = version
+            checkpoint_states[version] = state
+        except FileNotFoundError:
+            continue  # deleted since the listing (log cleanup): not a problem
+        except (KStoreError, KeyError, TypeError, ValueError) as exc:
+            out.error(f"checkpoint {version} is corrupt: {_short(exc)}", path)
+    if start_state is None:
+        usable = [
+            v
+            for v in sorted(checkpoint_states)
+            if all(x in present for x in range(v + 1, newest + 1))
+        ]
+        if not usable:
+            if versions and min(versions) > 0:
+                out.error(
+                    f"versions before {min(versions)} are gone and no checkpoint covers them",
+                    directory,
+                )
+            return None
+        start_state = checkpoint_states[usable[0]]
+
+    # Summaries are kept only where something is compared (checkpoints, the newest version):
+    # a summary per version would cost time and memory quadratic in the log's length.
+    replayed: dict[int, Any] = {}
+    state = start_state.copy()
+    if state.version == newest:
+        replayed[newest] = _summary(state)
+    for version in range(state.version + 1, newest + 1):
+        path = f"{directory}/{version_file(version)}"
+        if version not in present:
+            return None
+        try:
+            data = storage.read(path)
+            _, actions = decode_commit(data, path)
+            for name, body in actions:  # applied in place: a failed replay is abandoned
+                state.apply(name, body)
+            state.version = version
+        except FileNotFoundError:
+            out.error(f"commit {version} disappeared while being verified", path)
+            return None
+        except (KStoreError, KeyError, TypeError, ValueError) as exc:
+            out.error(f"commit {version} is corrupt or does not apply: {_short(exc)}", path)
+            return None
+        checkpoint = checkpoint_states.get(version)
+        if checkpoint is not None or version == newest:
+            replayed[version] = _summary(state)
+        if checkpoint is not None:
+            diff = _difference(replayed[version], _summary(checkpoint))
+            if diff:
+                out.error(
+                    f"checkpoint {version} disagrees with the replay of the commits: {diff}",
+                    f"{directory}/{checkpoint_file(version)}",
+                )
+    return replayed
+
+
+def _summary(state: LogState) -> dict[str, Any]:
+    """The parts of a state that readers act on, in a comparable form."""
+    from kstore.partition import PartitionState
+
+    if not isinstance(state, PartitionState):
+        body = getattr(state, "metadata", None)
+        return {"metadata": body, "deleted": getattr(state, "deleted", None)}
+    return {
+        "segments": [
+            (
+                s.path,
+                s.base_offset,
+                s.last_offset,
+                s.record_count,
+                s.min_timestamp_ms,
+                s.max_timestamp_ms,
+                s.size_bytes,
+                s.checksum,
+                s.format,
+                s.sparse,
+            )
+            for s in state.segments
+        ],
+        "endOffset": state.end_offset,
+        "logStartOffset": state.log_start_offset,
+        "cleanedOffset": state.cleaned_offset,
+        "producers": {
+            pid: (p.epoch, p.first_sequence, p.last_sequence, p.base_offset, p.last_offset)
+            for pid, p in state.producers.items()
+        },
+        "txns": dict(state.txns),
+        "removed": dict(state.removed),
+        "openTransactions": dict(state.open_transactions),
+    }
+
+
+def _difference(a: dict[str, Any], b: dict[str, Any]) -> str:
+    fields = [key for key in a if a.get(key) != b.get(key)]
+    return ", ".join(f"{key} differs" for key in fields)
+
+
+def _short(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+# -- partitions -------------------------------------------------------------------------------------
+
+
+def _verify_partition(
+    store: Store,
+    meta: TopicMetadata,
+    number: int,
+    report: TopicReport,
+    *,
+    progress: Progress | None,
+    read_data: bool,
+) -> None:
+    from kstore.errors import KStoreError
+    from kstore.partition import PartitionState
+
+    out = _Collector(report, number)
+    partition = store.partition(meta.name, number, meta)
+    log_dir = f"{partition.directory}/_log"
+    try:
+        replayed = _check_log_files(store.storage, log_dir, PartitionState, out, report)
+    except KStoreError as exc:  # the storage failed while listing or reading
+        out.error(f"the partition log cannot be read: {_short(exc)}", log_dir)
+        return
+    try:
+        state = partition.state()
+    except KStoreError as exc:
+        out.error(f"the partition log cannot be loaded: {_short(exc)}", log_dir)
+        return
+    if replayed and state.version in replayed:
+        diff = _difference(replayed[state.version], _summary(state))
+        if diff:
+            out.error(
+                f"the state readers load (newest checkpoint plus later commits) disagrees "
+                f"with the replay of every commit: {diff}",
+                log_dir,
+            )
+    _check_manifest(state, partition, out)
+    _check_files(store, partition, state, out)
+    for seg in state.segments:
+        report.segments += 1
+        report.records += seg.record_count
+        report.bytes += seg.size_bytes
+        if read_data:
+            _check_segment(partition, seg, out)
+            if progress is not None:
+                progress(seg.size_bytes)
+
+
+def _check_manifest(state: PartitionState, partition: Partition, out: _Collector) -> None:
+    where = f"{partition.directory}/_log"
+    if state.log_start_offset > state.end_offset:
+        out.error(
+            f"log start offset {state.log_start_offset} is past the end offset {state.end_offset}",
+            where,
+        )
+    previous = None
+    for seg in state.segments:
+        path = f"{partition.directory}/{seg.path}"
+        if seg.last_offset >= state.end_offset:
+            out.error(
+                f"segment covers offsets {seg.base_offset}..{seg.last_offset}, beyond the end "
+                f"offset {state.end_offset}",
+                path,
+            )
+        if previous is not None:
+            if seg.base_offset < previous.base_offset:
+                out.error("segments are not in offset order", path)
+            elif seg.base_offset <= previous.last_offset:
+                out.error(
+                    f"offsets {seg.base_offset}..{seg.last_offset} overlap the segment "
+                    f"{previous.path} ({previous.base_offset}..{previous.last_offset})",
+                    path,
+                )
+        if seg.record_count == 0:
+            out.warning("segment holds no records (writers must not write empty segments)", path)
+        if seg.min_timestamp_ms > seg.max_timestamp_ms:
+            out.error(
+                f"minTimestamp {seg.min_timestamp_ms} is after maxTimestamp {seg.max_timestamp_ms}",
+                path,
+            )
+        previous = seg
+
+
+def _check_files(
+    store: Store, partition: Partition, state: PartitionState, out: _Collector
+) -> None:
+    from kstore.errors import KStoreError
+
+    directory = f"{partition.directory}/segments"
+    try:
+        listing = {info.name: info for info in store.storage.list_dir(directory)}
+    except KStoreError as exc:
+        out.error(f"the segment directory cannot be listed: {_short(exc)}", directory)
+        return
+    live = {seg.path: seg for seg in state.segments}
+    for seg in state.segments:
+        name = seg.path.removeprefix("segments/")
+        info = listing.get(name)
+        path = f"{partition.directory}/{seg.path}"
+        if info is None:
+            out.error("segment file is missing from storage", path)
+        elif info.size != seg.size_bytes:
+            out.error(f"file is {info.size} bytes, the manifest says {seg.size_bytes}", path)
+    for name in sorted(listing):
+        rel = f"segments/{name}"
+        if rel in live or rel in state.removed:
+            continue
+        if name.startswith(".tmp-"):
+            out.warning("temporary file left by an interrupted write", f"{directory}/{name}")
+        else:
+            out.warning(
+                "segment file not referenced by the manifest (an append that never committed, "
+                "or one still committing)",
+                f"{directory}/{name}",
+            )
+
+
+def _check_segment(partition: Partition, seg: Any, out: _Collector) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from kstore.errors import CorruptLogError, CorruptRecordError, KStoreError
+
+    path = f"{partition.directory}/{seg.path}"
+    try:
+        table = partition.read_segment(seg)
+    except (CorruptRecordError, CorruptLogError) as exc:
+        message = _short(exc)
+        # The reader's message names the file already; keep what follows it.
+        out.error(message.split("): ", 1)[-1] if "): " in message else message, path)
+        return
+    except KStoreError as exc:
+        out.error(f"segment cannot be read: {_short(exc)}", path)
+        return
+    stamps = table.column("timestamp")
+    if stamps.null_count:
+        out.error(f"{stamps.null_count} record(s) have no timestamp", path)
+    elif table.num_rows:
+        bounds = pc.min_max(stamps.cast(pa.int64()))
+        low, high = int(bounds["min"].as_py()) // 1000, int(bounds["max"].as_py()) // 1000
+        if (low, high) != (seg.min_timestamp_ms, seg.max_timestamp_ms):
+            out.error(
+                f"timestamps span {low}..{high} ms, the manifest says "
+                f"{seg.min_timestamp_ms}..{seg.max_timestamp_ms}",
+                path,
+            )
+    if not seg.sparse or not table.num_rows:
+        return
+    offsets = table.column("offset")
+    if offsets.null_count:
+        out.error(f"{offsets.null_count} record(s) have no offset", path)
+        return
+    values = offsets.to_numpy()
+    if len(values) > 1 and not bool(np.all(np.diff(values) > 0)):
+        out.error("offsets are not strictly increasing", path)
+    if int(values.min()) < seg.base_offset or int(values.max()) > seg.last_offset:
+        out.error(
+            f"offsets {int(values.min())}..{int(values.max())} fall outside the manifest's range "
+            f"{seg.base_offset}..{seg.last_offset}",
+            path,
+        )

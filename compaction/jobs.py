@@ -1,0 +1,521 @@
+"""The machinery shared by the maintenance jobs (compaction, merging, retention, vacuum).
+
+The driver reads topic metadata only (one topic log per topic), turns every partition to
+maintain into a small :class:`WorkItem`, and spreads the items over Spark tasks, one task per
+group of partitions. A task opens the store on its executor and runs the job's per-partition
+function, which reads that partition's manifest, decides, writes new segments and commits with
+:meth:`kstore.Partition.commit_actions`. Only a :class:`PartitionResult` (counts and bytes)
+comes back to the driver: records never do.
+
+Without a Spark session (``spark=None``) the same per-partition functions run in this process,
+one after the other: the CLI uses that to maintain a store without a JVM, and tests to check
+the rules quickly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from kstore.errors import (
+    CommitConflictError,
+    ConcurrentModificationError,
+    KStoreError,
+)
+from kstore.layout import partition_dir
+from kstore.partition import Partition
+from kstore.storage import redact_url
+from kstore.store import Store
+
+# A new file that a maintenance job wrote is committed within this time of being named, or
+# not at all (the job abandons the commit and deletes the file). Vacuum's orphan age must be
+# larger, so that it can never delete a file that is about to be committed.
+MAX_UNCOMMITTED_MS = 5 * 60_000
+
+_NAME_TIME = re.compile(r"^(\d{13})-[0-9a-f]{32}\.(arrow|parquet)$")
+
+Progress = Callable[[str], None]
+
+
+def stderr_progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One partition to maintain, with what the executor needs to open it without reading the
+    topic log again."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    config: dict[str, Any]  # the topic's effective config
+
+    def open(self, store: Store) -> Partition:
+        return Partition(
+            store.storage,
+            self.topic,
+            self.partition,
+            partition_dir(self.topic, self.topic_id, self.partition),
+            checkpoint_interval=int(self.config["checkpoint.interval"]),
+            cache=store.segment_cache,
+            retry=store.retry,
+        )
+
+
+@dataclass
+class PartitionResult:
+    """What one job did to one partition: the row a task sends back to the driver.
+
+    ``outcome`` is ``committed`` (changed the partition), ``skipped`` (nothing to do;
+    ``reason`` says why), ``dry-run`` (would have changed it), ``conflict`` (a concurrent
+    maintenance commit got there first; the next run starts over) or ``error``.
+    """
+
+    topic: str
+    partition: int
+    operation: str
+    outcome: str = "skipped"
+    reason: str = ""
+    segments_scanned: int = 0
+    segments_removed: int = 0
+    segments_written: int = 0
+    bytes_before: int = 0  # live segment bytes before and after the job's own commits
+    bytes_after: int = 0
+    records_before: int = 0
+    records_after: int = 0
+    commits: int = 0
+    log_start_offset: int = 0
+    cleaned_offset: int = 0
+    files_deleted: int = 0  # vacuum: files deleted from storage (or, dry run, deletable)
+    bytes_deleted: int = 0
+    files: list[str] = field(default_factory=list)  # vacuum: their paths, relative to the root
+    elapsed_s: float = 0.0
+
+    @property
+    def records_dropped(self) -> int:
+        return self.records_before - self.records_after
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> PartitionResult:
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class Summary:
+    """The outcome of one job run over a store, with the per-partition rows."""
+
+    operation: str
+    store: str
+    dry_run: bool
+    tasks: int
+    elapsed_s: float
+    partitions: list[PartitionResult] = field(default_factory=list)
+    extra_files: list[str] = field(default_factory=list)  # vacuum: store-level deletions
+
+    def _total(self, name: str) -> int:
+        return sum(int(getattr(p, name)) for p in self.partitions)
+
+    @property
+    def partitions_scanned(self) -> int:
+        return len(self.partitions)
+
+    @property
+    def segments_removed(self) -> int:
+        return self._total("segments_removed")
+
+    @property
+    def segments_written(self) -> int:
+        return self._total("segments_written")
+
+    @property
+    def bytes_before(self) -> int:
+        return self._total("bytes_before")
+
+    @property
+    def bytes_after(self) -> int:
+        return self._total("bytes_after")
+
+    @property
+    def records_dropped(self) -> int:
+        return self._total("records_before") - self._total("records_after")
+
+    @property
+    def files_deleted(self) -> int:
+        return self._total("files_deleted") + len(self.extra_files)
+
+    @property
+    def bytes_deleted(self) -> int:
+        return self._total("bytes_deleted")
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for p in self.partitions if p.outcome == outcome)
+
+    @property
+    def errors(self) -> list[PartitionResult]:
+        return [p for p in self.partitions if p.outcome == "error"]
+
+    @property
+    def files(self) -> list[str]:
+        return [*self.extra_files, *(f for p in self.partitions for f in p.files)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "operation": self.operation,
+            "store": self.store,
+            "dry_run": self.dry_run,
+            "tasks": self.tasks,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "partitions_scanned": self.partitions_scanned,
+            "committed": self.count("committed"),
+            "skipped": self.count("skipped"),
+            "dry_run_changes": self.count("dry-run"),
+            "conflicts": self.count("conflict"),
+            "errors": self.count("error"),
+            "segments_removed": self.segments_removed,
+            "segments_written": self.segments_written,
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "records_dropped": self.records_dropped,
+            "files_deleted": self.files_deleted,
+            "bytes_deleted": self.bytes_deleted,
+            "extra_files": self.extra_files,
+            "partitions": [asdict(p) for p in self.partitions],
+        }
+
+    def format(self) -> str:
+        head = f"{self.operation}{' (dry run)' if self.dry_run else ''} of {self.store}: "
+        lines = [
+            head + f"{self.partitions_scanned} partitions in {self.tasks} task(s), "
+            f"{self.elapsed_s:.2f} s",
+            f"  committed {self.count('committed')}, would change {self.count('dry-run')}, "
+            f"skipped {self.count('skipped')}, conflicts {self.count('conflict')}, "
+            f"errors {self.count('error')}",
+            f"  segments removed {self.segments_removed}, written {self.segments_written}",
+            f"  bytes before {_size(self.bytes_before)}, after {_size(self.bytes_after)}",
+            f"  records dropped {self.records_dropped}",
+        ]
+        if self.files_deleted or self.operation == "vacuum":
+            verb = "deletable" if self.dry_run else "deleted"
+            lines.append(f"  files {verb} {self.files_deleted} ({_size(self.bytes_deleted)})")
+        for p in self.errors[:20]:
+            lines.append(f"  ERROR {p.topic}-{p.partition}: {p.reason}")
+        return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
+        value /= 1024
+    return f"{n} B"
+
+
+# -- planning on the driver ---------------------------------------------------------------------
+
+
+def plan_items(
+    store: Store, topics: Sequence[str] | None, wanted: Callable[[Mapping[str, Any]], bool]
+) -> list[WorkItem]:
+    """One item per partition of every topic (or of ``topics``) whose config ``wanted``
+    accepts. Reads topic logs only."""
+    names = list(topics) if topics else store.list_topics()
+    items: list[WorkItem] = []
+    for name in names:
+        meta = store.topic(name)  # a named topic that does not exist is an error
+        config = meta.effective_config
+        if not wanted(config):
+            continue
+        items.extend(WorkItem(name, meta.topic_id, p, config) for p in range(meta.partitions))
+    return items
+
+
+def policies(config: Mapping[str, Any]) -> set[str]:
+    return set(str(config["cleanup.policy"]).split(","))
+
+
+# -- running ------------------------------------------------------------------------------------
+
+PartitionFn = Callable[[Store, WorkItem, dict[str, Any]], PartitionResult]
+
+
+def run_item(
+    fn: PartitionFn, store: Store, item: WorkItem, options: dict[str, Any], operation: str
+) -> PartitionResult:
+    """Run one item, turning failures into a result row: one bad partition must not stop the
+    maintenance of the others, and the driver reports it."""
+    started = time.monotonic()
+    try:
+        result = fn(store, item, options)
+    except (ConcurrentModificationError, CommitConflictError) as exc:
+        result = PartitionResult(item.topic, item.partition, operation, "conflict", str(exc))
+    except KStoreError as exc:
+        result = PartitionResult(
+            item.topic, item.partition, operation, "error", f"{type(exc).__name__}: {exc}"
+        )
+    except Exception as exc:  # an unexpected bug: still report it against the partition
+        result = PartitionResult(
+            item.topic, item.partition, operation, "error", f"{type(exc).__name__}: {exc}"
+        )
+    result.elapsed_s = time.monotonic() - started
+    return result
+
+
+def open_store(store_url: str | Store, storage_options: Mapping[str, Any] | None) -> Store:
+    if isinstance(store_url, Store):
+        return store_url
+    # No segment cache: a job reads each segment once or keeps what it needs itself.
+    return Store(store_url, storage_options, create=False, segment_cache_bytes=0)
+
+
+def default_tasks(spark: Any, items: int) -> int:
+    try:
+        parallelism = int(spark.sparkContext.defaultParallelism)
+    except Exception:  # Spark Connect has no SparkContext
+        parallelism = 2
+    return max(1, min(items, 4 * parallelism))
+
+
+def run_partitions(
+    spark: Any,
+    store: Store,
+    items: list[WorkItem],
+    fn: PartitionFn,
+    options: dict[str, Any],
+    *,
+    operation: str,
+    tasks: int | None = None,
+    progress: Progress | None = stderr_progress,
+) -> tuple[list[PartitionResult], int]:
+    """Run ``fn`` on every item: in Spark tasks (one per group of items) when ``spark`` is a
+    session, else here. Returns the result rows and the number of tasks."""
+    if not items:
+        return [], 0
+    if spark is None:
+        results = []
+        for done, item in enumerate(items, start=1):
+            result = run_item(fn, store, item, options, operation)
+            results.append(result)
+            if progress is not None:
+                progress(
+                    f"[{operation}] {done}/{len(items)} {item.topic}-{item.partition}: "
+                    f"{result.outcome}{': ' + result.reason if result.reason else ''}"
+                )
+        return results, 1
+    n = max(1, min(tasks or default_tasks(spark, len(items)), len(items)))
+    # Round robin, so that every task gets partitions of every topic: sizes are unknown on the
+    # driver (it reads no partition manifest) and neighbours in a topic tend to be alike.
+    groups = [items[i::n] for i in range(n)]
+    url, storage_options = store.url, dict(store.storage.storage_options)
+
+    def task(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        executor_store = open_store(url, storage_options)
+        for batch in batches:
+            for group_id in batch.column("id").to_pylist():
+                rows = [
+                    run_item(fn, executor_store, item, options, operation).to_json()
+                    for item in groups[group_id]
+                ]
+                yield pa.RecordBatch.from_pydict({"result": rows})
+
+    # spark.range(n) with n slices gives exactly one row, hence one group, per task.
+    frame = spark.range(0, n, 1, n).mapInArrow(task, "result string")
+    rows = _collect_with_progress(spark, frame, operation, n, progress)
+    return [PartitionResult.from_json(r["result"]) for r in rows], n
+
+
+def _collect_with_progress(
+    spark: Any, frame: Any, operation: str, tasks: int, progress: Progress | None
+) -> list[Any]:
+    """``frame.collect()``, reporting finished tasks every few seconds while it runs."""
+    try:
+        sc = spark.sparkContext
+        tracker = sc.statusTracker()
+    except Exception:
+        return list(frame.collect())
+    group = f"kstore-{operation}-{time.monotonic_ns()}"
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            sc.setJobGroup(group, f"kstore {operation}")
+            outcome["rows"] = frame.collect()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"kstore-{operation}", daemon=True)
+    thread.start()
+    last = ""
+    while thread.is_alive():
+        thread.join(2.0)
+        if progress is None or not thread.is_alive():
+            continue
+        done = 0
+        for job in tracker.getJobIdsForGroup(group):
+            info = tracker.getJobInfo(job)
+            for stage in info.stageIds if info else []:
+                stage_info = tracker.getStageInfo(stage)
+                if stage_info is not None:
+                    done += stage_info.numCompletedTasks
+        message = f"[{operation}] {done}/{tasks} tasks done"
+        if message != last:
+            progress(message)
+            last = message
+    if "error" in outcome:
+        raise outcome["error"]
+    return list(outcome["rows"])
+
+
+# -- shared helpers for the per-partition functions ----------------------------------------------
+
+
+def now_ms(options: Mapping[str, Any]) -> int:
+    """The job's clock: ``options["now_ms"]`` when a caller fixes it (tests), else the wall clock."""
+    fixed = options.get("now_ms")
+    return int(fixed) if fixed is not None else int(time.time() * 1000)
+
+
+def name_time_ms(path: str) -> int | None:
+    """The time a segment was named (5.4 of PROTOCOL.md), or None for another kind of name."""
+    match = _NAME_TIME.match(path.rsplit("/", 1)[-1])
+    return int(match.group(1)) if match else None
+
+
+def too_old_to_commit(paths: Iterable[str]) -> bool:
+    """True when a new file is older than MAX_UNCOMMITTED_MS: committing it now could race
+    with a vacuum that already takes it for an orphan."""
+    limit = time.time() * 1000 - MAX_UNCOMMITTED_MS
+    return any((t := name_time_ms(p)) is not None and t < limit for p in paths)
+
+
+# -- command line -------------------------------------------------------------------------------
+
+
+def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument(
+        "--store", required=True, help="store URL (file://, s3://, memory://, path)"
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="storage option (repeatable); VALUE is parsed as JSON when it can be",
+    )
+    parser.add_argument(
+        "--topic",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only this topic (repeatable); default: every topic",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    parser.add_argument("--tasks", type=int, default=None, help="Spark tasks (default: 4 per core)")
+    parser.add_argument(
+        "--local", action="store_true", help="run in this process without Spark (no JVM needed)"
+    )
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        default=None,
+        help="also write the summary as JSON to PATH ('-' for stdout)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    return parser
+
+
+def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--option expects KEY=VALUE, got {pair!r}")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
+
+
+def get_spark(local: bool, app_name: str) -> Any:
+    """The Spark session for a job run (spark-submit's, or a new local one), or None."""
+    if local:
+        return None
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.appName(app_name).getOrCreate()
+
+
+def report(summaries: Sequence[Summary], json_path: str | None, *, printed: bool) -> int:
+    """Print the summaries (unless the run already did), write the JSON, and give the exit
+    status: 1 when any partition failed."""
+    for summary in summaries if not printed else ():
+        print(summary.format(), flush=True)
+    if json_path is not None:
+        payload = json.dumps([s.to_dict() for s in summaries], indent=2)
+        if json_path == "-":
+            print(payload, flush=True)
+        else:
+            with open(json_path, "w", encoding="utf-8") as f:
+                f.write(payload)
+    return 1 if any(s.errors for s in summaries) else 0
+
+
+def run_job(
+    operation: str,
+    fn: PartitionFn,
+    wanted: Callable[[Mapping[str, Any]], bool],
+    spark: Any,
+    store_url: str | Store,
+    storage_options: Mapping[str, Any] | None,
+    topics: Sequence[str] | None,
+    *,
+    dry_run: bool,
+    tasks: int | None,
+    verbose: bool,
+    options: Mapping[str, Any],
+    print_summary: bool = True,
+) -> Summary:
+    """Plan on the driver, run every partition, print and return the summary."""
+    started = time.monotonic()
+    progress = stderr_progress if verbose else None
+    store = open_store(store_url, storage_options)
+    items = plan_items(store, topics, wanted)
+    if progress is not None:
+        where = "in this process" if spark is None else "on Spark"
+        progress(
+            f"[{operation}] {len(items)} partition(s) of "
+            f"{len({i.topic for i in items})} topic(s), {where}"
+        )
+    results, n = run_partitions(
+        spark,
+        store,
+        items,
+        fn,
+        {**options, "dry_run": dry_run},
+        operation=operation,
+        tasks=tasks,
+        progress=progress,
+    )
+    summary = Summary(
+        operation, redact_url(store.url), dry_run, n, time.monotonic() - started, results
+    )
+    if verbose and print_summary:
+        print(summary.format(), flush=True)
+    return summary
