@@ -434,9 +434,10 @@ class Group:
         generation: int,
         transaction: tuple[str, int, int] | None = None,
     ) -> GroupState:
-        """Commit offsets in one log entry. A member must be in ``generation`` (the current one)
-        and own every partition; ``member_id=None`` commits outside any generation, which is
-        allowed only while the group has no live members (manual assignment, tools).
+        """Commit offsets in one log entry. The member must be in the group and own every
+        partition it commits in the current generation (or be handing it over); ``member_id=None``
+        commits outside any generation, which is allowed only while the group has no live
+        members (manual assignment, tools).
 
         ``transaction`` = (transactional id, version, producer epoch) makes this commit the
         decision of that producer transaction: refused for a fenced epoch, a no-op if that
@@ -473,19 +474,20 @@ class Group:
                         f"group {self.group_id!r}: member {member_id} is not in the group "
                         "(session expired, left, or replaced): commit rejected"
                     )
+                # Ownership, not the generation number, is what fences: rebalances are
+                # cooperative, so a member that has not yet seen the newest generation still
+                # owns every partition that did not move, and no other member can have read
+                # those. A partition that moved away is committable only by its previous
+                # owner while it hands it over (its final position), never after.
                 releasing = {tp for tp, m in state.pending_release.items() if m == member_id}
-                if offsets and set(offsets) <= releasing:
-                    pass  # the previous owner's final commit for partitions it is handing over
-                elif generation != state.generation:
+                awaiting = {tp for tp, m in state.pending_release.items() if m != member_id}
+                allowed = (set(state.assignment.get(member_id, [])) - awaiting) | releasing
+                foreign = sorted(tp for tp in offsets if tp not in allowed)
+                if foreign or generation > state.generation:
                     raise CommitFailedError(
-                        f"group {self.group_id!r}: commit from generation {generation} rejected; "
-                        f"the group is at generation {state.generation} (a rebalance happened)"
-                    )
-                owned = set(state.assignment.get(member_id, [])) | releasing
-                foreign = sorted(tp for tp in offsets if tp not in owned)
-                if foreign:
-                    raise CommitFailedError(
-                        f"group {self.group_id!r}: member {member_id} does not own {foreign[:3]}: commit rejected"
+                        f"group {self.group_id!r}: commit from member {member_id} (generation "
+                        f"{generation}) rejected: it does not own {[f'{t}-{p}' for t, p in foreign[:3]]} "
+                        f"at generation {state.generation} (a rebalance moved them)"
                     )
             body: dict[str, Any] = {"memberId": member_id or ADMIN_MEMBER, "generation": generation,
                                     "time": now, "offsets": items}

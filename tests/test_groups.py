@@ -143,15 +143,42 @@ def test_zombie_commit_is_rejected(store: kstore.Store) -> None:
                 member_id=zombie.member_id, generation=zombie.generation,
             )
         group = Group(store, "g")
-        with pytest.raises(CommitFailedError, match="generation"):
-            group.commit_offsets({TopicPartition("t", 0): OffsetAndMetadata(1)},
-                                 member_id=other.member_id, generation=other.generation - 1)
+        with pytest.raises(CommitFailedError, match="does not own"):  # a partition it never had
+            group.commit_offsets({TopicPartition("t", 9): OffsetAndMetadata(1)},
+                                 member_id=other.member_id, generation=other.generation)
         with pytest.raises(CommitFailedError, match="live member"):
             group.commit_offsets({TopicPartition("t", 0): OffsetAndMetadata(1)}, member_id=None, generation=-1)
     finally:
         other.close()
         zombie._member_id = None
         zombie.close(autocommit=False)
+
+
+def test_commit_after_rebalance_depends_on_ownership(store: kstore.Store) -> None:
+    store.create_topic("t", partitions=2)
+    a = Consumer("t", store=store, group_id="g", enable_auto_commit=False, **FAST)
+    wait_until(lambda: len(a.assignment()) == 2, 10, lambda: a.poll(timeout_ms=0))
+    stale_generation = a.generation
+    b = Consumer("t", store=store, group_id="g", enable_auto_commit=False, **FAST)
+    try:
+        b.poll(timeout_ms=0)
+        group = Group(store, "g")
+        state = group.state()
+        assert state.generation > stale_generation
+        kept = next(iter(state.assignment[a.member_id]))  # type: ignore[index]
+        moved = next(iter(state.assignment[b.member_id]))  # type: ignore[index]
+        # A member that has not seen the new generation still owns what did not move ...
+        group.commit_offsets({kept: OffsetAndMetadata(0)}, member_id=a.member_id, generation=stale_generation)
+        # ... and may commit what moved only while handing it over (its final position).
+        group.commit_offsets({moved: OffsetAndMetadata(0)}, member_id=a.member_id, generation=stale_generation)
+        wait_until(lambda: moved not in a.assignment(), 10, lambda: a.poll(timeout_ms=0))  # a releases it
+        with pytest.raises(CommitFailedError, match="does not own"):
+            group.commit_offsets({moved: OffsetAndMetadata(5)}, member_id=a.member_id, generation=stale_generation)
+        with pytest.raises(CommitFailedError, match="does not own"):  # b waits for the hand-over: n/a now
+            group.commit_offsets({kept: OffsetAndMetadata(5)}, member_id=b.member_id, generation=b.generation)
+    finally:
+        a.close()
+        b.close()
 
 
 def test_hand_over_loses_nothing_and_repeats_nothing(store: kstore.Store) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from kstore import Store
 from kstore.consumer import Consumer
+from kstore.errors import CommitFailedError
 from kstore.producer import Producer
 
 
@@ -50,7 +51,17 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
             producer._end = crash  # type: ignore[method-assign]
-        producer.commit_transaction()
+        try:
+            producer.commit_transaction()
+        except CommitFailedError:
+            # A rebalance took partitions away between poll() and the commit: abort, and
+            # read again from the committed offsets (Kafka's exactly-once loop does the same).
+            producer.abort_transaction()
+            for tp in consumer.assignment():
+                committed = consumer.committed(tp)
+                if committed is not None:
+                    consumer.seek(tp, committed)  # type: ignore[arg-type]
+            continue
         done += 1
     consumer.close()
     producer.close()
