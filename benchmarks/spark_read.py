@@ -61,11 +61,18 @@ def records(start: int, count: int, rng: np.random.Generator) -> pa.Table:
     keys = pa.array([b"key-%012d" % (n % 100_003) for n in numbers], pa.binary())
     payload = rng.integers(0, 256, size=(count, 100), dtype=np.uint8).tobytes()
     values = pa.Array.from_buffers(
-        pa.binary(), count, [None, pa.py_buffer(np.arange(0, 100 * count + 1, 100, dtype=np.int32)), pa.py_buffer(payload)]
+        pa.binary(),
+        count,
+        [
+            None,
+            pa.py_buffer(np.arange(0, 100 * count + 1, 100, dtype=np.int32)),
+            pa.py_buffer(payload),
+        ],
     )
     stamps = pa.array(1_700_000_000_000_000 + numbers * 1000, pa.int64()).cast(TIMESTAMP_TYPE)
     headers = pa.array(
-        [[{"key": "trace", "value": b"%d" % n}] if n % 10 == 0 else None for n in numbers], HEADERS_TYPE
+        [[{"key": "trace", "value": b"%d" % n}] if n % 10 == 0 else None for n in numbers],
+        HEADERS_TYPE,
     )
     return pa.Table.from_arrays([keys, values, stamps, headers], schema=RECORD_SCHEMA)
 
@@ -102,7 +109,9 @@ def build(root: str, parquet_dir: str, total: int, partitions: int, segment_reco
                 "headers": whole.column("headers"),
             }
         )
-        pq.write_table(rows, os.path.join(parquet_dir, f"part-{p:05d}.parquet"), compression="snappy")
+        pq.write_table(
+            rows, os.path.join(parquet_dir, f"part-{p:05d}.parquet"), compression="snappy"
+        )
 
 
 def timed(fn: Any) -> tuple[float, Any]:
@@ -124,9 +133,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
-    from pyspark.sql import SparkSession
-
     from kstore.spark_ext import register
+    from pyspark.sql import SparkSession
 
     work = tempfile.mkdtemp(prefix="kstore-bench-spark-")
     root = os.path.join(work, "store")
@@ -184,7 +192,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         stream_s, handle = timed(lambda: query.start())
         wait_s, _ = timed(handle.awaitTermination)
         stream_s += wait_s
-        copied = sum(p.end_offset for p in (Store(url).partition(SINK, i).state() for i in range(args.partitions)))
+        copied = sum(
+            p.end_offset
+            for p in (Store(url).partition(SINK, i).state() for i in range(args.partitions))
+        )
         batches = len([p for p in handle.recentProgress if p["numInputRows"] > 0])
         assert copied == kstore_row["records"], (copied, kstore_row["records"])
     finally:

@@ -33,6 +33,11 @@ COMMIT_INTERVAL_S = 5.0
 POLL_MS = 200  # how long one poll waits while following: also how fast Ctrl-C is noticed
 
 
+class Isolation(enum.StrEnum):
+    read_uncommitted = "read_uncommitted"
+    read_committed = "read_committed"
+
+
 class RecordFormat(enum.StrEnum):
     plain = "plain"
     json = "json"
@@ -299,12 +304,12 @@ def consume(
         ),
     ] = "\\t",
     isolation_level: Annotated[
-        str,
+        Isolation,
         typer.Option(
             "--isolation-level",
-            help="read_uncommitted, or read_committed to hide open and aborted transactions.",
+            help="read_committed hides the records of open and aborted transactions.",
         ),
-    ] = "read_uncommitted",
+    ] = Isolation.read_uncommitted,
     store: StoreOpt = None,
     option: OptionOpt = None,
     config_file: ConfigFileOpt = None,
@@ -321,10 +326,6 @@ def consume(
     from kstore.consumer import Consumer
     from kstore.records import TopicPartition
 
-    if isolation_level not in ("read_uncommitted", "read_committed"):
-        raise typer.BadParameter(
-            "expected read_uncommitted or read_committed", param_hint="'--isolation-level'"
-        )
     start = _offset_spec(offset)
     if group is not None and (partition or offset is not None or from_time is not None):
         raise UsageError(
@@ -363,7 +364,7 @@ def consume(
         group_id=group,
         enable_auto_commit=False,
         auto_offset_reset=reset,
-        isolation_level=isolation_level,
+        isolation_level=isolation_level.value,
         client_id="kstore-cli",
     )
     printed = 0

@@ -69,10 +69,24 @@ def list_(
     debug: DebugOpt = False,
 ) -> None:
     """List the consumer groups, with their state and number of live members."""
+    from kstore.errors import KStoreError
     from kstore.groups import list_groups
 
     handle = store_from(ctx, store, option, config_file)
-    rows = [_group_status(handle, name) for name in list_groups(handle)]
+    rows = []
+    for name in list_groups(handle):
+        try:
+            rows.append(_group_status(handle, name))
+        except KStoreError as exc:  # listed, so that the problem is visible rather than hidden
+            rows.append(
+                {
+                    "group": name,
+                    "state": "Unreadable",
+                    "members": None,
+                    "generation": None,
+                    "error": str(exc),
+                }
+            )
     if output is OutputFormat.json:
         print_json(rows)
         return

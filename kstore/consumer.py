@@ -13,15 +13,18 @@ final position) or left the group, so no two live members ever read a partition 
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import logging
 import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from itertools import repeat
 from typing import Any, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from kstore.assignors import check_assignors
 from kstore.errors import (
@@ -67,6 +70,12 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "isolation_level": "read_uncommitted",  # or read_committed: hide open/aborted transactions
     "storage_options": None,
 }
+
+
+def _sizes(column: pa.Array) -> list[int]:
+    """Serialized sizes of a binary column, -1 for nulls (Kafka's convention), vectorised."""
+    lengths = pc.fill_null(pc.binary_length(column), -1)
+    return lengths.to_numpy(zero_copy_only=False).tolist()  # type: ignore[no-any-return]
 
 
 class ConsumerRebalanceListener(Protocol):
@@ -539,32 +548,46 @@ class Consumer:
         return kind
 
     def _to_records(self, tp: TopicPartition, batches: list[pa.RecordBatch]) -> list[ConsumerRecord]:
+        """Arrow batches to ConsumerRecords, column by column: every per-record step below is
+        a C-level iteration (``map``/``zip``/``repeat``), since poll() builds one Python object
+        per record and is bound by exactly that."""
+        # The cyclic garbage collector would run every 700 new tuples and rescan the growing
+        # list of records each time, costing more than building them; these records hold
+        # no reference cycles, so it is paused while they are made (and restored after).
+        paused = gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            return self._build_records(tp, batches)
+        finally:
+            if paused:
+                gc.enable()
+
+    def _build_records(self, tp: TopicPartition, batches: list[pa.RecordBatch]) -> list[ConsumerRecord]:
         key_de = self.config["key_deserializer"]
         value_de = self.config["value_deserializer"]
         ts_type = self._timestamp_type(tp.topic)
-        topic, partition = tp.topic, tp.partition
-        new = tuple.__new__
         out: list[ConsumerRecord] = []
         for batch in batches:
-            keys = batch.column(0).to_pylist()
-            values = batch.column(1).to_pylist()
+            n = batch.num_rows
+            key_col, value_col, header_col = batch.column(0), batch.column(1), batch.column(3)
+            keys = key_col.to_pylist()
+            values = value_col.to_pylist()
             stamps = (batch.column(2).cast(pa.int64()).to_numpy(zero_copy_only=False) // 1000).tolist()
             offsets = batch.column(4).to_numpy(zero_copy_only=False).tolist()
-            header_col = batch.column(3)
-            if header_col.null_count == len(header_col):
-                headers: list[Any] = [[] for _ in range(len(keys))]
+            if header_col.null_count == n:
+                headers: Iterable[Any] = repeat((), n)
             else:
-                headers = [[(h["key"], h["value"]) for h in hs] if hs else [] for hs in header_col.to_pylist()]
-            key_sizes = [len(k) if k is not None else -1 for k in keys]
-            value_sizes = [len(v) if v is not None else -1 for v in values]
+                headers = [tuple((h["key"], h["value"]) for h in hs) if hs else () for hs in header_col.to_pylist()]
+            key_sizes = _sizes(key_col)
+            value_sizes = _sizes(value_col)
             if key_de is not None:
                 keys = [key_de(k) if k is not None else None for k in keys]
             if value_de is not None:
                 values = [value_de(v) if v is not None else None for v in values]
-            out.extend(
-                new(ConsumerRecord, (topic, partition, o, t, ts_type, k, v, h, None, ks, vs, -1, -1))
-                for o, t, k, v, h, ks, vs in zip(offsets, stamps, keys, values, headers, key_sizes, value_sizes, strict=True)
-            )
+            rows = zip(repeat(tp.topic), repeat(tp.partition), offsets, stamps, repeat(ts_type), keys, values,
+                       headers, repeat(None), key_sizes, value_sizes, repeat(-1), repeat(-1))
+            out.extend(map(tuple.__new__, repeat(ConsumerRecord), rows))  # type: ignore[arg-type]
         return out
 
     def __iter__(self) -> Iterator[ConsumerRecord]:

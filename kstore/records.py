@@ -45,7 +45,7 @@ class ConsumerRecord(NamedTuple):
     timestamp_type: int  # 0 CreateTime, 1 LogAppendTime
     key: Any
     value: Any
-    headers: list[tuple[str, bytes]]
+    headers: tuple[tuple[str, bytes], ...]  # (name, value) pairs; () when there are none
     checksum: None
     serialized_key_size: int
     serialized_value_size: int

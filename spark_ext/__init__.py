@@ -11,8 +11,8 @@ Register it once per Spark session::
        .option("store", "s3://bucket/ks").option("topic", "copy").save())
 
 It then works with ``spark.read``, ``spark.readStream``, ``df.write``, ``df.writeStream`` and
-from SQL (``CREATE TEMPORARY VIEW v USING kstore OPTIONS (store '...', subscribe '...')``).
-The options are listed in docs/SPARK.md.
+from SQL (``CREATE TEMPORARY VIEW v USING kstore OPTIONS (store '...', subscribe '...')``,
+then ``SELECT`` from it or ``INSERT INTO`` it). Options and semantics: spark_ext/README.md.
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kstore.cli.app import app
 from typer.testing import CliRunner, Result
 
 import kstore
-from kstore.cli.app import app
 from kstore.consumer import Consumer
 from kstore.producer import Producer
 
@@ -104,8 +104,17 @@ def memory_cli(memory_store: tuple[str, dict[str, Any]]) -> Cli:
 
 
 def test_topics_lifecycle(cli: Cli) -> None:
-    cli.run("topics", "create", "orders", "--partitions", "3", "-c", "retention.ms=3600000",
-            "-c", "cleanup.policy=compact,delete")
+    cli.run(
+        "topics",
+        "create",
+        "orders",
+        "--partitions",
+        "3",
+        "-c",
+        "retention.ms=3600000",
+        "-c",
+        "cleanup.policy=compact,delete",
+    )
     created = cli.json("topics", "create", "users", "-p", "1", "--if-not-exists")
     assert created["created"] is True
     again = cli.json("topics", "create", "users", "--if-not-exists")
@@ -114,7 +123,9 @@ def test_topics_lifecycle(cli: Cli) -> None:
 
     listed = cli.json("topics", "list")
     assert [(t["topic"], t["partitions"], t["cleanup.policy"]) for t in listed] == [
-        ("orders", 3, "delete,compact"), ("users", 1, "delete")]
+        ("orders", 3, "delete,compact"),
+        ("users", 1, "delete"),
+    ]
     assert "orders" in cli.run("topics", "list").stdout
 
     cli.run("produce", "orders", "--key-separator", ":", input="a:1\nb:2\nc:3\nd:4\n")
@@ -133,7 +144,11 @@ def test_topics_lifecycle(cli: Cli) -> None:
     config = {c["name"]: c for c in orders["config"]}
     assert config["retention.ms"] == {"name": "retention.ms", "value": 3600000, "default": False}
     assert config["cleanup.policy"]["value"] == "delete,compact"
-    assert config["segment.bytes"] == {"name": "segment.bytes", "value": 1073741824, "default": True}
+    assert config["segment.bytes"] == {
+        "name": "segment.bytes",
+        "value": 1073741824,
+        "default": True,
+    }
 
     table = cli.run("topics", "describe", "orders").stdout
     for heading in ("LOG-START", "LOG-END", "SEGMENTS", "BYTES", "OLDEST", "NEWEST", "SOURCE"):
@@ -142,41 +157,73 @@ def test_topics_lifecycle(cli: Cli) -> None:
     assert "default" in table
     assert len(cli.json("topics", "describe")) == 2  # every topic
 
-    altered = cli.json("topics", "alter", "orders", "--set", "retention.ms=60000",
-                       "--add-config", "max.message.bytes=2048", "--delete", "cleanup.policy")
+    altered = cli.json(
+        "topics",
+        "alter",
+        "orders",
+        "--set",
+        "retention.ms=60000",
+        "--add-config",
+        "max.message.bytes=2048",
+        "--delete",
+        "cleanup.policy",
+    )
     assert altered["config"] == {"retention.ms": 60000, "max.message.bytes": 2048}
     (orders,) = cli.json("topics", "describe", "orders")
     assert {c["name"]: c["default"] for c in orders["config"]}["cleanup.policy"] is True
 
     grown = cli.json("topics", "add-partitions", "orders", "--partitions", "5")
     assert (grown["partitions"], grown["previous_partitions"]) == (5, 3)
-    assert "now has 6 partitions (was 5)" in cli.run("topics", "add-partitions", "orders", "-p", "6").stderr
+    assert (
+        "now has 6 partitions (was 5)"
+        in cli.run("topics", "add-partitions", "orders", "-p", "6").stderr
+    )
 
     assert cli.json("topics", "delete", "orders", "users") == [
-        {"topic": "orders", "deleted": True}, {"topic": "users", "deleted": True}]
+        {"topic": "orders", "deleted": True},
+        {"topic": "users", "deleted": True},
+    ]
     assert cli.json("topics", "list") == []
-    assert cli.json("topics", "delete", "orders", "--if-exists") == [{"topic": "orders", "deleted": False}]
+    assert cli.json("topics", "delete", "orders", "--if-exists") == [
+        {"topic": "orders", "deleted": False}
+    ]
 
 
 def test_topic_errors(cli: Cli) -> None:
     cli.run("topics", "create", "t", "-p", "2")
     assert "already exists" in cli.error("topics", "create", "t")
     assert "invalid topic name" in cli.error("topics", "create", "bad/name")
-    assert "expected an integer, got 'abc'" in cli.error("topics", "create", "u", "-c", "retention.ms=abc")
-    assert "did you mean 'retention.ms'" in cli.error("topics", "create", "u", "-c", "retention.msx=1")
+    assert "expected an integer, got 'abc'" in cli.error(
+        "topics", "create", "u", "-c", "retention.ms=abc"
+    )
+    assert "did you mean 'retention.ms'" in cli.error(
+        "topics", "create", "u", "-c", "retention.msx=1"
+    )
     assert "out of range" in cli.error("topics", "create", "u", "-c", "min.cleanable.dirty.ratio=2")
-    assert "must not exceed" in cli.error("topics", "alter", "t", "--set", "min.compaction.lag.ms=10",
-                                          "--set", "max.compaction.lag.ms=5")
+    assert "must not exceed" in cli.error(
+        "topics",
+        "alter",
+        "t",
+        "--set",
+        "min.compaction.lag.ms=10",
+        "--set",
+        "max.compaction.lag.ms=5",
+    )
     assert "unknown topic config" in cli.error("topics", "alter", "t", "--delete", "nope")
     assert "must be larger" in cli.error("topics", "add-partitions", "t", "-p", "2")
-    for args in (("topics", "describe", "missing"), ("topics", "alter", "missing", "--set", "retention.ms=1"),
-                 ("topics", "add-partitions", "missing", "-p", "3"), ("topics", "delete", "missing")):
+    for args in (
+        ("topics", "describe", "missing"),
+        ("topics", "alter", "missing", "--set", "retention.ms=1"),
+        ("topics", "add-partitions", "missing", "-p", "3"),
+        ("topics", "delete", "missing"),
+    ):
         assert "does not exist" in cli.error(*args), args
     # Usage errors: exit code 2, typer's message.
     assert "NAME=VALUE" in cli.error("topics", "create", "u", "-c", "retention.ms", code=2)
     assert "nothing to change" in cli.error("topics", "alter", "t", code=2)
-    assert "both set and deleted" in cli.error("topics", "alter", "t", "--set", "retention.ms=1",
-                                               "--delete", "retention.ms", code=2)
+    assert "both set and deleted" in cli.error(
+        "topics", "alter", "t", "--set", "retention.ms=1", "--delete", "retention.ms", code=2
+    )
     cli.error("topics", "create", "u", "--partitions", "0", code=2)
     cli.error("topics", "create", "u", "--partitions", "many", code=2)
     cli.error("topics", "create", code=2)  # missing argument
@@ -199,9 +246,19 @@ def test_round_trip_produce_then_consume_from_beginning(cli: Cli) -> None:
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert "Processed a total of 40 messages" in result.stderr
     assert sorted((r["key"], r["value"]) for r in records) == sorted(
-        tuple(line.split(":", 1)) for line in lines)
+        tuple(line.split(":", 1)) for line in lines
+    )
     for r in records:
-        assert set(r) == {"topic", "partition", "offset", "timestamp", "timestamp_type", "key", "value", "headers"}
+        assert set(r) == {
+            "topic",
+            "partition",
+            "offset",
+            "timestamp",
+            "timestamp_type",
+            "key",
+            "value",
+            "headers",
+        }
         assert r["topic"] == "events"
         assert r["timestamp_type"] == "CreateTime"
     for partition in range(3):
@@ -216,8 +273,16 @@ def test_round_trip_produce_then_consume_from_beginning(cli: Cli) -> None:
 def test_headers_nulls_and_binary_round_trip(cli: Cli) -> None:
     cli.run("topics", "create", "src")
     cli.run("topics", "create", "copy", "-p", "2")
-    cli.run("produce", "src", "--headers", "--key-separator", "\\t", "--null-marker", "NULL",
-            input="src:web,trace:1\tk1\tv1\n\tk2\tNULL\nh:x\tNULL\tv3\n")
+    cli.run(
+        "produce",
+        "src",
+        "--headers",
+        "--key-separator",
+        "\\t",
+        "--null-marker",
+        "NULL",
+        input="src:web,trace:1\tk1\tv1\n\tk2\tNULL\nh:x\tNULL\tv3\n",
+    )
     binary = base64.b64encode(bytes(range(256))).decode()
     json_lines = [
         json.dumps({"key": "k4", "value": {"nested": [1, 2]}, "headers": {"h": "v"}}),
@@ -228,7 +293,11 @@ def test_headers_nulls_and_binary_round_trip(cli: Cli) -> None:
     dumped = cli.run("consume", "src", "-o", "json").stdout
     records = [json.loads(line) for line in dumped.splitlines()]
     assert [(r["key"], r.get("value")) for r in records[:4]] == [
-        ("k1", "v1"), ("k2", None), (None, "v3"), ("k4", '{"nested":[1,2]}')]
+        ("k1", "v1"),
+        ("k2", None),
+        (None, "v3"),
+        ("k4", '{"nested":[1,2]}'),
+    ]
     assert records[0]["headers"] == [{"key": "src", "value": "web"}, {"key": "trace", "value": "1"}]
     assert records[1]["headers"] == []
     assert records[4]["value_encoding"] == "base64"
@@ -237,14 +306,32 @@ def test_headers_nulls_and_binary_round_trip(cli: Cli) -> None:
 
     # consume -o json | produce --format json copies records exactly (partition kept).
     cli.run("produce", "copy", "--format", "json", input=dumped)
-    copied = [json.loads(line) for line in cli.run("consume", "copy", "-o", "json").stdout.splitlines()]
+    copied = [
+        json.loads(line) for line in cli.run("consume", "copy", "-o", "json").stdout.splitlines()
+    ]
     strip = ("topic",)
     assert [{k: v for k, v in r.items() if k not in strip} for r in copied] == [
-        {k: v for k, v in r.items() if k not in strip} for r in records]
+        {k: v for k, v in r.items() if k not in strip} for r in records
+    ]
 
-    plain = cli.run("consume", "src", "--print-key", "--print-headers", "--print-offset",
-                    "--print-partition", "--print-timestamp", "--max-messages", "3").stdout_bytes
-    assert plain.splitlines()[0].split(b"\t")[1:] == [b"Partition:0", b"Offset:0", b"src:web,trace:1", b"k1", b"v1"]
+    plain = cli.run(
+        "consume",
+        "src",
+        "--print-key",
+        "--print-headers",
+        "--print-offset",
+        "--print-partition",
+        "--print-timestamp",
+        "--max-messages",
+        "3",
+    ).stdout_bytes
+    assert plain.splitlines()[0].split(b"\t")[1:] == [
+        b"Partition:0",
+        b"Offset:0",
+        b"src:web,trace:1",
+        b"k1",
+        b"v1",
+    ]
     assert plain.splitlines()[1].endswith(b"NO_HEADERS\tk2\tnull")
     hexed = cli.run("consume", "src", "-o", "hex", "-K", "--key-separator", " ", "-n", "1").stdout
     assert hexed == "6b31 7631\n"
@@ -270,14 +357,22 @@ def test_consume_positions(cli: Cli) -> None:
     assert len(values("--max-messages", "12")) == 12
     # --follow with nothing new: stops at --timeout-ms, or at --max-messages.
     assert values("--follow", "--timeout-ms", "300") == []
-    assert values("--follow", "--from-beginning", "--max-messages", "3", "-p", "0") == ["a0", "a1", "a2"]
+    assert values("--follow", "--from-beginning", "--max-messages", "3", "-p", "0") == [
+        "a0",
+        "a1",
+        "a2",
+    ]
 
-    assert "outside the live range [0, 10]" in cli.error("consume", "t", "-p", "0", "--offset", "11")
+    assert "outside the live range [0, 10]" in cli.error(
+        "consume", "t", "-p", "0", "--offset", "11"
+    )
     assert "partitions 0..1; 5 does not exist" in cli.error("consume", "t", "-p", "5")
     assert "does not exist" in cli.error("consume", "missing")
     assert "needs --partition" in cli.error("consume", "t", "--offset", "3", code=2)
     assert "--offset" in cli.error("consume", "t", "--offset", "soon", code=2)
-    assert "choose one of" in cli.error("consume", "t", "--offset", "-1", "--from-beginning", code=2)
+    assert "choose one of" in cli.error(
+        "consume", "t", "--offset", "-1", "--from-beginning", code=2
+    )
     assert "not a time" in cli.error("consume", "t", "--from-time", "yesterday", code=2)
     assert "excludes --partition" in cli.error("consume", "t", "--group", "g", "-p", "0", code=2)
     cli.error("consume", "t", "--max-messages", "0", code=2)
@@ -287,12 +382,16 @@ def test_produce_errors(cli: Cli) -> None:
     cli.run("topics", "create", "t", "-c", "max.message.bytes=200")
     assert "does not exist" in cli.error("produce", "missing", input="x\n")
     assert "partitions 0..0; 3 does not exist" in cli.error("produce", "t", "-p", "3", input="x\n")
-    message = cli.error("produce", "t", "--key-separator", ":", input="k:1\nk:2\nno key here\nk:4\n")
+    message = cli.error(
+        "produce", "t", "--key-separator", ":", input="k:1\nk:2\nno key here\nk:4\n"
+    )
     assert message.startswith("error: line 3: no key separator ':' found")
     message = cli.error("produce", "t", input="ok\n" + "x" * 500 + "\n")
     assert "line 2" in message
     assert "larger than the limit" in message
-    assert "line 1: not valid JSON" in cli.error("produce", "t", "--format", "json", input="{nope\n")
+    assert "line 1: not valid JSON" in cli.error(
+        "produce", "t", "--format", "json", input="{nope\n"
+    )
     assert "--format text only" in cli.error("produce", "t", "--format", "json", "-k", ":", code=2)
     cli.error("produce", "t", "--acks", "2", code=2)
     cli.error("produce", "t", "--file", "/nonexistent/records.txt", code=2)
@@ -303,7 +402,9 @@ def test_produce_errors(cli: Cli) -> None:
 def test_produce_from_file_with_acks(cli: Cli, tmp_path: Path) -> None:
     cli.run("topics", "create", "t")
     path = tmp_path / "records.txt"
-    path.write_bytes(b"one\r\ntwo\n\nthree")  # CRLF, an empty line (an empty value), no final newline
+    path.write_bytes(
+        b"one\r\ntwo\n\nthree"
+    )  # CRLF, an empty line (an empty value), no final newline
     for acks in ("0", "1", "all"):
         summary = cli.json("produce", "t", "--file", str(path), "--acks", acks)
         assert summary["records"] == 4
@@ -316,7 +417,10 @@ def test_produce_from_file_with_acks(cli: Cli, tmp_path: Path) -> None:
 
 def _lag(cli: Cli, group: str) -> dict[int, tuple[int | None, int, int | None]]:
     described = cli.json("groups", "describe", group)
-    return {p["partition"]: (p["current_offset"], p["log_end_offset"], p["lag"]) for p in described["partitions"]}
+    return {
+        p["partition"]: (p["current_offset"], p["log_end_offset"], p["lag"])
+        for p in described["partitions"]
+    }
 
 
 def test_groups(cli: Cli) -> None:
@@ -334,7 +438,9 @@ def test_groups(cli: Cli) -> None:
     assert cli.run("consume", "t", "--group", "g1").stdout == ""
 
     listed = cli.json("groups", "list")
-    assert listed == [{"group": "g1", "state": "Empty", "members": 0, "generation": listed[0]["generation"]}]
+    assert listed == [
+        {"group": "g1", "state": "Empty", "members": 0, "generation": listed[0]["generation"]}
+    ]
     assert _lag(cli, "g1") == {0: (6, 6, 0), 1: (4, 4, 0)}
     described = cli.json("groups", "describe", "g1")
     assert (described["state"], described["members"], described["total_lag"]) == ("Empty", [], 0)
@@ -345,9 +451,15 @@ def test_groups(cli: Cli) -> None:
     # Reset: a dry run by default.
     plan = cli.json("groups", "reset-offsets", "g1", "--topic", "t", "--to-earliest")
     assert plan["executed"] is False
-    assert [(o["partition"], o["current_offset"], o["new_offset"]) for o in plan["offsets"]] == [(0, 6, 0), (1, 4, 0)]
+    assert [(o["partition"], o["current_offset"], o["new_offset"]) for o in plan["offsets"]] == [
+        (0, 6, 0),
+        (1, 4, 0),
+    ]
     assert _lag(cli, "g1") == {0: (6, 6, 0), 1: (4, 4, 0)}
-    assert "Dry run" in cli.run("groups", "reset-offsets", "g1", "--topic", "t", "--to-earliest").stderr
+    assert (
+        "Dry run"
+        in cli.run("groups", "reset-offsets", "g1", "--topic", "t", "--to-earliest").stderr
+    )
 
     cli.json("groups", "reset-offsets", "g1", "--topic", "t:0", "--to-offset", "2", "--execute")
     assert _lag(cli, "g1") == {0: (2, 6, 4), 1: (4, 4, 0)}
@@ -355,7 +467,16 @@ def test_groups(cli: Cli) -> None:
     assert _lag(cli, "g1") == {0: (0, 6, 6), 1: (1, 4, 3)}  # clamped at the log start
     cli.json("groups", "reset-offsets", "g1", "--topic", "t", "--to-latest", "--execute")
     assert _lag(cli, "g1") == {0: (6, 6, 0), 1: (4, 4, 0)}
-    cli.json("groups", "reset-offsets", "g1", "--topic", "t", "--to-datetime", "2000-01-01T00:00:00Z", "--execute")
+    cli.json(
+        "groups",
+        "reset-offsets",
+        "g1",
+        "--topic",
+        "t",
+        "--to-datetime",
+        "2000-01-01T00:00:00Z",
+        "--execute",
+    )
     assert _lag(cli, "g1") == {0: (0, 6, 6), 1: (0, 4, 4)}
     cli.json("groups", "reset-offsets", "g1", "--topic", "t", "--by-duration", "PT0S", "--execute")
     assert _lag(cli, "g1") == {0: (6, 6, 0), 1: (4, 4, 0)}  # nothing at or after now: the end
@@ -366,7 +487,9 @@ def test_groups(cli: Cli) -> None:
     cli.json("groups", "reset-offsets", "fresh", "--topic", "t:1", "--to-offset", "3", "--execute")
     # Partition 0 has no committed offset: it starts at the beginning (no --follow).
     assert sorted(cli.run("consume", "t", "--group", "fresh").stdout.splitlines()) == [
-        *(f"a{i}" for i in range(6)), "b3"]
+        *(f"a{i}" for i in range(6)),
+        "b3",
+    ]
 
     assert "Deleted consumer group 'g1'" in cli.run("groups", "delete", "g1").stderr
     assert [g["group"] for g in cli.json("groups", "list")] == ["fresh"]
@@ -385,13 +508,21 @@ def test_group_reset_errors(cli: Cli) -> None:
     assert "not a time" in cli.error(*base, "--to-datetime", "someday", code=2)
     assert "duration" in cli.error(*base, "--by-duration", "forever", code=2)
     assert "--topic" in cli.error("groups", "reset-offsets", "g", "--to-earliest", code=2)
-    assert "exclude each other" in cli.error(*base, "--to-earliest", "--execute", "--dry-run", code=2)
-    assert "partitions must be integers" in cli.error("groups", "reset-offsets", "g", "--topic", "t:x",
-                                                      "--to-earliest", code=2)
-    assert "no offsets or assignment" in cli.error("groups", "reset-offsets", "g", "--all-topics",
-                                                   "--to-earliest", code=2)
-    assert "does not exist" in cli.error("groups", "reset-offsets", "g", "--topic", "nope", "--to-earliest")
-    assert "1 does not exist" not in cli.error("groups", "reset-offsets", "g", "--topic", "t:2", "--to-earliest")
+    assert "exclude each other" in cli.error(
+        *base, "--to-earliest", "--execute", "--dry-run", code=2
+    )
+    assert "partitions must be integers" in cli.error(
+        "groups", "reset-offsets", "g", "--topic", "t:x", "--to-earliest", code=2
+    )
+    assert "no offsets or assignment" in cli.error(
+        "groups", "reset-offsets", "g", "--all-topics", "--to-earliest", code=2
+    )
+    assert "does not exist" in cli.error(
+        "groups", "reset-offsets", "g", "--topic", "nope", "--to-earliest"
+    )
+    assert "1 does not exist" not in cli.error(
+        "groups", "reset-offsets", "g", "--topic", "t:2", "--to-earliest"
+    )
     assert "invalid group id" in cli.error("groups", "describe", "bad group")
 
 
@@ -399,8 +530,14 @@ def test_live_group_reset_and_delete_refused(cli: Cli) -> None:
     cli.run("topics", "create", "t")
     cli.run("produce", "t", input="a\nb\n")
     store = cli.store()
-    consumer = Consumer("t", store=store, group_id="live", auto_offset_reset="earliest",
-                        session_timeout_ms=30_000, heartbeat_interval_ms=1_000)
+    consumer = Consumer(
+        "t",
+        store=store,
+        group_id="live",
+        auto_offset_reset="earliest",
+        session_timeout_ms=30_000,
+        heartbeat_interval_ms=1_000,
+    )
     try:
         assert consumer.poll(timeout_ms=5_000)
         consumer.commit()
@@ -410,9 +547,13 @@ def test_live_group_reset_and_delete_refused(cli: Cli) -> None:
         assert member["assignment"] == [["t", 0]]
         assert described["partitions"][0]["member_id"] == member["member_id"]
         assert cli.json("groups", "list")[0]["members"] == 1
-        message = cli.error("groups", "reset-offsets", "live", "--topic", "t", "--to-earliest", "--execute")
+        message = cli.error(
+            "groups", "reset-offsets", "live", "--topic", "t", "--to-earliest", "--execute"
+        )
         assert "1 live member(s)" in message
-        assert "live member" in cli.error("groups", "reset-offsets", "live", "--topic", "t", "--to-earliest")
+        assert "live member" in cli.error(
+            "groups", "reset-offsets", "live", "--topic", "t", "--to-earliest"
+        )
         assert "live member" in cli.error("groups", "delete", "live")
     finally:
         consumer.close()
@@ -442,8 +583,9 @@ def test_verify_catches_a_corrupted_segment(cli: Cli) -> None:
     report = cli.json("verify")
     assert report["ok"] is True
     # Three runs, each at least one segment per partition (more if a batch was split).
-    assert [(t["topic"], t["segments"] >= 6, t["records"], t["problems"]) for t in report["topics"]] == [
-        ("bad", True, 30, []), ("good", True, 30, [])]
+    assert [
+        (t["topic"], t["segments"] >= 6, t["records"], t["problems"]) for t in report["topics"]
+    ] == [("bad", True, 30, []), ("good", True, 30, [])]
     assert "OK" in cli.run("verify").stderr
 
     # Flip one byte in the middle of a segment (same size): only the checksum can tell.
@@ -503,10 +645,14 @@ def test_verify_checks_checkpoints_and_orphans(local_cli: Cli) -> None:
     checkpoint = f"{partition.directory}/_log/00000000000000000003.checkpoint.json"
     text = store.storage.read(checkpoint).decode()
     assert '"endOffset":{"offset":4}' in text  # version 0 is the first append
-    store.storage.put(checkpoint, text.replace('"endOffset":{"offset":4}', '"endOffset":{"offset":9}').encode())
+    store.storage.put(
+        checkpoint, text.replace('"endOffset":{"offset":4}', '"endOffset":{"offset":9}').encode()
+    )
     report = cli.json("verify", "t", code=1)
-    assert any("checkpoint 3 disagrees" in p["message"] and "endOffset" in p["message"]
-               for p in report["topics"][0]["problems"])
+    assert any(
+        "checkpoint 3 disagrees" in p["message"] and "endOffset" in p["message"]
+        for p in report["topics"][0]["problems"]
+    )
 
 
 def _table(values: list[bytes]) -> Any:
@@ -515,19 +661,22 @@ def _table(values: list[bytes]) -> Any:
     from kstore.segments import RECORD_SCHEMA, TIMESTAMP_TYPE
 
     n = len(values)
-    return pa.table({
-        "key": pa.nulls(n, pa.binary()),
-        "value": pa.array(values, pa.binary()),
-        "timestamp": pa.array([int(time.time() * 1e6)] * n, TIMESTAMP_TYPE),
-        "headers": pa.nulls(n, RECORD_SCHEMA.field("headers").type),
-    })
+    return pa.table(
+        {
+            "key": pa.nulls(n, pa.binary()),
+            "value": pa.array(values, pa.binary()),
+            "timestamp": pa.array([int(time.time() * 1e6)] * n, TIMESTAMP_TYPE),
+            "headers": pa.nulls(n, RECORD_SCHEMA.field("headers").type),
+        }
+    )
 
 
 # -- store selection, secrets, errors ---------------------------------------------------------------
 
 
-def test_store_selection(memory_cli: Cli, local_cli: Cli, tmp_path: Path,
-                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_store_selection(
+    memory_cli: Cli, local_cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     local_cli.run("topics", "create", "from-local")
     memory_cli.run("topics", "create", "from-memory")
 
@@ -538,15 +687,20 @@ def test_store_selection(memory_cli: Cli, local_cli: Cli, tmp_path: Path,
 
     # Before the command, after it, and the environment; after the command wins.
     assert topics("--store", local_cli.url, "topics", "list") == ["from-local"]
-    assert topics("--store", local_cli.url, "topics", "list", "--store", memory_cli.url) == ["from-memory"]
+    assert topics("--store", local_cli.url, "topics", "list", "--store", memory_cli.url) == [
+        "from-memory"
+    ]
     assert topics("topics", "list", env={"KSTORE_STORE": memory_cli.url}) == ["from-memory"]
-    assert topics("topics", "list", "-s", local_cli.url, env={"KSTORE_STORE": memory_cli.url}) == ["from-local"]
+    assert topics("topics", "list", "-s", local_cli.url, env={"KSTORE_STORE": memory_cli.url}) == [
+        "from-local"
+    ]
     config = tmp_path / "kstore.toml"
     config.write_text(f'store = "{local_cli.url}"\n[options]\nauto_mkdir = true\n')
     assert topics("--config-file", str(config), "topics", "list") == ["from-local"]
     assert topics("topics", "list", env={"KSTORE_CONFIG": str(config)}) == ["from-local"]
-    assert topics("topics", "list", env={"KSTORE_CONFIG": str(config), "KSTORE_STORE": memory_cli.url}) == [
-        "from-memory"]
+    assert topics(
+        "topics", "list", env={"KSTORE_CONFIG": str(config), "KSTORE_STORE": memory_cli.url}
+    ) == ["from-memory"]
     result = runner.invoke(app, ["topics", "list"])
     assert result.exit_code == 2
     assert "no store given" in flat(result.stderr)
@@ -586,25 +740,50 @@ def test_secrets_are_never_printed(memory_cli: Cli, tmp_path: Path) -> None:
     missing = f"memory://{secret}/store"
     for args, env in (
         (["topics", "list", "-s", missing, "-O", f"secret={secret}"], {}),
-        (["--debug", "topics", "list", "-s", missing, "-O", f"client_kwargs.aws_secret_access_key={secret}"], {}),
+        (
+            [
+                "--debug",
+                "topics",
+                "list",
+                "-s",
+                missing,
+                "-O",
+                f"client_kwargs.aws_secret_access_key={secret}",
+            ],
+            {},
+        ),
         (["topics", "describe", "t", "-s", missing, "--debug"], {"KSTORE_OPTION_TOKEN": secret}),
         (["--config-file", str(config), "topics", "list", "-s", missing, "--debug"], {}),
         (["topics", "list", "-s", f"nosuchfs://user:{secret}@host/x", "--debug"], {}),
         (["topics", "list", "-s", f"s3://AKIA:{secret}@host/x", "-O", "key=AKIA", "--debug"], {}),
-        (["topics", "list", "-s", memory_cli.url, "-O", secret], {}),  # no KEY= at all: a usage error
+        (
+            ["topics", "list", "-s", memory_cli.url, "-O", secret],
+            {},
+        ),  # no KEY= at all: a usage error
     ):
         result = runner.invoke(app, args, env=env)
         assert result.exit_code in (1, 2), (args, result.stderr)
         assert secret not in result.stdout + result.stderr, (args, result.stderr)
         assert "***" in result.stderr or result.exit_code == 2, (args, result.stderr)
     # info shows the options, secrets hidden; the environment's secrets are hidden too.
-    result = runner.invoke(app, ["info", "-s", memory_cli.url, "-o", "json"],
-                           env={"KSTORE_OPTION_SECRET": secret, "KSTORE_OPTION_CLIENT_KWARGS__REGION_NAME": "r1"})
+    result = runner.invoke(
+        app,
+        ["info", "-s", memory_cli.url, "-o", "json"],
+        env={"KSTORE_OPTION_SECRET": secret, "KSTORE_OPTION_CLIENT_KWARGS__REGION_NAME": "r1"},
+    )
     assert result.exit_code == 0, result.stderr
     assert secret not in result.stdout + result.stderr
-    assert json.loads(result.stdout)["storage_options"] == {"secret": "***", "client_kwargs": {"region_name": "r1"}}
+    assert json.loads(result.stdout)["storage_options"] == {
+        "secret": "***",
+        "client_kwargs": {"region_name": "r1"},
+    }
     info = memory_cli.json("info")
-    assert (info["store"], info["topics"], info["groups"], info["format_version"]) == (memory_cli.url, 1, 0, 1)
+    assert (info["store"], info["topics"], info["groups"], info["format_version"]) == (
+        memory_cli.url,
+        1,
+        0,
+        1,
+    )
     assert "PROPERTY" in memory_cli.run("info").stdout
 
 
@@ -614,9 +793,12 @@ def test_debug_shows_the_traceback(memory_cli: Cli) -> None:
     assert result.stderr.count("\n") == 1
     result = memory_cli.run("topics", "describe", "missing", "--debug", code=1)
     assert "Traceback (most recent call last)" in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("error: topic 'missing' does not exist")
-    result = runner.invoke(app, ["topics", "describe", "missing", *memory_cli.store_args()],
-                           env={"KSTORE_DEBUG": "1"})
+    assert (
+        result.stderr.strip().splitlines()[-1].startswith("error: topic 'missing' does not exist")
+    )
+    result = runner.invoke(
+        app, ["topics", "describe", "missing", *memory_cli.store_args()], env={"KSTORE_DEBUG": "1"}
+    )
     assert "Traceback" in result.stderr
 
 
@@ -641,9 +823,22 @@ def test_every_command_help_has_an_example() -> None:
 
     paths = list(_commands(typer.main.get_command(app)))
     names = {" ".join(p) for p in paths}
-    assert {"topics create", "topics list", "topics describe", "topics alter", "topics delete",
-            "topics add-partitions", "produce", "consume", "groups list", "groups describe",
-            "groups reset-offsets", "groups delete", "verify", "info"} <= names
+    assert {
+        "topics create",
+        "topics list",
+        "topics describe",
+        "topics alter",
+        "topics delete",
+        "topics add-partitions",
+        "produce",
+        "consume",
+        "groups list",
+        "groups describe",
+        "groups reset-offsets",
+        "groups delete",
+        "verify",
+        "info",
+    } <= names
     for path in paths:
         result = runner.invoke(app, [*path, "--help"])
         assert result.exit_code == 0, (path, result.stderr)
@@ -656,7 +851,10 @@ def test_producer_and_cli_agree(memory_cli: Cli) -> None:
     memory_cli.run("topics", "create", "t")
     with Producer(memory_cli.store(), linger_ms=1) as producer:
         producer.send("t", value=b"\xff\xfe", key=b"k", headers=[("h", b"\x00")]).get(10)
-    (record,) = [json.loads(line) for line in memory_cli.run("consume", "t", "-o", "json").stdout.splitlines()]
+    (record,) = [
+        json.loads(line)
+        for line in memory_cli.run("consume", "t", "-o", "json").stdout.splitlines()
+    ]
     assert base64.b64decode(record["value"]) == b"\xff\xfe"
     assert record["headers"] == [{"key": "h", "value": "\x00"}]
     assert memory_cli.run("consume", "t", "-o", "hex").stdout == "fffe\n"

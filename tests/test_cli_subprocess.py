@@ -31,8 +31,12 @@ def clean_env(**extra: str) -> dict[str, str]:
     """The environment without the caller's kstore or AWS settings (and no AWS config files
     or instance metadata lookups), plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KSTORE_", "AWS_"))}
-    env.update(AWS_SHARED_CREDENTIALS_FILE="/nonexistent", AWS_CONFIG_FILE="/nonexistent",
-               AWS_EC2_METADATA_DISABLED="true", COLUMNS="200")
+    env.update(
+        AWS_SHARED_CREDENTIALS_FILE="/nonexistent",
+        AWS_CONFIG_FILE="/nonexistent",
+        AWS_EC2_METADATA_DISABLED="true",
+        COLUMNS="200",
+    )
     env.update(extra)
     return env
 
@@ -52,10 +56,12 @@ def store_env(url: str, options: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def kstore_run(*args: str, env: dict[str, str], input: str | None = None, code: int = 0,
-               timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([KSTORE, *args], env=env, input=input, capture_output=True, text=True,
-                            timeout=timeout)
+def kstore_run(
+    *args: str, env: dict[str, str], input: str | None = None, code: int = 0, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [KSTORE, *args], env=env, input=input, capture_output=True, text=True, timeout=timeout
+    )
     assert result.returncode == code, (
         f"kstore {' '.join(args)}: exit {result.returncode}, wanted {code}\n"
         f"stdout: {result.stdout}\nstderr: {result.stderr}"
@@ -80,12 +86,16 @@ def test_round_trip_and_verify(target: tuple[str, dict[str, Any]]) -> None:
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert sorted(f"{r['key']}:{r['value']}" for r in records) == sorted(lines)
     assert "Processed a total of 25 messages" in result.stderr
-    (described,) = json.loads(kstore_run("topics", "describe", "orders", "-o", "json", env=env).stdout)
+    (described,) = json.loads(
+        kstore_run("topics", "describe", "orders", "-o", "json", env=env).stdout
+    )
     assert sum(p["log_end_offset"] for p in described["partitions"]) == 25
 
     assert json.loads(kstore_run("verify", "-o", "json", env=env).stdout)["ok"] is True
     store = kstore.Store(url, options, create=False)
-    partition = next(p for p in (store.partition("orders", n) for n in (0, 1)) if p.state().segments)
+    partition = next(
+        p for p in (store.partition("orders", n) for n in (0, 1)) if p.state().segments
+    )
     seg = partition.state().segments[0]
     path = f"{partition.directory}/{seg.path}"
     data = bytearray(store.storage.read(path))
@@ -104,16 +114,33 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
     assert result.stderr.count("\n") == 1
     result = kstore_run("topics", "list", env=env, code=2)  # no store at all: a usage error
     assert "no store given" in result.stderr
-    result = kstore_run("topics", "describe", "x", "--store", str(tmp_path / "typo"), "--debug", env=env, code=1)
+    result = kstore_run(
+        "topics", "describe", "x", "--store", str(tmp_path / "typo"), "--debug", env=env, code=1
+    )
     assert "Traceback" in result.stderr
     kstore_run("topics", "create", "t", "--store", str(tmp_path / "s"), env=env)
-    result = kstore_run("consume", "t", "--offset", "-1", "--partition", "0", "--store", str(tmp_path / "s"),
-                        env=env)
+    result = kstore_run(
+        "consume",
+        "t",
+        "--offset",
+        "-1",
+        "--partition",
+        "0",
+        "--store",
+        str(tmp_path / "s"),
+        env=env,
+    )
     assert result.stdout == ""
     # The reader of our output going away (| head) is not an error.
     kstore_run("produce", "t", "--store", str(tmp_path / "s"), env=env, input="x\n" * 2000)
-    pipeline = subprocess.run(f"{KSTORE} consume t --store {tmp_path / 's'} | head -n 1", shell=True,
-                              env=env, capture_output=True, text=True, timeout=60)
+    pipeline = subprocess.run(
+        f"{KSTORE} consume t --store {tmp_path / 's'} | head -n 1",
+        shell=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert pipeline.stdout == "x\n"
     assert "Traceback" not in pipeline.stderr
     assert "Error" not in pipeline.stderr
@@ -126,14 +153,18 @@ def _read_lines(stream: Any, sink: list[str], done: threading.Event) -> None:
 
 
 @pytest.mark.parametrize("group", [None, "tail"])
-def test_follow_exits_cleanly_on_ctrl_c(target: tuple[str, dict[str, Any]], group: str | None) -> None:
+def test_follow_exits_cleanly_on_ctrl_c(
+    target: tuple[str, dict[str, Any]], group: str | None
+) -> None:
     url, options = target
     env = clean_env(**store_env(url, options))
     kstore_run("topics", "create", "live", "--partitions", "2", env=env)
     args = [KSTORE, "consume", "live", "--follow", "--print-partition", "--print-offset"]
     if group is not None:
         args += ["--group", group]
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     lines: list[str] = []
     done = threading.Event()
     reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines, done), daemon=True)
@@ -176,15 +207,17 @@ def test_follow_exits_cleanly_on_ctrl_c(target: tuple[str, dict[str, Any]], grou
         desc = describe_group(store, group)
         assert desc.state == "Empty"  # it left the group
         assert {p.partition: p.current_offset for p in desc.partitions} == {
-            p: offset + 1 for p, offset in last.items()}
+            p: offset + 1 for p, offset in last.items()
+        }
 
 
 def test_follow_stops_at_max_messages(local_store: tuple[str, dict[str, Any]]) -> None:
     env = clean_env(**store_env(*local_store))
     kstore_run("topics", "create", "t", env=env)
     kstore_run("produce", "t", env=env, input="a\nb\nc\n")
-    result = kstore_run("consume", "t", "--follow", "--from-beginning", "--max-messages", "2", env=env,
-                        timeout=30)
+    result = kstore_run(
+        "consume", "t", "--follow", "--from-beginning", "--max-messages", "2", env=env, timeout=30
+    )
     assert result.stdout == "a\nb\n"
 
 
@@ -192,8 +225,14 @@ def test_produce_delivers_what_it_read_on_ctrl_c(local_store: tuple[str, dict[st
     url, options = local_store
     env = clean_env(**store_env(url, options))
     kstore_run("topics", "create", "t", env=env)
-    proc = subprocess.Popen([KSTORE, "produce", "t", "-k", ":"], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [KSTORE, "produce", "t", "-k", ":"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdin is not None
         proc.stdin.write("k:one\nk:two\n")
@@ -209,9 +248,12 @@ def test_produce_delivers_what_it_read_on_ctrl_c(local_store: tuple[str, dict[st
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, err
+    assert out == ""  # the summary goes to stderr
     assert "Produced 2 record(s)" in err
     assert "Traceback" not in err
-    assert kstore_run("consume", "t", "-K", "--key-separator", "=", env=env).stdout == "k=one\nk=two\n"
+    assert (
+        kstore_run("consume", "t", "-K", "--key-separator", "=", env=env).stdout == "k=one\nk=two\n"
+    )
 
 
 # -- credentials against a SeaweedFS that checks them -------------------------------------------------
@@ -240,7 +282,7 @@ def auth_seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthSeawe
 
 @pytest.mark.s3
 def test_credentials_are_never_printed(auth_seaweed: AuthSeaweed, tmp_path: Path) -> None:
-    url, options = auth_seaweed.new_store_url()
+    url, _ = auth_seaweed.new_store_url()
     endpoint = f"client_kwargs.endpoint_url={auth_seaweed.endpoint_url}"
     good = ["--store", url, "--option", endpoint, "--option", f"key={ACCESS_KEY}"]
     env = clean_env()
@@ -248,22 +290,36 @@ def test_credentials_are_never_printed(auth_seaweed: AuthSeaweed, tmp_path: Path
 
     wrong = "Wr0ng-Secret-Never-Shown-7"
     for extra in ([], ["--debug"]):
-        result = kstore_run("topics", "list", *good, "--option", f"secret={wrong}", *extra, env=env, code=1)
+        result = kstore_run(
+            "topics", "list", *good, "--option", f"secret={wrong}", *extra, env=env, code=1
+        )
         assert wrong not in result.stdout + result.stderr
         assert "refused the credentials" in result.stderr
         assert ACCESS_KEY not in result.stdout + result.stderr  # the key id is hidden too
     # The same through the environment and a config file.
-    result = kstore_run("topics", "describe", "t", *good, env=clean_env(KSTORE_OPTION_SECRET=wrong), code=1)
+    result = kstore_run(
+        "topics", "describe", "t", *good, env=clean_env(KSTORE_OPTION_SECRET=wrong), code=1
+    )
     assert wrong not in result.stdout + result.stderr
     config = tmp_path / "kstore.toml"
-    config.write_text(f'store = "{url}"\n[options]\nkey = "{ACCESS_KEY}"\nsecret = "{wrong}"\n'
-                      f'[options.client_kwargs]\nendpoint_url = "{auth_seaweed.endpoint_url}"\n')
+    config.write_text(
+        f'store = "{url}"\n[options]\nkey = "{ACCESS_KEY}"\nsecret = "{wrong}"\n'
+        f'[options.client_kwargs]\nendpoint_url = "{auth_seaweed.endpoint_url}"\n'
+    )
     result = kstore_run("consume", "t", "--config-file", str(config), "--debug", env=env, code=1)
     assert wrong not in result.stdout + result.stderr
     assert "Traceback" in result.stderr
     # botocore's own variables.
-    result = kstore_run("topics", "list", "--store", url, "--option", endpoint, env=clean_env(
-        AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=wrong), code=1)
+    result = kstore_run(
+        "topics",
+        "list",
+        "--store",
+        url,
+        "--option",
+        endpoint,
+        env=clean_env(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=wrong),
+        code=1,
+    )
     assert wrong not in result.stdout + result.stderr
 
     # No credentials at all.
@@ -282,15 +338,32 @@ def test_credentials_are_never_printed(auth_seaweed: AuthSeaweed, tmp_path: Path
 
 # -- startup ------------------------------------------------------------------------------------------
 
-HEAVY = ("pyspark", "py4j", "kstore.spark_ext", "kstore.compaction", "kstore.retention", "pandas", "duckdb",
-         "deltalake")
+HEAVY = (
+    "pyspark",
+    "py4j",
+    "kstore.spark_ext",
+    "kstore.compaction",
+    "kstore.retention",
+    "pandas",
+    "duckdb",
+    "deltalake",
+)
 
 
 def _imported(args: list[str], env: dict[str, str]) -> set[str]:
-    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "kstore.cli.app", *args], env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "kstore.cli.app", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    return {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    return {
+        line.split("|")[-1].strip()
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:")
+    }
 
 
 def _fastest(args: list[str], env: dict[str, str], runs: int = 5) -> float:
@@ -311,7 +384,10 @@ def test_startup_is_lazy_and_fast(local_store: tuple[str, dict[str, Any]]) -> No
         loaded = sorted(m for m in modules if m.split(".")[0] in HEAVY or m.startswith(HEAVY))
         assert loaded == [], (args, loaded)
         assert not any(m.startswith(("s3fs", "botocore", "aiobotocore")) for m in modules), args
-    timings = {" ".join(args): _fastest(args, env) for args in (["--help"], ["topics", "list", "--store", url])}
+    timings = {
+        " ".join(args): _fastest(args, env)
+        for args in (["--help"], ["topics", "list", "--store", url])
+    }
     print(f"\nstartup (fastest of 5): {timings}")
     # The target is 0.5 s on an idle machine; this bound only catches gross regressions (an
     # eager Spark import costs seconds) on a loaded CI machine.

@@ -63,7 +63,7 @@ def test_reads_everything_in_partition_order(store: kstore.Store) -> None:
     by_partition: dict[int, list[int]] = {}
     for r in records:
         by_partition.setdefault(r.partition, []).append(r.offset)
-        assert r.topic == "t" and r.timestamp_type == 0 and r.headers == []
+        assert r.topic == "t" and r.timestamp_type == 0 and r.headers == ()
     for offsets in by_partition.values():
         assert offsets == list(range(len(offsets)))  # in order, no gap, no repeat
     # each key's values arrive in send order
@@ -136,7 +136,7 @@ def test_deserializers_and_headers(store: kstore.Store) -> None:
     with Consumer("t", store=store, auto_offset_reset="earliest", value_deserializer=json.loads,
                   key_deserializer=bytes.decode) as consumer:
         first, tombstone = drain(consumer)
-    assert first.value == {"a": 1} and first.key == "k" and first.headers == [("h", b"v")]
+    assert first.value == {"a": 1} and first.key == "k" and first.headers == (("h", b"v"),)
     assert tombstone.value is None and tombstone.serialized_value_size == -1
 
 

@@ -7,6 +7,23 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from kstore.spark_ext.filters import push
+from kstore.spark_ext.options import (
+    DEFAULT_MAX_TRIGGER_DELAY_MS,
+    InvalidOptionError,
+    parse_bytes,
+    parse_duration_ms,
+    parse_read_options,
+    parse_write_options,
+)
+from kstore.spark_ext.reading import (
+    _split,
+    byte_limit,
+    from_json_offsets,
+    rate_limit,
+    to_json_offsets,
+)
+from kstore.spark_ext.schema import output_columns, spark_schema
 from pyspark.sql.datasource import (
     EqualTo,
     GreaterThan,
@@ -21,17 +38,6 @@ from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from kstore.partition import PartitionState, Segment
 from kstore.records import TopicPartition
-from kstore.spark_ext.filters import push
-from kstore.spark_ext.options import (
-    DEFAULT_MAX_TRIGGER_DELAY_MS,
-    InvalidOptionError,
-    parse_bytes,
-    parse_duration_ms,
-    parse_read_options,
-    parse_write_options,
-)
-from kstore.spark_ext.reading import _split, byte_limit, from_json_offsets, rate_limit, to_json_offsets
-from kstore.spark_ext.schema import output_columns, spark_schema
 
 BASE = {"store": "file:///tmp/ks", "subscribe": "t"}
 
@@ -43,21 +49,30 @@ def read(streaming: bool = False, **options: str) -> object:
 def test_defaults_follow_the_kafka_source() -> None:
     batch = parse_read_options(BASE, streaming=False)
     stream = parse_read_options(BASE, streaming=True)
-    assert batch.starting.kind == "earliest" and batch.ending.kind == "latest"
+    assert batch.starting.kind == "earliest"
+    assert batch.ending.kind == "latest"
     assert stream.starting.kind == "latest"
-    assert batch.fail_on_data_loss is True and batch.include_headers is False
+    assert batch.fail_on_data_loss is True
+    assert batch.include_headers is False
     assert batch.read_committed is True
     assert stream.max_trigger_delay_ms == DEFAULT_MAX_TRIGGER_DELAY_MS
-    assert batch.max_offsets_per_trigger is None and batch.min_partitions is None
+    assert batch.max_offsets_per_trigger is None
+    assert batch.min_partitions is None
 
 
 def test_option_names_are_case_insensitive() -> None:
     opts = parse_read_options(
-        {"STORE": "file:///x", "SubScribe": "a,b", "STARTINGOFFSETS": "earliest", "includeheaders": "TRUE"},
+        {
+            "STORE": "file:///x",
+            "SubScribe": "a,b",
+            "STARTINGOFFSETS": "earliest",
+            "includeheaders": "TRUE",
+        },
         streaming=True,
     )
     assert opts.subscription.topics == ("a", "b")
-    assert opts.starting.kind == "earliest" and opts.include_headers
+    assert opts.starting.kind == "earliest"
+    assert opts.include_headers
 
 
 @pytest.mark.parametrize(
@@ -86,7 +101,10 @@ def test_option_names_are_case_insensitive() -> None:
         ({"startingOffsetsByTimestampStrategy": "skip"}, "expected error or latest"),
         ({"maxOffsetsPerTrigger": "0"}, "out of range"),
         ({"maxOffsetsPerTrigger": "ten"}, "'maxOffsetsPerTrigger': expected an integer"),
-        ({"minOffsetsPerTrigger": "10", "maxOffsetsPerTrigger": "5"}, "exceeds maxOffsetsPerTrigger"),
+        (
+            {"minOffsetsPerTrigger": "10", "maxOffsetsPerTrigger": "5"},
+            "exceeds maxOffsetsPerTrigger",
+        ),
         ({"maxTriggerDelay": "5m"}, "only has a meaning together with 'minOffsetsPerTrigger'"),
         ({"minOffsetsPerTrigger": "5", "maxTriggerDelay": "5 fortnights"}, "expected a duration"),
         ({"maxBytesPerTrigger": "lots"}, "expected a size"),
@@ -118,22 +136,31 @@ def test_ending_options_are_refused_for_streaming(name: str) -> None:
 def test_starting_precedence_is_kafkas() -> None:
     # startingTimestamp wins over startingOffsetsByTimestamp, which wins over startingOffsets.
     opts = parse_read_options(
-        {**BASE, "startingOffsets": "earliest", "startingOffsetsByTimestamp": '{"t":{"0":5}}',
-         "startingTimestamp": "7"},
+        {
+            **BASE,
+            "startingOffsets": "earliest",
+            "startingOffsetsByTimestamp": '{"t":{"0":5}}',
+            "startingTimestamp": "7",
+        },
         streaming=True,
     )
-    assert opts.starting.kind == "timestamp" and opts.starting.timestamp_ms == 7
+    assert opts.starting.kind == "timestamp"
+    assert opts.starting.timestamp_ms == 7
     opts = parse_read_options(
         {**BASE, "startingOffsets": "earliest", "startingOffsetsByTimestamp": '{"t":{"0":5}}'},
         streaming=True,
     )
-    assert opts.starting.kind == "timestamps" and opts.starting.timestamps == {("t", 0): 5}
+    assert opts.starting.kind == "timestamps"
+    assert opts.starting.timestamps == {("t", 0): 5}
 
 
 def test_json_offsets_and_assign() -> None:
     opts = parse_read_options(
-        {"store": "memory://x", "assign": '{"a":[0,2],"b":[1]}',
-         "startingOffsets": '{"a":{"0":-2,"2":7},"b":{"1":-1}}'},
+        {
+            "store": "memory://x",
+            "assign": '{"a":[0,2],"b":[1]}',
+            "startingOffsets": '{"a":{"0":-2,"2":7},"b":{"1":-1}}',
+        },
         streaming=True,
     )
     assert opts.subscription.assigned == (("a", 0), ("a", 2), ("b", 1))
@@ -142,12 +169,20 @@ def test_json_offsets_and_assign() -> None:
 
 def test_storage_options_from_json_and_prefixed_options() -> None:
     opts = parse_read_options(
-        {**BASE, "storageOptions": '{"anon": false, "client_kwargs": {"region_name": "x"}}',
-         "storage.key": "123", "storage.use_ssl": "false", "storage.config_kwargs": '{"a": 1}'},
+        {
+            **BASE,
+            "storageOptions": '{"anon": false, "client_kwargs": {"region_name": "x"}}',
+            "storage.key": "123",
+            "storage.use_ssl": "false",
+            "storage.config_kwargs": '{"a": 1}',
+        },
         streaming=False,
     )
     assert opts.store.storage_options == {
-        "anon": False, "client_kwargs": {"region_name": "x"}, "key": "123", "use_ssl": False,
+        "anon": False,
+        "client_kwargs": {"region_name": "x"},
+        "key": "123",
+        "use_ssl": False,
         "config_kwargs": {"a": 1},
     }
 
@@ -194,7 +229,9 @@ def test_bad_write_options_are_named(options: dict[str, str], message: str) -> N
 
 def test_txn_version_is_for_batch_writes_only() -> None:
     with pytest.raises(InvalidOptionError, match="'txnVersion': is for batch writes"):
-        parse_write_options({"store": "file:///x", "txnAppId": "a", "txnVersion": "1"}, streaming=True)
+        parse_write_options(
+            {"store": "file:///x", "txnAppId": "a", "txnVersion": "1"}, streaming=True
+        )
 
 
 def test_schema_is_the_kafka_sources() -> None:
@@ -247,7 +284,8 @@ def test_filters_kstore_takes_over_and_the_ones_it_leaves_to_spark() -> None:
 def test_offsets_json_round_trip_is_canonical() -> None:
     offsets = {TopicPartition("b", 1): 5, TopicPartition("a", 10): 1, TopicPartition("a", 2): 3}
     data = to_json_offsets(offsets)
-    assert list(data) == ["a", "b"] and list(data["a"]) == ["2", "10"]
+    assert list(data) == ["a", "b"]
+    assert list(data["a"]) == ["2", "10"]
     assert from_json_offsets(data) == offsets
 
 
@@ -263,8 +301,19 @@ def test_rate_limit_prorates_like_kafka() -> None:
 
 
 def _segment(base: int, last: int, size: int) -> Segment:
-    return Segment(f"segments/{base}.arrow", base, last, last - base + 1, 0, 0, size, "crc32c:0",
-                   "arrow", False, 0)
+    return Segment(
+        f"segments/{base}.arrow",
+        base,
+        last,
+        last - base + 1,
+        0,
+        0,
+        size,
+        "crc32c:0",
+        "arrow",
+        False,
+        0,
+    )
 
 
 def test_byte_limit_uses_manifest_sizes() -> None:

@@ -67,13 +67,16 @@ def test_a_query_picks_up_records_produced_while_it_runs(
             values = [b"round%d-%d" % (round_, i) for i in range(7)]
             append(store, "in", round_ % 2, values)
             expected += values
-            wait_for(lambda: topic_values(store, "out") == sorted(expected))
+            want = sorted(expected)
+            wait_for(lambda want=want: topic_values(store, "out") == want)
     finally:
         query.stop()
     assert query.exception() is None
 
 
-def test_available_now_with_limits_runs_several_batches_then_stops(spark: Any, local_store_url: Any) -> None:
+def test_available_now_with_limits_runs_several_batches_then_stops(
+    spark: Any, local_store_url: Any
+) -> None:
     store = open_store(local_store_url)
     store.create_topic("t", 3)
     for p in range(3):
@@ -81,7 +84,13 @@ def test_available_now_with_limits_runs_several_batches_then_stops(spark: Any, l
             append(store, "t", p, [b"%d-%d-%d" % (p, seg, i) for i in range(25)])
     name = f"q_{uuid.uuid4().hex[:8]}"
     query = (
-        stream(spark, local_store_url, subscribe="t", startingOffsets="earliest", maxOffsetsPerTrigger=60)
+        stream(
+            spark,
+            local_store_url,
+            subscribe="t",
+            startingOffsets="earliest",
+            maxOffsetsPerTrigger=60,
+        )
         .writeStream.format("memory")
         .queryName(name)
         .trigger(availableNow=True)
@@ -91,19 +100,26 @@ def test_available_now_with_limits_runs_several_batches_then_stops(spark: Any, l
     sizes = batch_sizes(query)
     assert sizes == [60, 60, 60, 60, 60]  # 300 offsets, 20 per partition per batch
     rows = memory_rows(spark, name)
-    assert sorted((r.partition, r.offset) for r in rows) == [(p, o) for p in range(3) for o in range(100)]
+    assert sorted((r.partition, r.offset) for r in rows) == [
+        (p, o) for p in range(3) for o in range(100)
+    ]
 
 
 def test_max_bytes_per_trigger(spark: Any, local_store_url: Any) -> None:
     store = open_store(local_store_url)
     store.create_topic("t", 1)
-    for seg in range(4):
+    for _seg in range(4):
         append(store, "t", 0, [b"x" * 1000 for _ in range(50)])
     segment_bytes = store.partition("t", 0).state().segments[0].size_bytes
     name = f"q_{uuid.uuid4().hex[:8]}"
     query = (
-        stream(spark, local_store_url, subscribe="t", startingOffsets="earliest",
-               maxBytesPerTrigger=str(segment_bytes // 2))
+        stream(
+            spark,
+            local_store_url,
+            subscribe="t",
+            startingOffsets="earliest",
+            maxBytesPerTrigger=str(segment_bytes // 2),
+        )
         .writeStream.format("memory")
         .queryName(name)
         .trigger(availableNow=True)
@@ -114,14 +130,22 @@ def test_max_bytes_per_trigger(spark: Any, local_store_url: Any) -> None:
     assert len(memory_rows(spark, name)) == 200
 
 
-def test_min_offsets_per_trigger_waits_up_to_max_trigger_delay(spark: Any, local_store_url: Any) -> None:
+def test_min_offsets_per_trigger_waits_up_to_max_trigger_delay(
+    spark: Any, local_store_url: Any
+) -> None:
     store = open_store(local_store_url)
     store.create_topic("t", 1)
     append(store, "t", 0, [b"a%d" % i for i in range(10)])
     name = f"q_{uuid.uuid4().hex[:8]}"
     query = (
-        stream(spark, local_store_url, subscribe="t", startingOffsets="earliest",
-               minOffsetsPerTrigger=50, maxTriggerDelay="6s")
+        stream(
+            spark,
+            local_store_url,
+            subscribe="t",
+            startingOffsets="earliest",
+            minOffsetsPerTrigger=50,
+            maxTriggerDelay="6s",
+        )
         .writeStream.format("memory")
         .queryName(name)
         .trigger(processingTime="100 milliseconds")
@@ -161,7 +185,13 @@ def test_restart_from_checkpoint_continues_without_gaps_or_repeats(
 
     def run() -> list[int]:
         query = (
-            stream(spark, local_store_url, subscribe="in", startingOffsets="earliest", maxOffsetsPerTrigger=30)
+            stream(
+                spark,
+                local_store_url,
+                subscribe="in",
+                startingOffsets="earliest",
+                maxOffsetsPerTrigger=30,
+            )
             .selectExpr("value")
             .writeStream.format("kstore")
             .options(**source_options(local_store_url, topic="out"))
@@ -203,9 +233,13 @@ def test_new_partitions_are_picked_up(spark: Any, local_store_url: Any) -> None:
         store.create_topic("u", 1)  # a new topic matching the pattern
         append(store, "u", 0, [b"other"])
         wait_for(lambda: len(memory_rows(spark, name)) == 3, timeout=60)
-        rows = spark.sql(f"SELECT topic, partition, offset, CAST(value AS STRING) AS v FROM {name}").collect()
+        rows = spark.sql(
+            f"SELECT topic, partition, offset, CAST(value AS STRING) AS v FROM {name}"
+        ).collect()
         assert sorted((r.topic, r.partition, r.offset, r.v) for r in rows) == [
-            ("t", 0, 0, "old"), ("t", 2, 0, "new"), ("u", 0, 0, "other")
+            ("t", 0, 0, "old"),
+            ("t", 2, 0, "new"),
+            ("u", 0, 0, "other"),
         ]
     finally:
         query.stop()
@@ -222,8 +256,13 @@ def test_fail_on_data_loss_when_retention_removed_unread_offsets(
 
     def run() -> Any:
         query = (
-            stream(spark, local_store_url, subscribe="t", startingOffsets="earliest",
-                   failOnDataLoss=str(fail).lower())
+            stream(
+                spark,
+                local_store_url,
+                subscribe="t",
+                startingOffsets="earliest",
+                failOnDataLoss=str(fail).lower(),
+            )
             .selectExpr("value")
             .writeStream.format("kstore")
             .options(**source_options(local_store_url, topic="out"))
@@ -250,4 +289,6 @@ def test_fail_on_data_loss_when_retention_removed_unread_offsets(
         assert topic_values(store, "out") == sorted(b"a%d" % i for i in range(10))
     else:
         assert error is None
-        assert topic_values(store, "out") == sorted([b"a%d" % i for i in range(10)] + [b"c%d" % i for i in range(10)])
+        assert topic_values(store, "out") == sorted(
+            [b"a%d" % i for i in range(10)] + [b"c%d" % i for i in range(10)]
+        )

@@ -13,12 +13,12 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from kstore.spark_ext.stores import forget_stores
 
 from kstore import Store
 from kstore.log import Action
 from kstore.partition import PartitionState
 from kstore.segments import HEADERS_TYPE, RECORD_SCHEMA, TIMESTAMP_TYPE
-from kstore.spark_ext.stores import forget_stores
 
 BASE_MS = 1_700_000_000_000
 
@@ -58,7 +58,10 @@ def records(
             pa.array(values, pa.binary()),
             pa.array([t * 1000 for t in stamps], pa.int64()).cast(TIMESTAMP_TYPE),
             pa.array(
-                [[{"key": k, "value": v} for k, v in h] if h is not None else None for h in header_rows],
+                [
+                    [{"key": k, "value": v} for k, v in h] if h is not None else None
+                    for h in header_rows
+                ],
                 HEADERS_TYPE,
             ),
         ],
@@ -138,7 +141,9 @@ def wait_for(condition: Callable[[], bool], timeout: float = 60.0, interval: flo
         time.sleep(interval)
 
 
-def arrow_rows(df: Any, order: Iterable[str] = ("topic", "partition", "offset")) -> list[dict[str, Any]]:
+def arrow_rows(
+    df: Any, order: Iterable[str] = ("topic", "partition", "offset")
+) -> list[dict[str, Any]]:
     """The DataFrame's rows as dicts (through Arrow, so timestamps stay UTC and exact)."""
     table = df.toArrow()
     keys = [k for k in order if k in table.column_names]

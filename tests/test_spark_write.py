@@ -17,12 +17,11 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-
-from kstore import Store
-from kstore.partition import Partition
-from kstore.partitioner import get_partitioner
 from kstore.spark_ext.options import parse_write_options
 from kstore.spark_ext.writer import KStoreStreamWriter
+
+from kstore.partition import Partition
+from kstore.partitioner import get_partitioner
 from tests.test_spark_support import (
     BACKENDS,
     append,
@@ -46,7 +45,9 @@ def sink(df: Any, target: Any, **options: Any) -> Any:
 
 
 @pytest.mark.parametrize("target", BACKENDS)
-def test_batch_write_like_the_kafka_sink(spark: Any, target: str, request: pytest.FixtureRequest) -> None:
+def test_batch_write_like_the_kafka_sink(
+    spark: Any, target: str, request: pytest.FixtureRequest
+) -> None:
     where = request.getfixturevalue(target)
     store = open_store(where)
     store.create_topic("t", 4)
@@ -106,16 +107,22 @@ def test_write_errors_name_the_problem(spark: Any, local_store_url: Any) -> None
         sink(spark.range(3), local_store_url, topic="t").save()
     with pytest.raises(Exception, match="column 'value' must be binary or string, got bigint"):
         sink(spark.range(3).selectExpr("id AS value"), local_store_url, topic="t").save()
-    with pytest.raises(Exception, match="set the option 'topic' or give the input a 'topic' column"):
+    with pytest.raises(
+        Exception, match="set the option 'topic' or give the input a 'topic' column"
+    ):
         sink(values, local_store_url).save()
     with pytest.raises(Exception, match="topic 'nope' does not exist"):
         sink(values, local_store_url, topic="nope").save()
     with pytest.raises(Exception, match="save mode 'overwrite' is not supported"):
-        values.write.format("kstore").options(**source_options(local_store_url, topic="t")).mode("overwrite").save()
-    with pytest.raises(Exception, match="has partitions 0..1; a record names partition 5"):
+        values.write.format("kstore").options(**source_options(local_store_url, topic="t")).mode(
+            "overwrite"
+        ).save()
+    with pytest.raises(Exception, match=r"has partitions 0..1; a record names partition 5"):
         sink(values.selectExpr("value", "5 AS partition"), local_store_url, topic="t").save()
-    with pytest.raises(Exception, match="larger than topic 't''s max.message.bytes=200"):
-        sink(spark.range(1).selectExpr("repeat('x', 500) AS value"), local_store_url, topic="t").save()
+    with pytest.raises(Exception, match=r"larger than topic 't''s max.message.bytes=200"):
+        sink(
+            spark.range(1).selectExpr("repeat('x', 500) AS value"), local_store_url, topic="t"
+        ).save()
     assert topic_rows(store, "t") == []
     present, live = segment_files(store, "t")
     assert present == live == set()  # failed writes leave no files behind
@@ -124,7 +131,11 @@ def test_write_errors_name_the_problem(spark: Any, local_store_url: Any) -> None
 def test_idempotent_batch_write_with_txn_options(spark: Any, local_store_url: Any) -> None:
     store = open_store(local_store_url)
     store.create_topic("t", 3)
-    df = spark.range(60).selectExpr("CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value").repartition(3)
+    df = (
+        spark.range(60)
+        .selectExpr("CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value")
+        .repartition(3)
+    )
     for _ in range(2):  # the same job again, e.g. a retried pipeline step
         sink(df, local_store_url, topic="t", txnAppId="nightly-load", txnVersion=7).save()
     assert topic_values(store, "t") == sorted(b"%d" % i for i in range(60))
@@ -152,12 +163,16 @@ def test_a_failed_job_leaves_no_records_and_no_files(spark: Any, local_store_url
 # -- exactly-once -----------------------------------------------------------------------------------
 
 
-def test_a_replayed_micro_batch_commits_only_what_is_missing(local_store_url: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_replayed_micro_batch_commits_only_what_is_missing(
+    local_store_url: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The driver dies after committing some partitions of a micro-batch; the replay commits
     the others, and nothing twice (the sink's commit path, without Spark scheduling)."""
     store = open_store(local_store_url)
     store.create_topic("t", 3)
-    options = parse_write_options(source_options(local_store_url, topic="t", txnAppId="query-1"), streaming=True)
+    options = parse_write_options(
+        source_options(local_store_url, topic="t", txnAppId="query-1"), streaming=True
+    )
     writer = KStoreStreamWriter(options, {"key": "key", "value": "value"})
     keys = [b"k%d" % i for i in range(90)]
     batch = pa.RecordBatch.from_pydict({"key": keys, "value": [b"v%d" % i for i in range(90)]})
@@ -188,7 +203,13 @@ def test_a_replayed_micro_batch_commits_only_what_is_missing(local_store_url: An
 
 
 def _copy_query(
-    spark: Any, target: Any, checkpoint: Path, *, slow: bool, available_now: bool, limit: int | None = 40
+    spark: Any,
+    target: Any,
+    checkpoint: Path,
+    *,
+    slow: bool,
+    available_now: bool,
+    limit: int | None = 40,
 ) -> Any:
     from pyspark.sql.functions import udf
 
@@ -213,7 +234,11 @@ def _copy_query(
         .options(**source_options(target, topic="out"))
         .option("checkpointLocation", str(checkpoint))
     )
-    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime="10 milliseconds")
+    writer = (
+        writer.trigger(availableNow=True)
+        if available_now
+        else writer.trigger(processingTime="10 milliseconds")
+    )
     return writer.start()
 
 
@@ -226,7 +251,9 @@ def test_stopping_a_query_mid_batch_and_restarting_is_exactly_once(
     expected = []
     for p in range(3):
         values = [b"%d-%d" % (p, i) for i in range(120)]
-        append(store, "in", p, values, keys=[None if i % 4 == 0 else b"k%d" % i for i in range(120)])
+        append(
+            store, "in", p, values, keys=[None if i % 4 == 0 else b"k%d" % i for i in range(120)]
+        )
         expected += values
     rng = random.Random(5)
     checkpoint = tmp_path / "checkpoint"
@@ -236,7 +263,9 @@ def test_stopping_a_query_mid_batch_and_restarting_is_exactly_once(
         time.sleep(rng.uniform(0.1, 0.6))  # somewhere inside a micro-batch
         query.stop()
     assert len(topic_rows(store, "out")) < len(expected)
-    query = _copy_query(spark, local_store_url, checkpoint, slow=False, available_now=True, limit=None)
+    query = _copy_query(
+        spark, local_store_url, checkpoint, slow=False, available_now=True, limit=None
+    )
     assert query.awaitTermination(120)
     assert topic_values(store, "out") == sorted(expected)
     present, live = segment_files(store, "out")
@@ -278,7 +307,9 @@ DRIVER = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_killing_the_driver_mid_batch_and_restarting_is_exactly_once(local_store_url: Any, tmp_path: Path) -> None:
+def test_killing_the_driver_mid_batch_and_restarting_is_exactly_once(
+    local_store_url: Any, tmp_path: Path
+) -> None:
     store = open_store(local_store_url)
     store.create_topic("in", 3)
     store.create_topic("out", 2)
@@ -286,7 +317,13 @@ def test_killing_the_driver_mid_batch_and_restarting_is_exactly_once(local_store
     for p in range(3):
         for seg in range(3):
             values = [b"%d-%d-%d" % (p, seg, i) for i in range(100)]
-            append(store, "in", p, values, keys=[None if i % 5 == 0 else b"k%d" % i for i in range(100)])
+            append(
+                store,
+                "in",
+                p,
+                values,
+                keys=[None if i % 5 == 0 else b"k%d" % i for i in range(100)],
+            )
             expected += values
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
@@ -298,14 +335,17 @@ def test_killing_the_driver_mid_batch_and_restarting_is_exactly_once(local_store
         # A session of its own: the kill takes the JVM and the Python workers with it.
         return subprocess.Popen(
             [sys.executable, str(script), url, json.dumps(options), checkpoint, mode],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
             start_new_session=True,
         )
 
     process = driver("run")
     try:
         # Kill once the copy is well under way: some micro-batches committed, more to come.
-        wait_for(lambda: 100 <= len(topic_rows(store, "out")), timeout=120, interval=0.05)
+        wait_for(lambda: len(topic_rows(store, "out")) >= 100, timeout=120, interval=0.05)
         time.sleep(random.Random(11).uniform(0.0, 0.3))
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(30)
@@ -316,12 +356,15 @@ def test_killing_the_driver_mid_batch_and_restarting_is_exactly_once(local_store
             os.killpg(process.pid, signal.SIGKILL)
     finisher = driver("finish")
     stdout, _ = finisher.communicate(timeout=240)
-    assert finisher.returncode == 0 and "finished" in stdout
+    assert finisher.returncode == 0
+    assert "finished" in stdout
     assert topic_values(store, "out") == sorted(expected)
     assert len(topic_rows(store, "out")) == len(expected)
 
 
-def test_a_streaming_copy_on_s3_is_exactly_once(spark: Any, seaweed_bucket_url: Any, tmp_path: Path) -> None:
+def test_a_streaming_copy_on_s3_is_exactly_once(
+    spark: Any, seaweed_bucket_url: Any, tmp_path: Path
+) -> None:
     store = open_store(seaweed_bucket_url)
     store.create_topic("in", 2)
     store.create_topic("out", 2)
@@ -330,13 +373,17 @@ def test_a_streaming_copy_on_s3_is_exactly_once(spark: Any, seaweed_bucket_url: 
         values = [b"%d-%d" % (p, i) for i in range(100)]
         append(store, "in", p, values, keys=[b"k%d" % (i % 7) for i in range(100)])
         expected += values
-    query = _copy_query(spark, seaweed_bucket_url, tmp_path / "checkpoint", slow=False, available_now=True, limit=70)
+    query = _copy_query(
+        spark, seaweed_bucket_url, tmp_path / "checkpoint", slow=False, available_now=True, limit=70
+    )
     assert query.awaitTermination(180)
     assert [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]] == [70, 70, 60]
     assert topic_values(store, "out") == sorted(expected)
 
 
-def test_concurrent_producer_and_streaming_copy(spark: Any, local_store_url: Any, tmp_path: Path) -> None:
+def test_concurrent_producer_and_streaming_copy(
+    spark: Any, local_store_url: Any, tmp_path: Path
+) -> None:
     """Records produced while the copy runs all arrive, once."""
     store = open_store(local_store_url)
     store.create_topic("in", 2)
@@ -353,7 +400,9 @@ def test_concurrent_producer_and_streaming_copy(spark: Any, local_store_url: Any
             i += 1
             time.sleep(0.05)
 
-    query = _copy_query(spark, local_store_url, tmp_path / "checkpoint", slow=False, available_now=False)
+    query = _copy_query(
+        spark, local_store_url, tmp_path / "checkpoint", slow=False, available_now=False
+    )
     producer = threading.Thread(target=produce)
     producer.start()
     try:
