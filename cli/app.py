@@ -33,6 +33,7 @@ from kstore.cli.common import (
     print_table,
     report_error,
     resolve_store,
+    silence_stdout,
     store_from,
     text,
     write_out,
@@ -64,7 +65,8 @@ class KstoreGroup(TyperGroup):
             sys.stderr.write("interrupted\n")
             raise typer.Exit(EXIT_INTERRUPTED) from None
         except BrokenPipeError:
-            raise typer.Exit(0) from None  # the reader of our output went away (| head)
+            silence_stdout()  # the reader of our output went away (| head): not an error
+            raise typer.Exit(0) from None
         except Exception as exc:
             report_error(exc)
             raise typer.Exit(EXIT_FAILURE) from None

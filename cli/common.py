@@ -24,7 +24,7 @@ import os
 import sys
 import tomllib
 import traceback
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -404,7 +404,11 @@ def _console(stream: Any) -> Console:
     from rich.console import Console
 
     interactive = hasattr(stream, "isatty") and stream.isatty()
-    width = None if interactive else int(os.environ.get("COLUMNS", "0") or 0) or 200
+    columns = os.environ.get("COLUMNS", "")
+    # Piped output is not cut at 80 columns (rich's default off a terminal).
+    width = (
+        None if interactive else (int(columns) if columns.isdigit() and int(columns) > 0 else 200)
+    )
     return Console(file=stream, width=width, highlight=False, soft_wrap=False)
 
 
@@ -527,13 +531,11 @@ def report_error(exc: BaseException) -> None:
     sys.stderr.flush()
 
 
-def fail(message: str) -> typer.Exit:
-    """Report a failure found by the CLI itself (exit code 1); ``raise fail(...)``."""
-    sys.stderr.write(redactor()(f"error: {message}") + "\n")
-    sys.stderr.flush()
-    return typer.Exit(EXIT_FAILURE)
-
-
-def chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+def silence_stdout() -> None:
+    """The reader of our output went away (``| head``): exit quietly, and keep Python from
+    complaining while it flushes stdout at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # not a real file (a test runner's buffer)

@@ -20,6 +20,7 @@ from kstore.cli.common import (
     StoreOpt,
     UsageError,
     note,
+    silence_stdout,
     store_from,
 )
 from kstore.cli.produce import unescape
@@ -448,18 +449,6 @@ def consume(
     finally:
         consumer.close(autocommit=False)
     if broken_pipe:
-        _silence_stdout()
+        silence_stdout()
         return
     note(f"Processed a total of {printed} messages")
-
-
-def _silence_stdout() -> None:
-    """The reader of our output went away (``| head``): exit quietly, and keep Python from
-    complaining while it flushes stdout at exit."""
-    import os
-
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass  # not a real file (a test runner's buffer)

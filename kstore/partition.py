@@ -493,14 +493,30 @@ class Partition:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def read_segment(self, seg: Segment, columns: list[str] | None = None) -> pa.Table:
+    def _prefetch(self, segments: Sequence[Segment], columns: list[str] | None) -> None:
+        """Fetch the files of several segments concurrently (object stores), so a reader that
+        is behind pays one round trip for a run of segments rather than one each."""
+        if self.storage.is_local or self.storage.protocol == "memory" or len(segments) < 2:
+            return
+        missing = [s for s in segments
+                   if self.cache.get(f"{self.directory}/{_cache_key(s, columns)}") is None]
+        if len(missing) < 2:
+            return
+        found = self.storage.read_many([f"{self.directory}/{s.path}" for s in missing])
+        for seg in missing:
+            data = found.get(f"{self.directory}/{seg.path}")
+            if data is not None:
+                self.read_segment(seg, columns, data=data)
+
+    def read_segment(self, seg: Segment, columns: list[str] | None = None, *, data: bytes | None = None) -> pa.Table:
         """A live segment's records (READ_SCHEMA), verified against its checksum."""
-        key = seg.path if columns is None else f"{seg.path}|{','.join(columns)}"
+        key = _cache_key(seg, columns)
         cached = self.cache.get(f"{self.directory}/{key}")
         if cached is not None:
             return cached
         where = f"{self.storage.url}/{self.directory}/{seg.path} ({self.topic}-{self.partition})"
-        data = read_segment_bytes(self.storage, f"{self.directory}/{seg.path}", where)
+        if data is None:
+            data = read_segment_bytes(self.storage, f"{self.directory}/{seg.path}", where)
         table = decode_segment(
             data, where=where, expected_checksum=seg.checksum, fmt=seg.format, sparse=seg.sparse,
             base_offset=seg.base_offset, record_count=seg.record_count, columns=columns,
@@ -543,6 +559,13 @@ class Partition:
         want = columns if columns is None or "offset" in columns else [*columns, "offset"]
         i = state.segment_index_for(from_offset)
         position = from_offset
+        ahead, expected = [], 0
+        for seg in state.segments[i:]:
+            if expected >= remaining or seg.base_offset >= stop or len(ahead) >= 32:
+                break
+            ahead.append(seg)
+            expected += seg.record_count
+        self._prefetch(ahead, want)
         while i < len(state.segments) and remaining > 0 and position < stop:
             seg = state.segments[i]
             i += 1
@@ -600,6 +623,10 @@ class Partition:
 # A cached state not confirmed as the newest for this long is reloaded from a checkpoint
 # before it is used: vacuum keeps log versions at least twice as long (PROTOCOL.md 17.5).
 STALE_STATE_S = 24 * 3600.0
+
+
+def _cache_key(seg: Segment, columns: list[str] | None) -> str:
+    return seg.path if columns is None else f"{seg.path}|{','.join(columns)}"
 
 
 def _search(offsets: pa.ChunkedArray | pa.Array, value: int) -> int:

@@ -82,7 +82,11 @@ def conform(table: pa.Table | pa.RecordBatch, schema: pa.Schema = RECORD_SCHEMA)
     columns = []
     for field in schema:
         if field.name not in table.column_names:
-            if field.name in ("key", "headers", "timestamp"):
+            if field.name == "timestamp":  # records without a time are stamped now
+                now_us = int(time.time() * 1_000_000)
+                columns.append(pa.array(np.full(table.num_rows, now_us, np.int64)).cast(field.type))
+                continue
+            if field.name in ("key", "headers"):
                 columns.append(pa.nulls(table.num_rows, field.type))
                 continue
             raise InvalidRecordError(f"records need a {field.name!r} column; got {table.column_names}")
