@@ -321,40 +321,50 @@ def run_partitions(
     groups = [items[i::n] for i in range(n)]
     url, storage_options = store.url, dict(store.storage.storage_options)
 
-    def task(batches: Iterator[Any]) -> Iterator[Any]:
+    def task(group_ids: Iterable[int]) -> Iterator[str]:
+        executor_store = open_store(url, storage_options)
+        for group_id in group_ids:
+            for item in groups[group_id]:
+                yield run_item(fn, executor_store, item, options, operation).to_json()
+
+    try:
+        sc = spark.sparkContext
+    except Exception:  # Spark Connect: no RDDs; one row, hence one group, per task instead
+        frame = spark.range(0, n, 1, n).mapInArrow(_arrow_task(task), "result string")
+        rows = [r["result"] for r in frame.collect()]
+    else:
+        # parallelize(range(n), n): exactly one group id per task.
+        rows = _collect_with_progress(
+            sc, sc.parallelize(range(n), n).mapPartitions(task), operation, n, progress
+        )
+    return [PartitionResult.from_json(r) for r in rows], n
+
+
+def _arrow_task(
+    task: Callable[[Iterable[int]], Iterator[str]],
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        executor_store = open_store(url, storage_options)
         for batch in batches:
-            for group_id in batch.column("id").to_pylist():
-                rows = [
-                    run_item(fn, executor_store, item, options, operation).to_json()
-                    for item in groups[group_id]
-                ]
-                yield pa.RecordBatch.from_pydict({"result": rows})
+            rows = list(task(batch.column("id").to_pylist()))
+            yield pa.RecordBatch.from_pydict({"result": pa.array(rows, pa.string())})
 
-    # spark.range(n) with n slices gives exactly one row, hence one group, per task.
-    frame = spark.range(0, n, 1, n).mapInArrow(task, "result string")
-    rows = _collect_with_progress(spark, frame, operation, n, progress)
-    return [PartitionResult.from_json(r["result"]) for r in rows], n
+    return run
 
 
 def _collect_with_progress(
-    spark: Any, frame: Any, operation: str, tasks: int, progress: Progress | None
-) -> list[Any]:
-    """``frame.collect()``, reporting finished tasks every few seconds while it runs."""
-    try:
-        sc = spark.sparkContext
-        tracker = sc.statusTracker()
-    except Exception:
-        return list(frame.collect())
+    sc: Any, rdd: Any, operation: str, tasks: int, progress: Progress | None
+) -> list[str]:
+    """``rdd.collect()``, reporting finished tasks every few seconds while it runs."""
+    tracker = sc.statusTracker()
     group = f"kstore-{operation}-{time.monotonic_ns()}"
     outcome: dict[str, Any] = {}
 
     def run() -> None:
         try:
             sc.setJobGroup(group, f"kstore {operation}")
-            outcome["rows"] = frame.collect()
+            outcome["rows"] = rdd.collect()
         except BaseException as exc:
             outcome["error"] = exc
 

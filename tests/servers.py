@@ -243,7 +243,16 @@ class SeaweedServer(S3Server):
     brings it back on the same ports with the same data, and ``restart()`` does both.
     """
 
+    def new_store_url(self, prefix: str = "store") -> tuple[str, dict[str, Any]]:
+        """A fresh store under a unique prefix of one shared bucket. Every SeaweedFS bucket
+        takes volumes of its own, and a full test run would exhaust them with a bucket per
+        test; prefixes isolate stores just as well."""
+        if self._shared_bucket is None:
+            self._shared_bucket = self.create_bucket()
+        return f"s3://{self._shared_bucket}/{prefix}-{uuid.uuid4().hex[:12]}", self.storage_options()
+
     def __init__(self, base_dir: Path | str | None = None, *, startup_timeout: float = 60.0):
+        self._shared_bucket: str | None = None
         self._owns_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="kstore-weed-")).resolve()
         self.data_dir = self.base_dir / "data"

@@ -655,6 +655,77 @@ def test_verify_checks_checkpoints_and_orphans(local_cli: Cli) -> None:
     )
 
 
+def test_verify_finds_manifest_and_data_disagreeing(local_cli: Cli) -> None:
+    """Segments whose checksum is right but whose manifest entry lies about them."""
+    import pyarrow as pa
+    from kstore.cli.verify import verify_topic
+
+    from kstore.segments import checksum, encode_arrow
+
+    cli = local_cli
+    cli.run("topics", "create", "t")
+    cli.run("produce", "t", input="a\nb\n")
+    store = cli.store()
+    partition = store.partition("t", 0)
+
+    def add(body: dict[str, Any]) -> None:
+        partition.commit_actions(lambda state: [{"add": body}], operation="TEST")
+
+    # 1. A dense segment whose manifest timestamps and size are wrong.
+    written = partition.write_segment(_table([b"c", b"d"]))
+    add(
+        {
+            "path": written.path,
+            "baseOffset": 2,
+            "lastOffset": 3,
+            "records": 2,
+            "minTimestamp": 1,
+            "maxTimestamp": 2,
+            "size": written.size_bytes + 5,
+            "checksum": written.checksum,
+            "format": "arrow",
+            "sparse": False,
+        }
+    )
+    # 2. A sparse segment whose offsets go backwards (the reader checks only the first and
+    #    the last against the manifest's range).
+    table = _table([b"e", b"f", b"g"]).append_column("offset", pa.array([4, 7, 6], pa.int64()))
+    data = encode_arrow(table, "uncompressed").to_pybytes()
+    path = "segments/0000000000001-" + "ab" * 16 + ".arrow"
+    store.storage.put_if_absent(f"{partition.directory}/{path}", data)
+    stamp = table.column("timestamp")[0].value // 1000
+    add(
+        {
+            "path": path,
+            "baseOffset": 4,
+            "lastOffset": 7,
+            "records": 3,
+            "minTimestamp": stamp,
+            "maxTimestamp": stamp,
+            "size": len(data),
+            "checksum": checksum(data),
+            "format": "arrow",
+            "sparse": True,
+        }
+    )
+    report = verify_topic(store, "t")
+    messages = sorted(f.message for f in report.problems)
+    assert len(messages) == 3, messages
+    assert messages[0].startswith("file is ")
+    assert "the manifest says" in messages[0]
+    assert messages[1] == "offsets are not strictly increasing"
+    assert messages[2].startswith("timestamps span")
+    assert "the manifest says 1..2" in messages[2]
+    assert {f.path for f in report.problems} == {
+        f"{partition.directory}/{written.path}",
+        f"{partition.directory}/{path}",
+    }
+    assert (report.segments, report.records) == (3, 7)
+    output = cli.run("verify", "t", code=1)
+    assert output.stdout.count("error: t-0: ") == 3
+    assert "3 problem(s)" in output.stderr
+
+
 def _table(values: list[bytes]) -> Any:
     import pyarrow as pa
 

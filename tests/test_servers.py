@@ -45,12 +45,13 @@ def test_write_read_list_delete(server: S3Server) -> None:
     assert not fs.exists(f"{root}/a/one.json")
 
 
-def test_buckets_are_fresh_and_distinct(server: S3Server) -> None:
+def test_store_urls_are_fresh_and_distinct(server: S3Server) -> None:
     url1, options = server.new_store_url()
     url2, _ = server.new_store_url()
     assert url1 != url2
     fs = _fs(options)
-    assert fs.ls(url1.removeprefix("s3://").split("/")[0], detail=False) == []
+    fs.pipe_file(f"{url1.removeprefix('s3://')}/probe", b"x")
+    assert not fs.exists(f"{url2.removeprefix('s3://')}/probe")  # nothing of url1 shows in url2
 
 
 def test_pipe_file_create_refuses_an_existing_object(server: S3Server) -> None:
