@@ -7,17 +7,17 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import pytest
-
 import kstore.compaction.cleaner as cleaner
 import kstore.compaction.jobs as jobs
 import kstore.compaction.merger as merger
+import pytest
 from kstore.compaction import merge_segments, plan_compaction, run_compaction
 from kstore.compaction.cleaner import delete_horizon
 from kstore.compaction.jobs import MAX_UNCOMMITTED_MS
+from kstore.retention import MIN_ORPHAN_AGE_MS, run_retention
+
 from kstore.consumer import Consumer
 from kstore.records import TopicPartition
-from kstore.retention import MIN_ORPHAN_AGE_MS, run_retention
 from tests.test_jobs_support import (
     BACKENDS,
     Target,
@@ -33,7 +33,9 @@ from tests.test_jobs_support import (
 COMPACT = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 0.0}
 
 
-def fill(part: Any, rng: random.Random, segments: int, per_segment: int, keys: int, ts: int) -> None:
+def fill(
+    part: Any, rng: random.Random, segments: int, per_segment: int, keys: int, ts: int
+) -> None:
     """Random keys (some null), some tombstones (null values)."""
     for s in range(segments):
         ks, vs = [], []
@@ -45,7 +47,9 @@ def fill(part: Any, rng: random.Random, segments: int, per_segment: int, keys: i
 
 
 @pytest.mark.parametrize("target", BACKENDS)
-def test_every_key_keeps_its_latest_record_at_its_offset(target: str, request: pytest.FixtureRequest) -> None:
+def test_every_key_keeps_its_latest_record_at_its_offset(
+    target: str, request: pytest.FixtureRequest
+) -> None:
     where: Target = request.getfixturevalue(target)
     store = open_store(where)
     store.create_topic("users", 2, COMPACT)
@@ -56,8 +60,11 @@ def test_every_key_keeps_its_latest_record_at_its_offset(target: str, request: p
         fill(part, rng, segments=12, per_segment=40, keys=60, ts=now_ms() - 3_600_000)
         before[p] = rows(part)
     summary = run_compaction(None, *where, verbose=False)
-    assert summary.count("committed") == 2 and not summary.errors
-    assert summary.records_dropped == sum(len(before[p]) - len(latest_per_key(before[p])) for p in range(2))
+    assert summary.count("committed") == 2
+    assert not summary.errors
+    assert summary.records_dropped == sum(
+        len(before[p]) - len(latest_per_key(before[p])) for p in range(2)
+    )
     for p in range(2):
         part = store.partition("users", p)
         state = part.state()
@@ -76,11 +83,14 @@ def test_every_key_keeps_its_latest_record_at_its_offset(target: str, request: p
         assert seen == latest_per_key(before[p])
     # A second run finds nothing dirty.
     again = run_compaction(None, *where, verbose=False)
-    assert again.count("committed") == 0 and again.count("skipped") == 2
+    assert again.count("committed") == 0
+    assert again.count("skipped") == 2
 
 
 @pytest.mark.parametrize("target", BACKENDS)
-def test_tombstones_survive_delete_retention_then_go(target: str, request: pytest.FixtureRequest) -> None:
+def test_tombstones_survive_delete_retention_then_go(
+    target: str, request: pytest.FixtureRequest
+) -> None:
     where: Target = request.getfixturevalue(target)
     store = open_store(where)
     retention = 60_000
@@ -111,7 +121,8 @@ def test_tombstones_survive_delete_retention_then_go(target: str, request: pytes
     run_compaction(None, *where, verbose=False, now_ms=second)
     assert rows(part) == [(2, b"c", b"3")]
     state = part.state()
-    assert state.end_offset == 5 and state.cleaned_offset == 5  # offsets never reused
+    assert state.end_offset == 5
+    assert state.cleaned_offset == 5
 
 
 def test_head_younger_than_min_compaction_lag_stays(local_store: Target) -> None:
@@ -130,8 +141,15 @@ def test_head_younger_than_min_compaction_lag_stays(local_store: Target) -> None
 
 def test_dirty_ratio_and_max_compaction_lag(local_store: Target) -> None:
     store = open_store(local_store)
-    store.create_topic("t", 1, {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 0.9,
-                                "max.compaction.lag.ms": 600_000})
+    store.create_topic(
+        "t",
+        1,
+        {
+            "cleanup.policy": "compact",
+            "min.cleanable.dirty.ratio": 0.9,
+            "max.compaction.lag.ms": 600_000,
+        },
+    )
     part = store.partition("t", 0)
     now = now_ms()
     append(part, [b"k%d" % (i % 50) for i in range(500)], [b"v" * 50] * 500, now)
@@ -139,7 +157,8 @@ def test_dirty_ratio_and_max_compaction_lag(local_store: Target) -> None:
     assert first.count("committed") == 1  # all dirty: ratio 1.0
     append(part, [b"k1"], [b"new"], now)
     plan = plan_compaction(part.state(), store.topic("t").effective_config, now)
-    assert isinstance(plan, str) and "below min.cleanable.dirty.ratio" in plan
+    assert isinstance(plan, str)
+    assert "below min.cleanable.dirty.ratio" in plan
     skipped = run_compaction(None, *local_store, verbose=False, now_ms=now)
     assert skipped.count("skipped") == 1
     assert "min.cleanable.dirty.ratio" in skipped.partitions[0].reason
@@ -147,7 +166,8 @@ def test_dirty_ratio_and_max_compaction_lag(local_store: Target) -> None:
     forced = run_compaction(None, *local_store, verbose=False, now_ms=now + 600_001)
     assert forced.count("committed") == 1
     assert "max.compaction.lag.ms" in forced.partitions[0].reason
-    assert rows(part)[-1] == (500, b"k1", b"new") and len(rows(part)) == 50
+    assert rows(part)[-1] == (500, b"k1", b"new")
+    assert len(rows(part)) == 50
 
 
 def test_an_incremental_run_rewrites_only_superseded_clean_segments(local_store: Target) -> None:
@@ -168,8 +188,10 @@ def test_an_incremental_run_rewrites_only_superseded_clean_segments(local_store:
     assert result.segments_removed == 2  # clean segment 3, and the dirty one
     after = part.state()
     assert len(clean - {s.path for s in after.segments}) == 1  # nine clean segments untouched
-    got = dict(((k, v) for _, k, v in rows(part)))
-    assert got[b"s3-k5"] == b"v1" and got[b"new-1"] == b"v1" and len(got) == 202
+    got = {k: v for _, k, v in rows(part)}
+    assert got[b"s3-k5"] == b"v1"
+    assert got[b"new-1"] == b"v1"
+    assert len(got) == 202
     # Only new keys: no clean segment is rewritten at all.
     before = {s.path for s in part.state().segments}
     append(part, [b"new-3"], [b"v2"], now - 10_000)
@@ -202,13 +224,18 @@ def test_compaction_and_merging_stop_at_an_open_transaction(local_store: Target)
     state = part.state()
     assert state.cleaned_offset == 2
     assert [(s.base_offset, s.last_offset, s.format) for s in state.segments] == [
-        (0, 1, "parquet"), (2, 2, "arrow"), (3, 4, "arrow")]
+        (0, 1, "parquet"),
+        (2, 2, "arrow"),
+        (3, 4, "arrow"),
+    ]
     part.end_transaction("p", 0, 0, commit=True)
     run_compaction(None, *local_store, verbose=False)
     assert rows(part) == [(4, b"k", b"4")]
 
 
-def test_a_concurrent_maintenance_commit_wins_cleanly(local_store: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_concurrent_maintenance_commit_wins_cleanly(
+    local_store: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Retention removes segments while compaction is writing: compaction's commit sees it,
     commits nothing, deletes its new file and reports a conflict; nothing is lost."""
     store = open_store(local_store)
@@ -227,19 +254,24 @@ def test_a_concurrent_maintenance_commit_wins_cleanly(local_store: Target, monke
 
     monkeypatch.setattr(cleaner, "write_segment", write_then_race)
     summary = run_compaction(None, *local_store, verbose=False)
-    assert summary.count("conflict") == 1 and not summary.errors
+    assert summary.count("conflict") == 1
+    assert not summary.errors
     state = part.state()
-    assert state.cleaned_offset == 0 and state.log_start_offset == 2
+    assert state.cleaned_offset == 0
+    assert state.log_start_offset == 2
     assert rows(part) == [(2, b"b", b"3"), (3, b"b", b"4")]
     # The abandoned output is gone: storage holds the live segment and the removed one only.
-    assert {f"segments/{n}" for n in segment_files(store, part)} == \
-        {s.path for s in state.segments} | set(state.removed)
+    assert {f"segments/{n}" for n in segment_files(store, part)} == {
+        s.path for s in state.segments
+    } | set(state.removed)
     monkeypatch.setattr(cleaner, "write_segment", real)
     assert run_compaction(None, *local_store, verbose=False).count("committed") == 1
     assert rows(part) == [(3, b"b", b"4")]
 
 
-def test_producer_appends_never_conflict_with_a_rewrite(local_store: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_producer_appends_never_conflict_with_a_rewrite(
+    local_store: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = open_store(local_store)
     store.create_topic("t", 1, COMPACT)
     part = store.partition("t", 0)
@@ -267,7 +299,9 @@ def test_producer_appends_never_conflict_with_a_rewrite(local_store: Target, mon
     assert [s.format for s in part.state().segments] == ["parquet", "arrow"]
 
 
-def test_a_rewrite_whose_files_are_too_old_is_abandoned(local_store: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rewrite_whose_files_are_too_old_is_abandoned(
+    local_store: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A maintenance commit must land within MAX_UNCOMMITTED_MS of writing its files, or vacuum
     could take them for orphans; past that it gives up and deletes them."""
     store = open_store(local_store)
@@ -281,7 +315,8 @@ def test_a_rewrite_whose_files_are_too_old_is_abandoned(local_store: Target, mon
     monkeypatch.undo()
     assert summary.count("conflict") == 1
     state = part.state()
-    assert len(segment_files(store, part)) == 1 and state.segments[0].format == "arrow"
+    assert len(segment_files(store, part)) == 1
+    assert state.segments[0].format == "arrow"
 
 
 @pytest.mark.parametrize("target", BACKENDS)
@@ -299,7 +334,8 @@ def test_merging_keeps_every_record_and_offset(target: str, request: pytest.Fixt
     small = part.state().segments[0].size_bytes
     summary = merge_segments(None, *where, verbose=False)
     state = part.state()
-    assert summary.count("committed") == 1 and summary.segments_removed == 30
+    assert summary.count("committed") == 1
+    assert summary.segments_removed == 30
     assert rows(part) == before
     assert len(state.segments) < 30 // 3
     assert all(s.size_bytes <= 12_000 + small for s in state.segments if s.format == "parquet")
@@ -318,7 +354,15 @@ def test_merge_plan_is_tiered() -> None:
         return Segment(f"segments/{i}", i, i, 1, 0, 0, size, "crc32c:0", "arrow", False, 0)
 
     state = PartitionState()
-    state.segments = [seg(0, 600), seg(1, 100), seg(2, 100), seg(3, 100), seg(4, 2000), seg(5, 10), seg(6, 10)]
+    state.segments = [
+        seg(0, 600),
+        seg(1, 100),
+        seg(2, 100),
+        seg(3, 100),
+        seg(4, 2000),
+        seg(5, 10),
+        seg(6, 10),
+    ]
     state.end_offset = 7
     groups = merger.plan_merge(state, {"segment.bytes": 1000})
     # 600 dominates [600,100,100,100]; 2000 is over the target; the tiny ones merge.
@@ -334,5 +378,7 @@ def test_dry_runs_change_nothing(local_store: Target) -> None:
     version, files = part.state().version, segment_files(store, part)
     compaction = run_compaction(None, *local_store, verbose=False, dry_run=True)
     merge = merge_segments(None, *local_store, verbose=False, dry_run=True)
-    assert compaction.count("dry-run") == 1 and merge.count("dry-run") == 1
-    assert part.state().version == version and segment_files(store, part) == files
+    assert compaction.count("dry-run") == 1
+    assert merge.count("dry-run") == 1
+    assert part.state().version == version
+    assert segment_files(store, part) == files

@@ -13,16 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kstore.compaction import merge_segments, run_compaction
+from kstore.retention import MIN_LOG_RETENTION_MS, MIN_ORPHAN_AGE_MS, run_retention, vacuum
+from kstore.retention.main import main as retention_main
 
 from kstore import Store
-from kstore.compaction import merge_segments, run_compaction
 from kstore.consumer import Consumer
 from kstore.errors import InvalidConfigurationError, OffsetOutOfRangeError
 from kstore.layout import topic_data_dir
 from kstore.log import checkpoint_file, version_file
 from kstore.records import TopicPartition
-from kstore.retention import MIN_LOG_RETENTION_MS, MIN_ORPHAN_AGE_MS, run_retention, vacuum
-from kstore.retention.main import main as retention_main
 from kstore.storage import Storage
 from tests.test_jobs_support import (
     BACKENDS,
@@ -62,26 +62,34 @@ def test_retention_by_time_removes_old_segments_and_advances_the_log_start(
         part = store.partition("events", p)
         append(part, [b"a", b"b"], [b"1", b"2"], [now - 3 * HOUR, now - 2 * HOUR])  # expired
         append(part, [b"c"], [b"3"], [now - 2 * HOUR])  # expired
-        append(part, [b"d", b"e"], [b"4", b"5"], [now - 3 * HOUR, now - HOUR // 2])  # newest is young
+        append(
+            part, [b"d", b"e"], [b"4", b"5"], [now - 3 * HOUR, now - HOUR // 2]
+        )  # newest is young
         append(part, [b"f"], [b"6"], [now - 5 * HOUR])  # old, but after a young one: stays
     summary = run_retention(None, *where, verbose=False, now_ms=now)
-    assert summary.count("committed") == 2 and summary.segments_removed == 4
+    assert summary.count("committed") == 2
+    assert summary.segments_removed == 4
     assert summary.records_dropped == 6
     for p in range(2):
         part = store.partition("events", p)
         state = part.state()
-        assert state.log_start_offset == 3 and state.end_offset == 6
+        assert state.log_start_offset == 3
+        assert state.end_offset == 6
         assert rows(part) == [(3, b"d", b"4"), (4, b"e", b"5"), (5, b"f", b"6")]
-        assert sorted(state.removed) == sorted(set(state.removed))  and len(state.removed) == 2
+        assert sorted(state.removed) == sorted(set(state.removed))
+        assert len(state.removed) == 2
     # Nothing more is due; a later clock removes the rest, and the end offset survives.
     assert run_retention(None, *where, verbose=False, now_ms=now).count("committed") == 0
     run_retention(None, *where, verbose=False, now_ms=now + 2 * HOUR)
     state = store.partition("events", 0).state()
-    assert state.segments == [] and state.log_start_offset == 6 == state.end_offset
+    assert state.segments == []
+    assert state.log_start_offset == 6 == state.end_offset
 
 
 @pytest.mark.parametrize("target", BACKENDS)
-def test_retention_by_size_keeps_at_least_retention_bytes(target: str, request: pytest.FixtureRequest) -> None:
+def test_retention_by_size_keeps_at_least_retention_bytes(
+    target: str, request: pytest.FixtureRequest
+) -> None:
     where: Target = request.getfixturevalue(target)
     store = open_store(where)
     store.create_topic("events", 1)
@@ -95,7 +103,8 @@ def test_retention_by_size_keeps_at_least_retention_bytes(target: str, request: 
     store.alter_topic_config("events", {"retention.bytes": limit})
     summary = run_retention(None, *where, verbose=False)
     state = part.state()
-    assert summary.segments_removed == 3 and state.log_start_offset == 3
+    assert summary.segments_removed == 3
+    assert state.log_start_offset == 3
     assert state.size_bytes >= limit
     assert [o for o, _, _ in rows(part)] == [3, 4, 5]
 
@@ -124,8 +133,10 @@ def test_a_consumer_before_the_new_log_start(local_store: Target) -> None:
     append(part, [b"a", b"b"], [b"1", b"2"], now - 2 * HOUR)
     append(part, [b"c", b"d"], [b"3", b"4"], now)
     tp = TopicPartition("events", 0)
-    consumers = {policy: Consumer(store=store, auto_offset_reset=policy)
-                 for policy in ("none", "earliest", "latest")}
+    consumers = {
+        policy: Consumer(store=store, auto_offset_reset=policy)
+        for policy in ("none", "earliest", "latest")
+    }
     for consumer in consumers.values():
         consumer.assign([tp])
         consumer.seek(tp, 0)
@@ -142,7 +153,9 @@ def test_a_consumer_before_the_new_log_start(local_store: Target) -> None:
         consumer.close()
 
 
-def test_retention_leaves_compact_only_topics_and_open_transactions_alone(local_store: Target) -> None:
+def test_retention_leaves_compact_only_topics_and_open_transactions_alone(
+    local_store: Target,
+) -> None:
     store = open_store(local_store)
     store.create_topic("users", 1, {"cleanup.policy": "compact", "retention.ms": 0})
     store.create_topic("events", 1, {"retention.ms": 0})
@@ -158,22 +171,33 @@ def test_retention_leaves_compact_only_topics_and_open_transactions_alone(local_
     assert [p.topic for p in summary.partitions] == ["events"]
     assert store.partition("users", 0).state().segments[0].base_offset == 0
     # Only the segment before the open transaction goes.
-    assert events.state().log_start_offset == 1 and len(events.state().segments) == 2
+    assert events.state().log_start_offset == 1
+    assert len(events.state().segments) == 2
     events.end_transaction("p", 0, 0, commit=True)
     run_retention(None, *local_store, verbose=False)
-    assert events.state().segments == [] and events.state().log_start_offset == 3
+    assert events.state().segments == []
+    assert events.state().log_start_offset == 3
 
 
 # -- vacuum -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("target", BACKENDS)
-def test_vacuum_deletes_removed_files_only_after_the_grace_period(target: str, request: pytest.FixtureRequest) -> None:
+def test_vacuum_deletes_removed_files_only_after_the_grace_period(
+    target: str, request: pytest.FixtureRequest
+) -> None:
     where: Target = request.getfixturevalue(target)
     store = open_store(where)
     delay = 60_000
-    store.create_topic("t", 1, {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 0.0,
-                                "file.delete.delay.ms": delay})
+    store.create_topic(
+        "t",
+        1,
+        {
+            "cleanup.policy": "compact",
+            "min.cleanable.dirty.ratio": 0.0,
+            "file.delete.delay.ms": delay,
+        },
+    )
     part = store.partition("t", 0)
     append(part, [b"a", b"a"], [b"1", b"2"], now_ms())
     append(part, [b"b", b"b"], [b"3", b"4"], now_ms())
@@ -181,19 +205,26 @@ def test_vacuum_deletes_removed_files_only_after_the_grace_period(target: str, r
     t0 = now_ms()
     run_compaction(None, *where, verbose=False, now_ms=t0)
     removed = set(part.state().removed)
-    assert len(removed) == 2 and len(segment_files(store, part)) == 3
+    assert len(removed) == 2
+    assert len(segment_files(store, part)) == 3
     early = vacuum(None, *where, verbose=False, now_ms=t0 + delay - 1)
     assert early.files_deleted == 0
     # The reader still reads the old segments, all of them, during the grace period.
-    assert [o for b in part.read(0, state=reader_state) for o in b.column("offset").to_pylist()] == [0, 1, 2, 3]
+    assert [
+        o for b in part.read(0, state=reader_state) for o in b.column("offset").to_pylist()
+    ] == [0, 1, 2, 3]
     late = vacuum(None, *where, verbose=False, now_ms=t0 + delay)
     assert late.files_deleted == 2
-    assert {f"segments/{n}" for n in segment_files(store, part)} == {s.path for s in part.state().segments}
+    assert {f"segments/{n}" for n in segment_files(store, part)} == {
+        s.path for s in part.state().segments
+    }
     # The removed entries are forgotten: the next checkpoint no longer carries them.
     state = part.state()
     assert state.removed == {}
     part.log.write_checkpoint(state)
-    assert b"tombstone" not in store.storage.read(f"{part.directory}/_log/{checkpoint_file(state.version)}")
+    assert b"tombstone" not in store.storage.read(
+        f"{part.directory}/_log/{checkpoint_file(state.version)}"
+    )
     assert rows(part) == [(1, b"a", b"2"), (3, b"b", b"4")]
 
 
@@ -202,7 +233,9 @@ def orphan_name(named_ms: int) -> str:
 
 
 @pytest.mark.parametrize("target", BACKENDS)
-def test_vacuum_deletes_old_orphans_and_keeps_young_ones(target: str, request: pytest.FixtureRequest) -> None:
+def test_vacuum_deletes_old_orphans_and_keeps_young_ones(
+    target: str, request: pytest.FixtureRequest
+) -> None:
     where: Target = request.getfixturevalue(target)
     store = open_store(where)
     store.create_topic("t", 1)
@@ -215,12 +248,16 @@ def test_vacuum_deletes_old_orphans_and_keeps_young_ones(target: str, request: p
     for name in (old, young):  # a writer crashed after writing, before committing
         store.storage.put_if_absent(f"{part.directory}/{name}", b"orphan")
     dry = vacuum(None, *where, verbose=False, dry_run=True, now_ms=clock)
-    assert dry.files == [f"{part.directory}/{old}"] and dry.count("dry-run") == 1
+    assert dry.files == [f"{part.directory}/{old}"]
+    assert dry.count("dry-run") == 1
     assert len(segment_files(store, part)) == 3
     assert vacuum(None, *where, verbose=False).files == []  # by the real clock nothing is old
     done = vacuum(None, *where, verbose=False, now_ms=clock)
     assert done.files == [f"{part.directory}/{old}"]
-    assert {f"segments/{n}" for n in segment_files(store, part)} == {part.state().segments[0].path, young}
+    assert {f"segments/{n}" for n in segment_files(store, part)} == {
+        part.state().segments[0].path,
+        young,
+    }
     assert rows(part) == [(0, b"a", b"1")]
     with pytest.raises(InvalidConfigurationError, match="orphan_age_ms"):
         vacuum(None, *where, verbose=False, orphan_age_ms=MIN_ORPHAN_AGE_MS - 1)
@@ -239,7 +276,9 @@ def test_vacuum_deletes_old_temporary_files(local_store: Target) -> None:
             os.utime(path, (stamp, stamp))
     summary = vacuum(None, *local_store, verbose=False)
     assert sorted(f.rsplit("/", 2)[-2] + "/" + f.rsplit("/", 1)[-1] for f in summary.files) == [
-        "_log/.tmp-" + "0" * 32, "segments/.tmp-" + "0" * 32]
+        "_log/.tmp-" + "0" * 32,
+        "segments/.tmp-" + "0" * 32,
+    ]
 
 
 class Clock:
@@ -266,9 +305,14 @@ def test_vacuum_never_deletes_a_file_the_latest_manifest_references(
     stays and reads back verified, and no acknowledged append is lost."""
     where: Target = request.getfixturevalue(target)
     store = open_store(where)
-    config = {"cleanup.policy": "compact,delete", "min.cleanable.dirty.ratio": 0.0,
-              "segment.bytes": 4000, "retention.bytes": 20_000, "file.delete.delay.ms": 0,
-              "checkpoint.interval": 4}
+    config = {
+        "cleanup.policy": "compact,delete",
+        "min.cleanable.dirty.ratio": 0.0,
+        "segment.bytes": 4000,
+        "retention.bytes": 20_000,
+        "file.delete.delay.ms": 0,
+        "checkpoint.interval": 4,
+    }
     store.create_topic("t", 2, config)
     rng = random.Random(11)
     clock = Clock(monkeypatch)
@@ -292,7 +336,9 @@ def test_vacuum_never_deletes_a_file_the_latest_manifest_references(
         for p in range(2):
             part = fresh.partition("t", p)
             state = part.state()
-            assert {f"segments/{n}" for n in segment_files(fresh, part)} == {s.path for s in state.segments}
+            assert {f"segments/{n}" for n in segment_files(fresh, part)} == {
+                s.path for s in state.segments
+            }
             assert state.end_offset == len(acked[p])
             # Every acknowledged record is there unless compaction or retention removed it by
             # the rules: at most the newest of its key, and nothing below the log start.
@@ -341,12 +387,15 @@ def test_vacuum_deletes_log_versions_before_the_newest_old_checkpoint(local_stor
     summary = vacuum(None, *local_store, verbose=False, now_ms=now_ms() + 31 * DAY)
     names = {i.name for i in store.storage.list_dir(log_dir)}
     assert summary.files_deleted == 20 + 3  # commits 0..19, checkpoints 5, 10, 15
-    assert checkpoint_file(20) in names and checkpoint_file(15) not in names
-    assert version_file(19) not in names and {version_file(v) for v in range(20, 23)} <= names
+    assert checkpoint_file(20) in names
+    assert checkpoint_file(15) not in names
+    assert version_file(19) not in names
+    assert {version_file(v) for v in range(20, 23)} <= names
     assert store.storage.read(f"{log_dir}/_last_checkpoint") == b'{"version": 20}'
     # A new reader, with or without the hint, gets the same state.
     fresh = Store(*local_store).partition("t", 0)
-    assert rows(fresh) == before and fresh.state().version == 22
+    assert rows(fresh) == before
+    assert fresh.state().version == 22
     store.storage.delete([f"{log_dir}/_last_checkpoint"])
     assert rows(Store(*local_store).partition("t", 0)) == before
 
@@ -377,7 +426,9 @@ def test_vacuum_deletes_stale_topic_incarnations(local_store: Target) -> None:
     assert rows(store.partition("t", 0)) == [(0, b"k", b"new")]
 
 
-def test_the_command_line_runs_without_spark(local_store: Target, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_line_runs_without_spark(
+    local_store: Target, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = open_store(local_store)
     store.create_topic("events", 1, {"retention.ms": 0})
     append(store.partition("events", 0), [b"a"], [b"1"], now_ms() - HOUR)
@@ -385,7 +436,10 @@ def test_the_command_line_runs_without_spark(local_store: Target, capsys: pytest
     assert retention_main(["--store", url, "--local", "--dry-run", "--quiet"]) == 0
     assert "would change 1" in capsys.readouterr().out
     assert store.partition("events", 0).state().segments
-    assert retention_main(["--store", url, "--local", "--json", "-", "all", "--topic", "events"]) == 0
+    assert (
+        retention_main(["--store", url, "--local", "--json", "-", "all", "--topic", "events"]) == 0
+    )
     out = capsys.readouterr().out
-    assert '"operation": "retention"' in out and '"operation": "vacuum"' in out
+    assert '"operation": "retention"' in out
+    assert '"operation": "vacuum"' in out
     assert store.partition("events", 0).state().segments == []

@@ -29,17 +29,25 @@ def open_store(target: Target) -> Store:
     return Store(url, options)
 
 
-def table(keys: Sequence[bytes | None], values: Sequence[bytes | None], ts_ms: int | Sequence[int]) -> pa.Table:
+def table(
+    keys: Sequence[bytes | None], values: Sequence[bytes | None], ts_ms: int | Sequence[int]
+) -> pa.Table:
     stamps = [ts_ms] * len(keys) if isinstance(ts_ms, int) else list(ts_ms)
-    return pa.table({
-        "key": pa.array(list(keys), pa.binary()),
-        "value": pa.array(list(values), pa.binary()),
-        "timestamp": pa.array([t * 1000 for t in stamps], pa.int64()).cast(TIMESTAMP_TYPE),
-    })
+    return pa.table(
+        {
+            "key": pa.array(list(keys), pa.binary()),
+            "value": pa.array(list(values), pa.binary()),
+            "timestamp": pa.array([t * 1000 for t in stamps], pa.int64()).cast(TIMESTAMP_TYPE),
+        }
+    )
 
 
-def append(part: Partition, keys: Sequence[bytes | None], values: Sequence[bytes | None],
-           ts_ms: int | Sequence[int]) -> int:
+def append(
+    part: Partition,
+    keys: Sequence[bytes | None],
+    values: Sequence[bytes | None],
+    ts_ms: int | Sequence[int],
+) -> int:
     """Append one segment; returns its base offset."""
     return part.append(table(keys, values, ts_ms), durable=False).base_offset
 
@@ -49,8 +57,12 @@ def rows(part: Partition, start: int | None = None) -> list[Row]:
     state = part.state()
     out: list[Row] = []
     for batch in part.read(state.start_offset if start is None else start, state=state):
-        for o, k, v in zip(batch.column("offset").to_pylist(), batch.column("key").to_pylist(),
-                           batch.column("value").to_pylist(), strict=True):
+        for o, k, v in zip(
+            batch.column("offset").to_pylist(),
+            batch.column("key").to_pylist(),
+            batch.column("value").to_pylist(),
+            strict=True,
+        ):
             out.append((o, k, v))
     return out
 

@@ -146,8 +146,8 @@ def test_acks_levels(acks: Any, local_store: tuple[str, dict[str, Any]], monkeyp
     assert sum(len(rows) for rows in read_all(store, "t").values()) == 50
 
 
-def test_retries_under_injected_faults_lose_nothing_and_duplicate_nothing(local_store: tuple[str, dict[str, Any]]) -> None:
-    faulty = FaultyStorage(kstore.Storage(local_store[0]), seed=7)
+def test_retries_under_injected_faults_lose_nothing_and_duplicate_nothing(store: kstore.Store) -> None:
+    faulty = FaultyStorage(store.storage, seed=7)
     store = kstore.Store.from_storage(faulty)
     store.create_topic("t", partitions=3)
     is_commit = lambda path: "/_log/" in path and path.endswith(".json") and "checkpoint" not in path  # noqa: E731
