@@ -28,8 +28,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
-
 from kstore.errors import InvalidStoreError, StorageError, UnsafeStorageError
 
 _LOCAL_PROTOCOLS = ("file", "local")
@@ -94,12 +92,18 @@ class Storage:
         if not _:
             protocol, rest = "file", self.url  # a bare path means the local disk
         self.protocol = protocol.lower()
-        try:
-            self._fs_cls = fsspec.get_filesystem_class(self.protocol)
-        except (ValueError, ImportError) as exc:
-            raise InvalidStoreError(
-                f"store URL {redact_url(url)!r}: unsupported filesystem {protocol!r} ({exc})"
-            ) from None
+        self._fs_cls: Any = None
+        if self.protocol not in _LOCAL_PROTOCOLS:
+            # Imported here, not at module level: local stores never need fsspec, and it is
+            # slow to import (the CLI's start-up time).
+            import fsspec
+
+            try:
+                self._fs_cls = fsspec.get_filesystem_class(self.protocol)
+            except (ValueError, ImportError) as exc:
+                raise InvalidStoreError(
+                    f"store URL {redact_url(url)!r}: unsupported filesystem {protocol!r} ({exc})"
+                ) from None
         if self.protocol in _LOCAL_PROTOCOLS:
             self.root = os.path.abspath(os.path.expanduser(rest))
         else:
@@ -154,6 +158,10 @@ class Storage:
 
     @property
     def fs(self) -> Any:
+        if self._fs is None and self._fs_cls is None:  # the local disk, reached through fsspec
+            import fsspec
+
+            self._fs_cls = fsspec.get_filesystem_class("file")
         if self._fs is None:
             options = dict(self.storage_options)
             if self.protocol in _S3_PROTOCOLS:

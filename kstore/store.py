@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kstore import __version__
 from kstore import config as topic_config
@@ -31,9 +31,13 @@ from kstore.layout import (
 )
 from kstore.log import Action, Log, LogState, RetryPolicy, protocol_action
 from kstore.names import validate_topic_name
-from kstore.partition import Partition, PartitionState
-from kstore.segments import SegmentCache
 from kstore.storage import Storage, redact_url
+
+if TYPE_CHECKING:
+    # pyarrow-heavy: imported when a partition is first opened, so that administration
+    # (the CLI's topic commands) starts fast.
+    from kstore.partition import Partition, PartitionState
+    from kstore.segments import SegmentCache
 
 STORE_FORMAT_VERSION = 1
 MAX_PARTITIONS = 100_000  # a limit on everything
@@ -169,7 +173,8 @@ class Store:
                segment_cache_bytes: int) -> None:
         self.storage = storage
         self.retry = retry
-        self.segment_cache = SegmentCache(segment_cache_bytes)
+        self._segment_cache_bytes = segment_cache_bytes
+        self._segment_cache: SegmentCache | None = None
         self._lock = threading.Lock()
         self._topic_logs: dict[str, TopicState] = {}
         self._partitions: dict[tuple[str, str, int], Partition] = {}
@@ -179,12 +184,21 @@ class Store:
     def url(self) -> str:
         return self.storage.url
 
+    @property
+    def segment_cache(self) -> SegmentCache:
+        """Decoded segments shared by every partition of this store object."""
+        if self._segment_cache is None:
+            from kstore.segments import SegmentCache
+
+            self._segment_cache = SegmentCache(self._segment_cache_bytes)
+        return self._segment_cache
+
     def __repr__(self) -> str:
         return f"Store({redact_url(self.url)!r})"
 
     def __getstate__(self) -> dict[str, Any]:
         return {"storage": self.storage, "retry": self.retry,
-                "cache": self.segment_cache.max_bytes}
+                "cache": self._segment_cache_bytes}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         storage: Storage = state["storage"]
@@ -380,6 +394,8 @@ class Store:
             if existing is not None:
                 return existing
         interval = int(meta.effective_config["checkpoint.interval"])
+        from kstore.partition import Partition
+
         created = Partition(
             self.storage, topic, partition, partition_dir(topic, meta.topic_id, partition),
             checkpoint_interval=interval, cache=self.segment_cache, retry=self.retry,
