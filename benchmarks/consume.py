@@ -30,11 +30,11 @@ import pyarrow.ipc as ipc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import percentile, table, write_results  # noqa: E402
-from kstore import Store  # noqa: E402
-from kstore.consumer import Consumer  # noqa: E402
-from kstore.producer import Producer  # noqa: E402
-from kstore.segments import HEADERS_TYPE, RECORD_SCHEMA, TIMESTAMP_TYPE  # noqa: E402
+from benchmarks.common import percentile, table, write_results
+from kstore import Store
+from kstore.consumer import Consumer
+from kstore.producer import Producer
+from kstore.segments import HEADERS_TYPE, RECORD_SCHEMA, TIMESTAMP_TYPE
 
 VALUE = b"v" * 100
 
@@ -46,18 +46,31 @@ def fill(root: str, n: int) -> Store:
     with Producer(store, acks=1) as producer:
         for start in range(0, n, chunk):
             size = min(chunk, n - start)
-            keys = pa.array([b"%08d" % (i % 1_000_000) for i in range(start, start + size)], pa.binary())
+            keys = pa.array(
+                [b"%08d" % (i % 1_000_000) for i in range(start, start + size)], pa.binary()
+            )
             data = pa.Table.from_arrays(
-                [keys, pa.array([VALUE] * size, pa.binary()),
-                 pa.array(np.full(size, int(time.time() * 1e6)), TIMESTAMP_TYPE), pa.nulls(size, HEADERS_TYPE)],
-                schema=RECORD_SCHEMA)
+                [
+                    keys,
+                    pa.array([VALUE] * size, pa.binary()),
+                    pa.array(np.full(size, int(time.time() * 1e6)), TIMESTAMP_TYPE),
+                    pa.nulls(size, HEADERS_TYPE),
+                ],
+                schema=RECORD_SCHEMA,
+            )
             producer.send_batch("t", data)
     return store
 
 
 def consume_batches(store: Store, n: int) -> float:
-    consumer = Consumer("t", store=store, auto_offset_reset="earliest", max_poll_records=500_000,
-                        fetch_max_bytes=1 << 30, max_partition_fetch_bytes=256 << 20)
+    consumer = Consumer(
+        "t",
+        store=store,
+        auto_offset_reset="earliest",
+        max_poll_records=500_000,
+        fetch_max_bytes=1 << 30,
+        max_partition_fetch_bytes=256 << 20,
+    )
     got = 0
     started = time.perf_counter()
     while got < n:
@@ -69,8 +82,14 @@ def consume_batches(store: Store, n: int) -> float:
 
 
 def consume_records(store: Store, n: int) -> float:
-    consumer = Consumer("t", store=store, auto_offset_reset="earliest", max_poll_records=50_000,
-                        fetch_max_bytes=1 << 30, max_partition_fetch_bytes=64 << 20)
+    consumer = Consumer(
+        "t",
+        store=store,
+        auto_offset_reset="earliest",
+        max_poll_records=50_000,
+        fetch_max_bytes=1 << 30,
+        max_partition_fetch_bytes=64 << 20,
+    )
     got = 0
     checksum = 0
     started = time.perf_counter()
@@ -87,8 +106,11 @@ def pyarrow_floor(store: Store) -> float:
     """Read every segment file of the topic with pyarrow alone: the file's bytes, then the
     IPC reader over them (what kstore does, less the manifest, checksum and positions)."""
     meta = store.topic("t")
-    paths = [os.path.join(store.storage.root, store.partition("t", p).directory, seg.path)
-             for p in range(meta.partitions) for seg in store.partition("t", p).state().segments]
+    paths = [
+        os.path.join(store.storage.root, store.partition("t", p).directory, seg.path)
+        for p in range(meta.partitions)
+        for seg in store.partition("t", p).state().segments
+    ]
     rows = 0
     started = time.perf_counter()
     for path in paths:
@@ -128,9 +150,14 @@ def latency(url: str, options: dict[str, Any], rate: float, seconds: float) -> d
     store.create_topic("lat", partitions=1)
     consumer = Consumer("lat", store=store, auto_offset_reset="latest", fetch_max_wait_ms=5)
     consumer.poll(timeout_ms=0)
-    proc = subprocess.Popen([sys.executable, "-c", PRODUCER_SCRIPT, url, json.dumps(options), str(rate), str(seconds)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdin is not None
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PRODUCER_SCRIPT, url, json.dumps(options), str(rate), str(seconds)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdin is not None
     proc.stdout.readline()
     proc.stdin.write("go\n")
     proc.stdin.flush()
@@ -145,9 +172,13 @@ def latency(url: str, options: dict[str, Any], rate: float, seconds: float) -> d
             break
     proc.wait()
     consumer.close()
-    warm = samples[len(samples) // 10:]  # skip the first tenth: process start-up effects
-    return {"p50_ms": percentile(warm, 50), "p99_ms": percentile(warm, 99), "received": len(samples),
-            "rate": rate}
+    warm = samples[len(samples) // 10 :]  # skip the first tenth: process start-up effects
+    return {
+        "p50_ms": percentile(warm, 50),
+        "p99_ms": percentile(warm, 99),
+        "received": len(samples),
+        "rate": rate,
+    }
 
 
 def main() -> None:
@@ -165,15 +196,33 @@ def main() -> None:
         batches = consume_batches(Store(store.url), n)
         records = consume_records(Store(store.url), n)
         results.update(pyarrow_floor=floor, poll_batches=batches, poll=records)
-        rows.append({"case": "poll_batches()", "records/s": batches, "baseline": f"pyarrow {floor:,.0f}/s",
-                     "ratio": batches / floor})
-        rows.append({"case": "poll()", "records/s": records, "baseline": "Kafka 940,521/s",
-                     "ratio": records / 940_521})
+        rows.append(
+            {
+                "case": "poll_batches()",
+                "records/s": batches,
+                "baseline": f"pyarrow {floor:,.0f}/s",
+                "ratio": batches / floor,
+            }
+        )
+        rows.append(
+            {
+                "case": "poll()",
+                "records/s": records,
+                "baseline": "Kafka 940,521/s",
+                "ratio": records / 940_521,
+            }
+        )
         shutil.rmtree(os.path.join(work, "store"), ignore_errors=True)
         local = latency(Path(work, "lat").as_uri(), {}, 5_000, args.latency_seconds)
         results["latency_local"] = local
-        rows.append({"case": "end-to-end latency, local", "records/s": local["rate"],
-                     "baseline": f"p50 {local['p50_ms']:.2f} ms, p99 {local['p99_ms']:.2f} ms", "ratio": ""})
+        rows.append(
+            {
+                "case": "end-to-end latency, local",
+                "records/s": local["rate"],
+                "baseline": f"p50 {local['p50_ms']:.2f} ms, p99 {local['p99_ms']:.2f} ms",
+                "ratio": "",
+            }
+        )
         from tests.servers import SeaweedServer
 
         server = SeaweedServer(Path(work, "seaweed"))
@@ -184,8 +233,14 @@ def main() -> None:
         finally:
             server.kill()
         results["latency_seaweedfs"] = remote
-        rows.append({"case": "end-to-end latency, SeaweedFS", "records/s": remote["rate"],
-                     "baseline": f"p50 {remote['p50_ms']:.2f} ms, p99 {remote['p99_ms']:.2f} ms", "ratio": ""})
+        rows.append(
+            {
+                "case": "end-to-end latency, SeaweedFS",
+                "records/s": remote["rate"],
+                "baseline": f"p50 {remote['p50_ms']:.2f} ms, p99 {remote['p99_ms']:.2f} ms",
+                "ratio": "",
+            }
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(table(rows, ["case", "records/s", "baseline", "ratio"]))

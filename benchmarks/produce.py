@@ -33,11 +33,11 @@ import pyarrow.ipc as ipc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import percentile, table, timed, write_results  # noqa: E402
-from kstore import Store  # noqa: E402
-from kstore.partitioner import partition_keys_murmur2  # noqa: E402
-from kstore.producer import Producer  # noqa: E402
-from kstore.segments import HEADERS_TYPE, RECORD_SCHEMA, TIMESTAMP_TYPE  # noqa: E402
+from benchmarks.common import percentile, table, timed, write_results
+from kstore import Store
+from kstore.partitioner import partition_keys_murmur2
+from kstore.producer import Producer
+from kstore.segments import HEADERS_TYPE, RECORD_SCHEMA, TIMESTAMP_TYPE
 
 VALUE = b"v" * 100
 
@@ -66,8 +66,12 @@ def records_table(n: int) -> pa.Table:
     keys = pa.array(keys_for(n), pa.binary())
     now = int(time.time() * 1_000_000)
     return pa.Table.from_arrays(
-        [keys, pa.array([VALUE] * n, pa.binary()), pa.array(np.full(n, now), TIMESTAMP_TYPE),
-         pa.nulls(n, HEADERS_TYPE)],
+        [
+            keys,
+            pa.array([VALUE] * n, pa.binary()),
+            pa.array(np.full(n, now), TIMESTAMP_TYPE),
+            pa.nulls(n, HEADERS_TYPE),
+        ],
         schema=RECORD_SCHEMA,
     )
 
@@ -77,7 +81,9 @@ def bench_send_batch(root: str, data: pa.Table, chunk: int) -> float:
     store.create_topic("t", partitions=8)
     with Producer(store, acks=1) as producer:
         started = time.perf_counter()
-        futures = [producer.send_batch("t", data.slice(i, chunk)) for i in range(0, data.num_rows, chunk)]
+        futures = [
+            producer.send_batch("t", data.slice(i, chunk)) for i in range(0, data.num_rows, chunk)
+        ]
         for f in futures:
             f.get()
         elapsed = time.perf_counter() - started
@@ -115,10 +121,16 @@ def bench_small_appends(root: str, batches: int, size: int) -> dict[str, float]:
     ks_time, _ = timed(lambda: [partition.append(data, durable=False) for _ in range(batches)])
     delta_path = os.path.join(root, "delta")
     plain = data.drop_columns(["headers"])
-    dl_time, _ = timed(lambda: [deltalake.write_deltalake(delta_path, plain, mode="append") for _ in range(batches)])
+    dl_time, _ = timed(
+        lambda: [
+            deltalake.write_deltalake(delta_path, plain, mode="append") for _ in range(batches)
+        ]
+    )
     return {
-        "kstore_commits_per_s": batches / ks_time, "kstore_records_per_s": batches * size / ks_time,
-        "delta_commits_per_s": batches / dl_time, "delta_records_per_s": batches * size / dl_time,
+        "kstore_commits_per_s": batches / ks_time,
+        "kstore_records_per_s": batches * size / ks_time,
+        "delta_commits_per_s": batches / dl_time,
+        "delta_records_per_s": batches * size / dl_time,
     }
 
 
@@ -150,7 +162,9 @@ def bench_processes(root: str, procs: int, per_proc: int) -> dict[str, Any]:
     store.create_topic("one", partitions=1)
     ctx = multiprocessing.get_context("spawn")
     ready, done, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-    workers = [ctx.Process(target=_worker, args=(root, w, per_proc, ready, go, done)) for w in range(procs)]
+    workers = [
+        ctx.Process(target=_worker, args=(root, w, per_proc, ready, go, done)) for w in range(procs)
+    ]
     for w in workers:
         w.start()
     for _ in workers:
@@ -165,10 +179,17 @@ def bench_processes(root: str, procs: int, per_proc: int) -> dict[str, Any]:
     partition = Store(root, create=False).partition("one", 0)
     values = [v for b in partition.read(0) for v in b.column("value").to_pylist()]
     offsets = [o for b in partition.read(0) for o in b.column("offset").to_pylist()]
-    ok = (len(values) == len(set(values)) == acked == procs * per_proc and offsets == list(range(len(offsets))))
-    return {"records_per_s": acked / elapsed, "acknowledged": acked, "read_back": len(values),
-            "duplicates": len(values) - len(set(values)), "nothing_lost": ok,
-            "commits": partition.state().version + 1}
+    ok = len(values) == len(set(values)) == acked == procs * per_proc and offsets == list(
+        range(len(offsets))
+    )
+    return {
+        "records_per_s": acked / elapsed,
+        "acknowledged": acked,
+        "read_back": len(values),
+        "duplicates": len(values) - len(set(values)),
+        "nothing_lost": ok,
+        "commits": partition.state().version + 1,
+    }
 
 
 def main() -> None:
@@ -184,20 +205,37 @@ def main() -> None:
         for acks in (1, "all", 0):
             rate = bench_send(os.path.join(work, f"send-{acks}"), n, acks)
             results[f"send_acks_{acks}"] = rate
-            rows.append({"case": f"send() acks={acks}", "records/s": rate,
-                         "baseline": "Kafka 821,557/s", "ratio": rate / 821_557})
+            rows.append(
+                {
+                    "case": f"send() acks={acks}",
+                    "records/s": rate,
+                    "baseline": "Kafka 821,557/s",
+                    "ratio": rate / 821_557,
+                }
+            )
         data = records_table(n)
         chunk = 100_000
         floor = bench_ipc_floor(os.path.join(work, "ipc"), data, chunk)
         batch_rate = bench_send_batch(os.path.join(work, "batch"), data, chunk)
         results.update(send_batch=batch_rate, ipc_floor=floor)
-        rows.append({"case": "send_batch()", "records/s": batch_rate, "baseline": f"pyarrow IPC {floor:,.0f}/s",
-                     "ratio": batch_rate / floor})
+        rows.append(
+            {
+                "case": "send_batch()",
+                "records/s": batch_rate,
+                "baseline": f"pyarrow IPC {floor:,.0f}/s",
+                "ratio": batch_rate / floor,
+            }
+        )
         small = bench_small_appends(os.path.join(work, "small"), 200, 1_000)
         results["small_appends"] = small
-        rows.append({"case": "1,000-record commits", "records/s": small["kstore_records_per_s"],
-                     "baseline": f"deltalake {small['delta_records_per_s']:,.0f}/s",
-                     "ratio": small["kstore_records_per_s"] / small["delta_records_per_s"]})
+        rows.append(
+            {
+                "case": "1,000-record commits",
+                "records/s": small["kstore_records_per_s"],
+                "baseline": f"deltalake {small['delta_records_per_s']:,.0f}/s",
+                "ratio": small["kstore_records_per_s"] / small["delta_records_per_s"],
+            }
+        )
         local = bench_latency(Path(work, "lat").as_uri(), {}, args.latency_samples)
         results["latency_local"] = local
         from tests.servers import SeaweedServer
@@ -210,14 +248,32 @@ def main() -> None:
         finally:
             server.kill()
         results["latency_seaweedfs"] = remote
-        rows.append({"case": "latency local p50/p99 ms", "records/s": "",
-                     "baseline": f"{local['p50_ms']:.2f} / {local['p99_ms']:.2f}", "ratio": ""})
-        rows.append({"case": "latency SeaweedFS p50/p99 ms", "records/s": "",
-                     "baseline": f"{remote['p50_ms']:.2f} / {remote['p99_ms']:.2f}", "ratio": ""})
+        rows.append(
+            {
+                "case": "latency local p50/p99 ms",
+                "records/s": "",
+                "baseline": f"{local['p50_ms']:.2f} / {local['p99_ms']:.2f}",
+                "ratio": "",
+            }
+        )
+        rows.append(
+            {
+                "case": "latency SeaweedFS p50/p99 ms",
+                "records/s": "",
+                "baseline": f"{remote['p50_ms']:.2f} / {remote['p99_ms']:.2f}",
+                "ratio": "",
+            }
+        )
         multi = bench_processes(os.path.join(work, "procs"), 4, max(50_000, n // 4))
         results["four_processes_one_partition"] = multi
-        rows.append({"case": "4 processes, 1 partition", "records/s": multi["records_per_s"],
-                     "baseline": f"nothing lost: {multi['nothing_lost']}", "ratio": ""})
+        rows.append(
+            {
+                "case": "4 processes, 1 partition",
+                "records/s": multi["records_per_s"],
+                "baseline": f"nothing lost: {multi['nothing_lost']}",
+                "ratio": "",
+            }
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(table(rows, ["case", "records/s", "baseline", "ratio"]))

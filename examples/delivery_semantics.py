@@ -32,13 +32,20 @@ from kstore.producer import Producer
 IDLE_POLLS = 5
 
 
-class SimulatedCrash(Exception):
+class SimulatedCrashError(Exception):
     """Stands for the process dying at the worst moment of each mode."""
 
 
 def consumer_for(store: Store, group: str, **extra: object) -> Consumer:
-    return Consumer("orders", store=store, group_id=group, auto_offset_reset="earliest",
-                    enable_auto_commit=False, max_poll_records=50, **extra)
+    return Consumer(
+        "orders",
+        store=store,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_poll_records=50,
+        **extra,
+    )
 
 
 def at_most_once(store: Store, crash_at: int | None = None) -> None:
@@ -50,7 +57,7 @@ def at_most_once(store: Store, crash_at: int | None = None) -> None:
             idle = 0 if polled else idle + 1
             consumer.commit()  # first: these records will never be read again
             if polled and batch == crash_at:
-                raise SimulatedCrash("after the commit, before the output")
+                raise SimulatedCrashError("after the commit, before the output")
             for records in polled.values():
                 for r in records:
                     producer.send("shipments-at-most-once", key=r.key, value=b"shipped " + r.value)
@@ -73,7 +80,7 @@ def at_least_once(store: Store, crash_at: int | None = None) -> None:
                     producer.send("shipments-at-least-once", key=r.key, value=b"shipped " + r.value)
             producer.flush()  # durable output first ...
             if polled and batch == crash_at:
-                raise SimulatedCrash("after the output, before the commit")
+                raise SimulatedCrashError("after the output, before the commit")
             consumer.commit()  # ... then the offsets: a crash in between repeats, never loses
             batch += 1
     finally:
@@ -101,7 +108,7 @@ def exactly_once(store: Store, crash_at: int | None = None) -> None:
             producer.flush()
             if batch == crash_at:
                 crashed = True
-                raise SimulatedCrash("after the output, before the commit")
+                raise SimulatedCrashError("after the output, before the commit")
             positions = {tp: consumer.position(tp) for tp in polled}
             producer.send_offsets_to_transaction(positions, consumer.group_metadata())
             try:
@@ -120,8 +127,13 @@ def exactly_once(store: Store, crash_at: int | None = None) -> None:
 
 
 def count(store: Store, topic: str) -> Counter[bytes]:
-    with Consumer(topic, store=store, auto_offset_reset="earliest", isolation_level="read_committed",
-                  consumer_timeout_ms=500) as consumer:
+    with Consumer(
+        topic,
+        store=store,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        consumer_timeout_ms=500,
+    ) as consumer:
         return Counter(r.value for r in consumer)
 
 
@@ -134,20 +146,29 @@ def main(url: str) -> dict[str, Counter[bytes]]:
         for i in range(300):
             producer.send("orders", key=b"customer-%d" % (i % 7), value=b"order-%d" % i)
     results = {}
-    for mode, run in (("at-most-once", at_most_once), ("at-least-once", at_least_once),
-                      ("exactly-once", exactly_once)):
+    for mode, run in (
+        ("at-most-once", at_most_once),
+        ("at-least-once", at_least_once),
+        ("exactly-once", exactly_once),
+    ):
         try:
             run(store, crash_at=1)  # dies once, at the worst moment for its mode ...
-        except SimulatedCrash as crash:
+        except SimulatedCrashError as crash:
             print(f"{mode:14s} crashed {crash}")
         run(store)  # ... and is restarted
         shipped = count(store, f"shipments-{mode}")
         results[mode] = shipped
         orders = {b"shipped order-%d" % i for i in range(300)}
-        print(f"{mode:14s} {len(orders - set(shipped))} orders lost, "
-              f"{sum(c - 1 for c in shipped.values())} shipped twice")
+        print(
+            f"{mode:14s} {len(orders - set(shipped))} orders lost, "
+            f"{sum(c - 1 for c in shipped.values())} shipped twice"
+        )
     return results
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="kstore-semantics-")).as_uri())
+    main(
+        sys.argv[1]
+        if len(sys.argv) > 1
+        else Path(tempfile.mkdtemp(prefix="kstore-semantics-")).as_uri()
+    )

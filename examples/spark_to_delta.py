@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
     from pyspark.sql import SparkSession
 
     work = Path(tempfile.mkdtemp(prefix="kstore-delta-example-"))
-    store = args.store or _sample_store(work / "store", args.topic, 2500)
+    store = args.store or _sample_store(work / "store", args.topic, 1500)
     table = args.table or str(work / "delta")
     checkpoint = args.checkpoint or str(work / "checkpoint")
     own_session = spark is None

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
         store = (work / "store").as_uri()
         Store(store).create_topic(args.topic, 3)
         with Producer(store) as producer:
-            for i in range(2500):
+            for i in range(1500):
                 producer.send(args.topic, key=b"user-%d" % (i % 10), value=b"event-%d" % i)
     output = args.output or str(work / "parquet")
     checkpoint = args.checkpoint or str(work / "checkpoint")

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from kstore.errors import *  # noqa: E402,F403 - the error names are part of the public API
-from kstore.errors import KStoreError  # noqa: E402
+from kstore.errors import *  # noqa: F403 - the error names are part of the public API
+from kstore.errors import KStoreError
 
 _LAZY = {
     "AppendResult": "kstore.partition",

@@ -14,8 +14,11 @@ from kstore.records import TopicPartition
 Assignment = dict[str, list[TopicPartition]]
 
 
-def range_assign(members: Mapping[str, Sequence[str]], partitions: Mapping[str, int],
-                 previous: Assignment | None = None) -> Assignment:
+def range_assign(
+    members: Mapping[str, Sequence[str]],
+    partitions: Mapping[str, int],
+    previous: Assignment | None = None,
+) -> Assignment:
     """Kafka's RangeAssignor: per topic, contiguous ranges to the sorted subscribers."""
     out: Assignment = {m: [] for m in members}
     for topic in sorted(partitions):
@@ -32,8 +35,11 @@ def range_assign(members: Mapping[str, Sequence[str]], partitions: Mapping[str, 
     return out
 
 
-def roundrobin_assign(members: Mapping[str, Sequence[str]], partitions: Mapping[str, int],
-                      previous: Assignment | None = None) -> Assignment:
+def roundrobin_assign(
+    members: Mapping[str, Sequence[str]],
+    partitions: Mapping[str, int],
+    previous: Assignment | None = None,
+) -> Assignment:
     """Kafka's RoundRobinAssignor: all partitions dealt in turn to the sorted subscribers."""
     out: Assignment = {m: [] for m in members}
     ordered = sorted(members)
@@ -49,13 +55,18 @@ def roundrobin_assign(members: Mapping[str, Sequence[str]], partitions: Mapping[
     return out
 
 
-def sticky_assign(members: Mapping[str, Sequence[str]], partitions: Mapping[str, int],
-                  previous: Assignment | None = None) -> Assignment:
+def sticky_assign(
+    members: Mapping[str, Sequence[str]],
+    partitions: Mapping[str, int],
+    previous: Assignment | None = None,
+) -> Assignment:
     """Balanced like round robin, but a partition stays with its previous owner whenever that
     owner is still live, still subscribed, and not over its fair share (Kafka's
     StickyAssignor), so a rebalance moves as few partitions as possible."""
     all_parts = [TopicPartition(t, p) for t in sorted(partitions) for p in range(partitions[t])]
-    eligible = {tp: sorted(m for m, topics in members.items() if tp.topic in topics) for tp in all_parts}
+    eligible = {
+        tp: sorted(m for m, topics in members.items() if tp.topic in topics) for tp in all_parts
+    }
     out: Assignment = {m: [] for m in members}
     if not members:
         return out
@@ -68,7 +79,12 @@ def sticky_assign(members: Mapping[str, Sequence[str]], partitions: Mapping[str,
         if member not in members:
             continue
         for tp in sorted((previous or {})[member]):
-            if tp in eligible and member in eligible[tp] and tp not in taken and len(out[member]) < limit[member]:
+            if (
+                tp in eligible
+                and member in eligible[tp]
+                and tp not in taken
+                and len(out[member]) < limit[member]
+            ):
                 out[member].append(tp)
                 taken.add(tp)
     for tp in all_parts:
@@ -96,5 +112,7 @@ def check_assignors(names: Sequence[str]) -> list[str]:
             )
         chosen.append(name)
     if not chosen:
-        raise InvalidConfigurationError("partition_assignment_strategy must name at least one assignor")
+        raise InvalidConfigurationError(
+            "partition_assignment_strategy must name at least one assignor"
+        )
     return chosen

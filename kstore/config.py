@@ -30,7 +30,9 @@ class ConfigSpec:
     doc: str
 
 
-def _int(minimum: int, maximum: int = INT64_MAX, *, allow_minus_one: bool = False) -> Callable[[str, Any], int]:
+def _int(
+    minimum: int, maximum: int = INT64_MAX, *, allow_minus_one: bool = False
+) -> Callable[[str, Any], int]:
     def parse(name: str, value: Any) -> int:
         if isinstance(value, bool):
             raise InvalidConfigurationError(f"config {name!r}: expected an integer, got a boolean")
@@ -61,16 +63,22 @@ def _ratio(name: str, value: Any) -> float:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise InvalidConfigurationError(f"config {name!r}: expected a number, got {value!r}") from None
+        raise InvalidConfigurationError(
+            f"config {name!r}: expected a number, got {value!r}"
+        ) from None
     if isinstance(value, bool) or not 0.0 <= number <= 1.0:
         raise InvalidConfigurationError(f"config {name!r}: {value!r} is out of range [0, 1]")
     return number
 
 
-def _choice(choices: tuple[str, ...], aliases: Mapping[str, str] | None = None) -> Callable[[str, Any], str]:
+def _choice(
+    choices: tuple[str, ...], aliases: Mapping[str, str] | None = None
+) -> Callable[[str, Any], str]:
     def parse(name: str, value: Any) -> str:
         if not isinstance(value, str):
-            raise InvalidConfigurationError(f"config {name!r}: expected a string, got {type(value).__name__}")
+            raise InvalidConfigurationError(
+                f"config {name!r}: expected a string, got {type(value).__name__}"
+            )
         text = (aliases or {}).get(value.strip(), value.strip())
         if text not in choices:
             raise InvalidConfigurationError(
@@ -85,7 +93,9 @@ def _cleanup_policy(name: str, value: Any) -> str:
     items = value if isinstance(value, list | tuple) else str(value).split(",")
     parts = [str(p).strip() for p in items if str(p).strip()]
     if not parts:
-        raise InvalidConfigurationError(f"config {name!r}: must name at least one of delete, compact")
+        raise InvalidConfigurationError(
+            f"config {name!r}: must name at least one of delete, compact"
+        )
     for part in parts:
         if part not in CLEANUP_POLICIES:
             raise InvalidConfigurationError(
@@ -96,35 +106,76 @@ def _cleanup_policy(name: str, value: Any) -> str:
 
 
 _SPECS = [
-    ConfigSpec("cleanup.policy", "delete", _cleanup_policy,
-               "delete (retention), compact (latest value per key), or compact,delete"),
-    ConfigSpec("retention.ms", 604_800_000, _int(0, allow_minus_one=True),
-               "remove segments whose newest record is older than this; -1: keep forever"),
-    ConfigSpec("retention.bytes", -1, _int(0, allow_minus_one=True),
-               "remove the oldest segments while a partition is larger; -1: no limit"),
-    ConfigSpec("segment.bytes", 1_073_741_824, _int(14),
-               "target size of merged segments"),
-    ConfigSpec("segment.ms", 604_800_000, _int(1),
-               "segments younger than this are not merged or compacted away from the head"),
-    ConfigSpec("min.compaction.lag.ms", 0, _int(0),
-               "a record stays uncompacted at least this long"),
-    ConfigSpec("max.compaction.lag.ms", INT64_MAX, _int(1),
-               "a record is eligible for compaction at most this long after it was written"),
-    ConfigSpec("delete.retention.ms", 86_400_000, _int(0),
-               "how long tombstones survive compaction"),
-    ConfigSpec("max.message.bytes", 1_048_588, _int(0),
-               "largest record (key + value + headers) accepted"),
-    ConfigSpec("compression.type", "producer",
-               _choice(COMPRESSION_TYPES, {"none": "uncompressed"}),
-               "segment compression: producer, uncompressed, zstd, lz4"),
-    ConfigSpec("min.cleanable.dirty.ratio", 0.5, _ratio,
-               "compact only when at least this fraction of the log is uncompacted"),
-    ConfigSpec("file.delete.delay.ms", 60_000, _int(0),
-               "grace period between removing a file from the manifest and deleting it"),
-    ConfigSpec("message.timestamp.type", "CreateTime", _choice(TIMESTAMP_TYPES),
-               "CreateTime (the producer's) or LogAppendTime (when the segment is written)"),
-    ConfigSpec("checkpoint.interval", 100, _int(1, 100_000),
-               "write a partition checkpoint every this many commits (kstore-specific)"),
+    ConfigSpec(
+        "cleanup.policy",
+        "delete",
+        _cleanup_policy,
+        "delete (retention), compact (latest value per key), or compact,delete",
+    ),
+    ConfigSpec(
+        "retention.ms",
+        604_800_000,
+        _int(0, allow_minus_one=True),
+        "remove segments whose newest record is older than this; -1: keep forever",
+    ),
+    ConfigSpec(
+        "retention.bytes",
+        -1,
+        _int(0, allow_minus_one=True),
+        "remove the oldest segments while a partition is larger; -1: no limit",
+    ),
+    ConfigSpec("segment.bytes", 1_073_741_824, _int(14), "target size of merged segments"),
+    ConfigSpec(
+        "segment.ms",
+        604_800_000,
+        _int(1),
+        "segments younger than this are not merged or compacted away from the head",
+    ),
+    ConfigSpec(
+        "min.compaction.lag.ms", 0, _int(0), "a record stays uncompacted at least this long"
+    ),
+    ConfigSpec(
+        "max.compaction.lag.ms",
+        INT64_MAX,
+        _int(1),
+        "a record is eligible for compaction at most this long after it was written",
+    ),
+    ConfigSpec(
+        "delete.retention.ms", 86_400_000, _int(0), "how long tombstones survive compaction"
+    ),
+    ConfigSpec(
+        "max.message.bytes", 1_048_588, _int(0), "largest record (key + value + headers) accepted"
+    ),
+    ConfigSpec(
+        "compression.type",
+        "producer",
+        _choice(COMPRESSION_TYPES, {"none": "uncompressed"}),
+        "segment compression: producer, uncompressed, zstd, lz4",
+    ),
+    ConfigSpec(
+        "min.cleanable.dirty.ratio",
+        0.5,
+        _ratio,
+        "compact only when at least this fraction of the log is uncompacted",
+    ),
+    ConfigSpec(
+        "file.delete.delay.ms",
+        60_000,
+        _int(0),
+        "grace period between removing a file from the manifest and deleting it",
+    ),
+    ConfigSpec(
+        "message.timestamp.type",
+        "CreateTime",
+        _choice(TIMESTAMP_TYPES),
+        "CreateTime (the producer's) or LogAppendTime (when the segment is written)",
+    ),
+    ConfigSpec(
+        "checkpoint.interval",
+        100,
+        _int(1, 100_000),
+        "write a partition checkpoint every this many commits (kstore-specific)",
+    ),
 ]
 SPECS: dict[str, ConfigSpec] = {spec.name: spec for spec in _SPECS}
 
@@ -138,7 +189,9 @@ def _unknown(name: str) -> InvalidConfigurationError:
 def validate_config(values: Mapping[str, Any]) -> dict[str, Any]:
     """Validate explicitly set values; return them parsed into canonical types."""
     if not isinstance(values, Mapping):
-        raise InvalidConfigurationError(f"topic config must be a mapping, got {type(values).__name__}")
+        raise InvalidConfigurationError(
+            f"topic config must be a mapping, got {type(values).__name__}"
+        )
     parsed: dict[str, Any] = {}
     for name, value in values.items():
         if not isinstance(name, str) or name not in SPECS:

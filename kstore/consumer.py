@@ -87,7 +87,9 @@ class ConsumerRebalanceListener(Protocol):
 def _ms_config(cfg: dict[str, Any], name: str, minimum: int = 0) -> int:
     value = cfg[name]
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise InvalidConfigurationError(f"consumer config {name!r} must be an integer >= {minimum}, got {value!r}")
+        raise InvalidConfigurationError(
+            f"consumer config {name!r} must be an integer >= {minimum}, got {value!r}"
+        )
     return value
 
 
@@ -98,7 +100,9 @@ class Consumer:
     >>> for record in consumer: ...  # doctest: +SKIP
     """
 
-    def __init__(self, *topics: str, store: Store | str, group_id: str | None = None, **configs: Any) -> None:
+    def __init__(
+        self, *topics: str, store: Store | str, group_id: str | None = None, **configs: Any
+    ) -> None:
         unknown = sorted(set(configs) - set(DEFAULT_CONFIG))
         if unknown:
             raise InvalidConfigurationError(
@@ -110,14 +114,22 @@ class Consumer:
             raise InvalidConfigurationError(
                 f"auto_offset_reset must be earliest, latest or none, got {cfg['auto_offset_reset']!r}"
             )
-        for name in ("auto_commit_interval_ms", "fetch_max_bytes", "max_partition_fetch_bytes",
-                     "fetch_max_wait_ms", "max_poll_interval_ms", "metadata_max_age_ms"):
+        for name in (
+            "auto_commit_interval_ms",
+            "fetch_max_bytes",
+            "max_partition_fetch_bytes",
+            "fetch_max_wait_ms",
+            "max_poll_interval_ms",
+            "metadata_max_age_ms",
+        ):
             _ms_config(cfg, name)
         _ms_config(cfg, "max_poll_records", 1)
         session = _ms_config(cfg, "session_timeout_ms", 1)
         heartbeat = _ms_config(cfg, "heartbeat_interval_ms", 1)
         if heartbeat >= session:
-            raise InvalidConfigurationError("heartbeat_interval_ms must be lower than session_timeout_ms")
+            raise InvalidConfigurationError(
+                "heartbeat_interval_ms must be lower than session_timeout_ms"
+            )
         self._assignors = check_assignors(cfg["partition_assignment_strategy"])
         if cfg["isolation_level"] not in ("read_uncommitted", "read_committed"):
             raise InvalidConfigurationError(
@@ -127,10 +139,16 @@ class Consumer:
         for name in ("key_deserializer", "value_deserializer"):
             if cfg[name] is not None and not callable(cfg[name]):
                 raise InvalidConfigurationError(f"consumer config {name!r} must be callable")
-        self.store = store if isinstance(store, Store) else Store(store, cfg["storage_options"], create=False)
+        self.store = (
+            store
+            if isinstance(store, Store)
+            else Store(store, cfg["storage_options"], create=False)
+        )
         self.group_id = validate_group_id(group_id) if group_id is not None else None
         self.client_id = cfg["client_id"] or f"consumer-{uuid.uuid4().hex[:8]}"
-        if not isinstance(self.client_id, str) or not re.fullmatch(r"[a-zA-Z0-9._-]{1,200}", self.client_id):
+        if not isinstance(self.client_id, str) or not re.fullmatch(
+            r"[a-zA-Z0-9._-]{1,200}", self.client_id
+        ):
             raise InvalidConfigurationError(
                 f"client_id {self.client_id!r} must be 1-200 ASCII letters, digits, '.', '_' or '-'"
             )
@@ -157,15 +175,24 @@ class Consumer:
         self._heartbeat_stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self._async_commits: concurrent.futures.ThreadPoolExecutor | None = None
-        self._metrics = {"records-consumed-total": 0, "bytes-consumed-total": 0, "poll-total": 0,
-                         "rebalance-total": 0, "commit-total": 0}
+        self._metrics = {
+            "records-consumed-total": 0,
+            "bytes-consumed-total": 0,
+            "poll-total": 0,
+            "rebalance-total": 0,
+            "commit-total": 0,
+        }
         if topics:
             self.subscribe(topics)
 
     # -- subscription and assignment ------------------------------------------------------------
 
-    def subscribe(self, topics: Iterable[str] = (), pattern: str | None = None,
-                  listener: ConsumerRebalanceListener | None = None) -> None:
+    def subscribe(
+        self,
+        topics: Iterable[str] = (),
+        pattern: str | None = None,
+        listener: ConsumerRebalanceListener | None = None,
+    ) -> None:
         """Subscribe to topics (or a regex ``pattern``); with a group, partitions are assigned
         by the group, otherwise every partition of every topic is read."""
         if self._manual:
@@ -224,7 +251,7 @@ class Consumer:
         return {t for t in self.store.list_topics() if self._pattern.fullmatch(t)}
 
     def _all_partitions(self, topics: Iterable[str]) -> list[TopicPartition]:
-        out = []
+        out: list[TopicPartition] = []
         for topic in sorted(topics):
             meta = self.store.topic(topic)
             out.extend(TopicPartition(topic, p) for p in range(meta.partitions))
@@ -233,13 +260,18 @@ class Consumer:
     # -- group membership --------------------------------------------------------------------------
 
     def _join(self) -> None:
-        assert self._group is not None and self._subscription is not None
+        assert self._group is not None
+        assert self._subscription is not None
         self._member_id = f"{self.client_id}-{uuid.uuid4().hex[:12]}"
         member = Member(
-            member_id=self._member_id, instance_id=self.config["group_instance_id"],
-            client_id=self.client_id, topics=tuple(sorted(self._subscription)),
-            assignors=tuple(self._assignors), session_timeout_ms=self.config["session_timeout_ms"],
-            rebalance_timeout_ms=self.config["max_poll_interval_ms"], joined_ms=0,
+            member_id=self._member_id,
+            instance_id=self.config["group_instance_id"],
+            client_id=self.client_id,
+            topics=tuple(sorted(self._subscription)),
+            assignors=tuple(self._assignors),
+            session_timeout_ms=self.config["session_timeout_ms"],
+            rebalance_timeout_ms=self.config["max_poll_interval_ms"],
+            joined_ms=0,
         )
         state = self._group.join(member)
         self._needs_rejoin = False
@@ -247,7 +279,8 @@ class Consumer:
         if self._heartbeat_thread is None:
             self._heartbeat_stop.clear()
             self._heartbeat_thread = threading.Thread(
-                target=self._heartbeat_loop, name=f"kstore-heartbeat-{self.client_id}", daemon=True)
+                target=self._heartbeat_loop, name=f"kstore-heartbeat-{self.client_id}", daemon=True
+            )
             self._heartbeat_thread.start()
 
     def _stop_heartbeat(self) -> None:
@@ -260,11 +293,17 @@ class Consumer:
         self._heartbeat_thread = None
 
     def _leave_group(self) -> None:
-        if self._group is not None and self._member_id is not None and self.config["group_instance_id"] is None:
+        if (
+            self._group is not None
+            and self._member_id is not None
+            and self.config["group_instance_id"] is None
+        ):
             try:
                 self._group.leave(self._member_id)
             except KStoreError as exc:
-                log.warning("consumer %s: leaving group %s failed: %s", self.client_id, self.group_id, exc)
+                log.warning(
+                    "consumer %s: leaving group %s failed: %s", self.client_id, self.group_id, exc
+                )
         self._member_id = None
         self._generation = -1
 
@@ -277,16 +316,25 @@ class Consumer:
                 with self._lock:
                     if self._group is None or self._member_id is None or self._needs_rejoin:
                         continue
-                    if time.monotonic() - self._last_poll > self.config["max_poll_interval_ms"] / 1000:
-                        log.warning("consumer %s: no poll() within max_poll_interval_ms; leaving group %s",
-                                    self.client_id, self.group_id)
+                    if (
+                        time.monotonic() - self._last_poll
+                        > self.config["max_poll_interval_ms"] / 1000
+                    ):
+                        log.warning(
+                            "consumer %s: no poll() within max_poll_interval_ms; leaving group %s",
+                            self.client_id,
+                            self.group_id,
+                        )
                         self._group.leave(self._member_id, "max_poll_interval_ms exceeded")
                         self._needs_rejoin = True
                         continue
                     check = time.monotonic() - last_metadata > metadata_age
                     if check:
                         last_metadata = time.monotonic()
-                        if self._pattern is not None and self._matching_topics() != self._subscription:
+                        if (
+                            self._pattern is not None
+                            and self._matching_topics() != self._subscription
+                        ):
                             self._needs_rejoin = True  # poll() rejoins with the new topic list
                             continue
                     self._group.heartbeat(self._member_id, check_metadata=check)
@@ -311,13 +359,16 @@ class Consumer:
                 self._join()
                 return
             now = time.monotonic()
-            if not force and now - self._last_group_refresh < min(0.1, self.config["heartbeat_interval_ms"] / 1000):
+            if not force and now - self._last_group_refresh < min(
+                0.1, self.config["heartbeat_interval_ms"] / 1000
+            ):
                 return
             self._last_group_refresh = now
             self._apply_group_state(self._group.state())
 
     def _apply_group_state(self, state: GroupState) -> None:
-        assert self._group is not None and self._member_id is not None
+        assert self._group is not None
+        assert self._member_id is not None
         if self._member_id not in state.members:
             self._needs_rejoin = True
             return
@@ -329,8 +380,11 @@ class Consumer:
         if revoked:
             if self._listener is not None:
                 self._listener.on_partitions_revoked(revoked)
-            final = {tp: OffsetAndMetadata(self._positions[tp]) for tp in revoked
-                     if tp in self._positions and self.config["enable_auto_commit"]}
+            final = {
+                tp: OffsetAndMetadata(self._positions[tp])
+                for tp in revoked
+                if tp in self._positions and self.config["enable_auto_commit"]
+            }
             self._group.release(self._member_id, revoked, final)
         assigned = owned - current
         self._generation = state.generation
@@ -359,7 +413,9 @@ class Consumer:
             return state.start_offset
         if policy == "latest":
             return state.end_offset
-        raise OffsetOutOfRangeError(f"{tp.topic}-{tp.partition}: {why} and auto_offset_reset is 'none'")
+        raise OffsetOutOfRangeError(
+            f"{tp.topic}-{tp.partition}: {why} and auto_offset_reset is 'none'"
+        )
 
     def _position_for(self, tp: TopicPartition, state: PartitionState) -> int:
         position = self._positions.get(tp)
@@ -371,7 +427,8 @@ class Consumer:
                 position = self._reset(tp, state, "no committed offset")
         if position < state.start_offset or position > state.end_offset:
             position = self._reset(
-                tp, state,
+                tp,
+                state,
                 f"offset {position} is outside the live range [{state.start_offset}, {state.end_offset}]",
             )
         self._positions[tp] = position
@@ -410,12 +467,16 @@ class Consumer:
     def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return {tp: self._partition(tp).state().end_offset for tp in partitions}
 
-    def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+    def offsets_for_times(
+        self, timestamps: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         """For each partition, the earliest offset whose timestamp is at or after the given one."""
         out: dict[TopicPartition, OffsetAndTimestamp | None] = {}
         for tp, ts in timestamps.items():
             if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
-                raise ValueError(f"timestamp for {tp} must be a non-negative integer (ms), got {ts!r}")
+                raise ValueError(
+                    f"timestamp for {tp} must be a non-negative integer (ms), got {ts!r}"
+                )
             part = self._partition(tp)
             state = part.state()
             offset = part.offset_for_timestamp(ts, state)
@@ -454,7 +515,9 @@ class Consumer:
         if self._closed:
             raise IllegalStateError("consumer is closed")
         if self._subscription is None and not self._manual:
-            raise IllegalStateError("consumer is not subscribed to any topic or assigned any partition")
+            raise IllegalStateError(
+                "consumer is not subscribed to any topic or assigned any partition"
+            )
 
     def _fetch_batches(self, max_records: int) -> dict[TopicPartition, list[pa.RecordBatch]]:
         out: dict[TopicPartition, list[pa.RecordBatch]] = {}
@@ -476,10 +539,15 @@ class Consumer:
             visible_end = state.last_stable_offset if self._read_committed else state.end_offset
             if position >= visible_end:
                 continue
-            batches = list(partition.read(
-                position, remaining, state=state, committed_only=self._read_committed,
-                max_bytes=min(budget, self.config["max_partition_fetch_bytes"]),
-            ))
+            batches = list(
+                partition.read(
+                    position,
+                    remaining,
+                    state=state,
+                    committed_only=self._read_committed,
+                    max_bytes=min(budget, self.config["max_partition_fetch_bytes"]),
+                )
+            )
             count = sum(b.num_rows for b in batches)
             if count == 0:
                 # Only gaps (compaction, aborted transactions) up to the visible end: skip them.
@@ -494,7 +562,9 @@ class Consumer:
             self._metrics["bytes-consumed-total"] += nbytes
         return out
 
-    def _poll_loop(self, timeout_ms: float, fetch: Callable[[], dict[TopicPartition, Any]]) -> dict[TopicPartition, Any]:
+    def _poll_loop(
+        self, timeout_ms: float, fetch: Callable[[], dict[TopicPartition, Any]]
+    ) -> dict[TopicPartition, Any]:
         self._check_open()
         self._last_poll = time.monotonic()
         self._metrics["poll-total"] += 1
@@ -513,8 +583,9 @@ class Consumer:
             time.sleep(min(backoff, left))
             backoff = min(cap, backoff * 2)
 
-    def poll(self, timeout_ms: float = 0, max_records: int | None = None,
-             update_offsets: bool = True) -> dict[TopicPartition, list[ConsumerRecord]]:
+    def poll(
+        self, timeout_ms: float = 0, max_records: int | None = None, update_offsets: bool = True
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Records from the assigned partitions, waiting up to ``timeout_ms`` for some."""
         limit = self._limit(max_records)
 
@@ -527,7 +598,9 @@ class Consumer:
 
         return self._poll_loop(timeout_ms, fetch)
 
-    def poll_batches(self, timeout_ms: float = 0, max_records: int | None = None) -> dict[TopicPartition, list[pa.RecordBatch]]:
+    def poll_batches(
+        self, timeout_ms: float = 0, max_records: int | None = None
+    ) -> dict[TopicPartition, list[pa.RecordBatch]]:
         """Like poll(), but records come as Arrow batches (columns key, value, timestamp,
         headers, offset): no per-record Python objects, for bulk readers."""
         limit = self._limit(max_records)
@@ -547,7 +620,9 @@ class Consumer:
             self._timestamp_types[topic] = kind
         return kind
 
-    def _to_records(self, tp: TopicPartition, batches: list[pa.RecordBatch]) -> list[ConsumerRecord]:
+    def _to_records(
+        self, tp: TopicPartition, batches: list[pa.RecordBatch]
+    ) -> list[ConsumerRecord]:
         """Arrow batches to ConsumerRecords, column by column: every per-record step below is
         a C-level iteration (``map``/``zip``/``repeat``), since poll() builds one Python object
         per record and is bound by exactly that."""
@@ -563,7 +638,9 @@ class Consumer:
             if paused:
                 gc.enable()
 
-    def _build_records(self, tp: TopicPartition, batches: list[pa.RecordBatch]) -> list[ConsumerRecord]:
+    def _build_records(
+        self, tp: TopicPartition, batches: list[pa.RecordBatch]
+    ) -> list[ConsumerRecord]:
         key_de = self.config["key_deserializer"]
         value_de = self.config["value_deserializer"]
         ts_type = self._timestamp_type(tp.topic)
@@ -573,21 +650,39 @@ class Consumer:
             key_col, value_col, header_col = batch.column(0), batch.column(1), batch.column(3)
             keys = key_col.to_pylist()
             values = value_col.to_pylist()
-            stamps = (batch.column(2).cast(pa.int64()).to_numpy(zero_copy_only=False) // 1000).tolist()
+            stamps = (
+                batch.column(2).cast(pa.int64()).to_numpy(zero_copy_only=False) // 1000
+            ).tolist()
             offsets = batch.column(4).to_numpy(zero_copy_only=False).tolist()
             if header_col.null_count == n:
                 headers: Iterable[Any] = repeat((), n)
             else:
-                headers = [tuple((h["key"], h["value"]) for h in hs) if hs else () for hs in header_col.to_pylist()]
+                headers = [
+                    tuple((h["key"], h["value"]) for h in hs) if hs else ()
+                    for hs in header_col.to_pylist()
+                ]
             key_sizes = _sizes(key_col)
             value_sizes = _sizes(value_col)
             if key_de is not None:
                 keys = [key_de(k) if k is not None else None for k in keys]
             if value_de is not None:
                 values = [value_de(v) if v is not None else None for v in values]
-            rows = zip(repeat(tp.topic), repeat(tp.partition), offsets, stamps, repeat(ts_type), keys, values,
-                       headers, repeat(None), key_sizes, value_sizes, repeat(-1), repeat(-1))
-            out.extend(map(tuple.__new__, repeat(ConsumerRecord), rows))  # type: ignore[arg-type]
+            rows = zip(
+                repeat(tp.topic),
+                repeat(tp.partition),
+                offsets,
+                stamps,
+                repeat(ts_type),
+                keys,
+                values,
+                headers,
+                repeat(None),
+                key_sizes,
+                value_sizes,
+                repeat(-1),
+                repeat(-1),
+            )
+            out.extend(map(tuple.__new__, repeat(ConsumerRecord), rows))
         return out
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
@@ -623,7 +718,11 @@ class Consumer:
         if self._group is None:
             raise IllegalStateError("commit() needs a group_id")
         if offsets is None:
-            offsets = {tp: OffsetAndMetadata(o) for tp, o in self._positions.items() if tp in self._assigned}
+            offsets = {
+                tp: OffsetAndMetadata(o)
+                for tp, o in self._positions.items()
+                if tp in self._assigned
+            }
         normalised = {
             tp: om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
             for tp, om in offsets.items()
@@ -635,19 +734,31 @@ class Consumer:
                 self._group.commit_offsets(normalised, member_id=None, generation=-1)
             else:
                 if self._member_id is None:
-                    raise CommitFailedError("this consumer is not a member of the group (it must rejoin)")
-                self._group.commit_offsets(normalised, member_id=self._member_id, generation=self._generation)
+                    raise CommitFailedError(
+                        "this consumer is not a member of the group (it must rejoin)"
+                    )
+                self._group.commit_offsets(
+                    normalised, member_id=self._member_id, generation=self._generation
+                )
         self._metrics["commit-total"] += 1
         self._last_commit = time.monotonic()
 
-    def commit_async(self, offsets: dict[TopicPartition, OffsetAndMetadata | int] | None = None,
-                     callback: Callable[[dict[TopicPartition, Any], BaseException | None], Any] | None = None,
-                     ) -> concurrent.futures.Future[None]:
+    def commit_async(
+        self,
+        offsets: dict[TopicPartition, OffsetAndMetadata | int] | None = None,
+        callback: Callable[[dict[TopicPartition, Any], BaseException | None], Any] | None = None,
+    ) -> concurrent.futures.Future[None]:
         """Commit in the background; ``callback(offsets, exception)`` runs when done."""
         if offsets is None:
-            offsets = {tp: OffsetAndMetadata(o) for tp, o in self._positions.items() if tp in self._assigned}
+            offsets = {
+                tp: OffsetAndMetadata(o)
+                for tp, o in self._positions.items()
+                if tp in self._assigned
+            }
         if self._async_commits is None:
-            self._async_commits = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kstore-commit")
+            self._async_commits = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="kstore-commit"
+            )
         snapshot = dict(offsets)
 
         def run() -> None:
@@ -663,7 +774,9 @@ class Consumer:
 
         return self._async_commits.submit(run)
 
-    def committed(self, partition: TopicPartition, metadata: bool = False) -> int | OffsetAndMetadata | None:
+    def committed(
+        self, partition: TopicPartition, metadata: bool = False
+    ) -> int | OffsetAndMetadata | None:
         if self._group is None:
             raise IllegalStateError("committed() needs a group_id")
         with self._lock:
@@ -678,7 +791,12 @@ class Consumer:
         if self._closed:
             return
         try:
-            if autocommit and self.config["enable_auto_commit"] and self._group is not None and self._positions:
+            if (
+                autocommit
+                and self.config["enable_auto_commit"]
+                and self._group is not None
+                and self._positions
+            ):
                 try:
                     self.commit()
                 except KStoreError as exc:
@@ -704,9 +822,12 @@ class Consumer:
         """For a transactional producer's send_offsets_to_transaction()."""
         if self.group_id is None:
             raise IllegalStateError("group_metadata() needs a group_id")
-        return ConsumerGroupMetadata(self.group_id, self._generation if not self._manual else -1,
-                                     None if self._manual else self._member_id,
-                                     self.config["group_instance_id"])
+        return ConsumerGroupMetadata(
+            self.group_id,
+            self._generation if not self._manual else -1,
+            None if self._manual else self._member_id,
+            self.config["group_instance_id"],
+        )
 
     @property
     def member_id(self) -> str | None:
@@ -715,6 +836,3 @@ class Consumer:
     @property
     def generation(self) -> int:
         return self._generation
-
-
-

@@ -102,10 +102,14 @@ class GroupState(LogState):
             self.deleted = False
         if name == "join":
             member = Member(
-                member_id=str(body["memberId"]), instance_id=body.get("instanceId"),
-                client_id=str(body.get("clientId", "")), topics=tuple(body["topics"]),
-                assignors=tuple(body["assignors"]), session_timeout_ms=int(body["sessionTimeoutMs"]),
-                rebalance_timeout_ms=int(body["rebalanceTimeoutMs"]), joined_ms=int(body["time"]),
+                member_id=str(body["memberId"]),
+                instance_id=body.get("instanceId"),
+                client_id=str(body.get("clientId", "")),
+                topics=tuple(body["topics"]),
+                assignors=tuple(body["assignors"]),
+                session_timeout_ms=int(body["sessionTimeoutMs"]),
+                rebalance_timeout_ms=int(body["rebalanceTimeoutMs"]),
+                joined_ms=int(body["time"]),
             )
             if member.instance_id is not None:
                 # Static membership: a restarted instance replaces its old member id and keeps
@@ -126,7 +130,9 @@ class GroupState(LogState):
             member_id = str(body["memberId"])
             self.members.pop(member_id, None)
             self.assignment.pop(member_id, None)
-            self.pending_release = {tp: m for tp, m in self.pending_release.items() if m != member_id}
+            self.pending_release = {
+                tp: m for tp, m in self.pending_release.items() if m != member_id
+            }
         elif name == "release":
             member_id = str(body["memberId"])
             for t, p in body["partitions"]:
@@ -153,23 +159,33 @@ class GroupState(LogState):
                 self.pending_release = {
                     TopicPartition(str(t), int(p)): str(m) for t, p, m in body["pendingRelease"]
                 }
-            self.assigned_partitions = {str(k): int(v) for k, v in dict(body.get("partitions", {})).items()}
-            self.subscriptions = {str(m): tuple(t) for m, t in dict(body.get("subscriptions", {})).items()}
+            self.assigned_partitions = {
+                str(k): int(v) for k, v in dict(body.get("partitions", {})).items()
+            }
+            self.subscriptions = {
+                str(m): tuple(t) for m, t in dict(body.get("subscriptions", {})).items()
+            }
         elif name == "offsets":
             when = int(body.get("time", 0))
             for item in body["offsets"]:
                 tp = TopicPartition(str(item["topic"]), int(item["partition"]))
-                self.offsets[tp] = OffsetAndMetadata(int(item["offset"]), str(item.get("metadata", "")))
+                self.offsets[tp] = OffsetAndMetadata(
+                    int(item["offset"]), str(item.get("metadata", ""))
+                )
                 self.offset_times[tp] = when
             txn = body.get("transaction")
             if isinstance(txn, dict):
                 tid = str(txn["id"])
                 self.transactions[tid] = max(self.transactions.get(tid, -1), int(txn["version"]))
                 if "epoch" in txn:
-                    self.transaction_epochs[tid] = max(self.transaction_epochs.get(tid, -1), int(txn["epoch"]))
+                    self.transaction_epochs[tid] = max(
+                        self.transaction_epochs.get(tid, -1), int(txn["epoch"])
+                    )
         elif name == "txnFence":
             tid = str(body["id"])
-            self.transaction_epochs[tid] = max(self.transaction_epochs.get(tid, -1), int(body["epoch"]))
+            self.transaction_epochs[tid] = max(
+                self.transaction_epochs.get(tid, -1), int(body["epoch"])
+            )
         elif name == "deleteOffsets":
             for item in body["partitions"]:
                 tp = TopicPartition(str(item["topic"]), int(item["partition"]))
@@ -188,19 +204,47 @@ class GroupState(LogState):
         actions = super().checkpoint_actions()
         for m in self.members.values():
             actions.append({"join": _join_body(m, m.joined_ms)})
-        body = _assignment_body(self.generation, self.assignor, self.assignment, self.assigned_partitions)
-        body["pendingRelease"] = [[tp.topic, tp.partition, m] for tp, m in sorted(self.pending_release.items())]
+        body = _assignment_body(
+            self.generation, self.assignor, self.assignment, self.assigned_partitions
+        )
+        body["pendingRelease"] = [
+            [tp.topic, tp.partition, m] for tp, m in sorted(self.pending_release.items())
+        ]
         body["subscriptions"] = {m: list(t) for m, t in sorted(self.subscriptions.items())}
         actions.append({"assignment": body})
         by_time: dict[int, list[dict[str, Any]]] = {}
         for tp, om in sorted(self.offsets.items()):
             by_time.setdefault(self.offset_times.get(tp, 0), []).append(
-                {"topic": tp.topic, "partition": tp.partition, "offset": om.offset, "metadata": om.metadata})
+                {
+                    "topic": tp.topic,
+                    "partition": tp.partition,
+                    "offset": om.offset,
+                    "metadata": om.metadata,
+                }
+            )
         for when, items in sorted(by_time.items()):
-            actions.append({"offsets": {"memberId": ADMIN_MEMBER, "generation": -1, "time": when, "offsets": items}})
+            actions.append(
+                {
+                    "offsets": {
+                        "memberId": ADMIN_MEMBER,
+                        "generation": -1,
+                        "time": when,
+                        "offsets": items,
+                    }
+                }
+            )
         for tid, version in sorted(self.transactions.items()):
-            actions.append({"offsets": {"memberId": ADMIN_MEMBER, "generation": -1, "time": 0, "offsets": [],
-                                        "transaction": {"id": tid, "version": version}}})
+            actions.append(
+                {
+                    "offsets": {
+                        "memberId": ADMIN_MEMBER,
+                        "generation": -1,
+                        "time": 0,
+                        "offsets": [],
+                        "transaction": {"id": tid, "version": version},
+                    }
+                }
+            )
         for tid, epoch in sorted(self.transaction_epochs.items()):
             actions.append({"txnFence": {"id": tid, "epoch": epoch}})
         if self.deleted:
@@ -217,17 +261,32 @@ class GroupState(LogState):
 
 
 def _join_body(m: Member, when: int) -> dict[str, Any]:
-    return {"memberId": m.member_id, "instanceId": m.instance_id, "clientId": m.client_id,
-            "topics": list(m.topics), "assignors": list(m.assignors),
-            "sessionTimeoutMs": m.session_timeout_ms, "rebalanceTimeoutMs": m.rebalance_timeout_ms,
-            "time": when}
+    return {
+        "memberId": m.member_id,
+        "instanceId": m.instance_id,
+        "clientId": m.client_id,
+        "topics": list(m.topics),
+        "assignors": list(m.assignors),
+        "sessionTimeoutMs": m.session_timeout_ms,
+        "rebalanceTimeoutMs": m.rebalance_timeout_ms,
+        "time": when,
+    }
 
 
-def _assignment_body(generation: int, assignor: str | None, assignment: Mapping[str, list[TopicPartition]],
-                     partitions: Mapping[str, int]) -> dict[str, Any]:
-    return {"generation": generation, "assignor": assignor,
-            "members": {m: [[tp.topic, tp.partition] for tp in parts] for m, parts in sorted(assignment.items())},
-            "partitions": dict(sorted(partitions.items()))}
+def _assignment_body(
+    generation: int,
+    assignor: str | None,
+    assignment: Mapping[str, list[TopicPartition]],
+    partitions: Mapping[str, int],
+) -> dict[str, Any]:
+    return {
+        "generation": generation,
+        "assignor": assignor,
+        "members": {
+            m: [[tp.topic, tp.partition] for tp in parts] for m, parts in sorted(assignment.items())
+        },
+        "partitions": dict(sorted(partitions.items())),
+    }
 
 
 def _lease_name(member_id: str) -> str:
@@ -247,8 +306,13 @@ class Group:
     def __init__(self, store: Store, group_id: str, *, retry: RetryPolicy | None = None) -> None:
         self.store = store
         self.group_id = validate_group_id(group_id)
-        self.log: Log[GroupState] = Log(store.storage, group_log_dir(group_id), GroupState,
-                                        checkpoint_interval=100, retry=retry or store.retry)
+        self.log: Log[GroupState] = Log(
+            store.storage,
+            group_log_dir(group_id),
+            GroupState,
+            checkpoint_interval=100,
+            retry=retry or store.retry,
+        )
         self._state: GroupState | None = None
         self._members_dir = group_members_dir(group_id)
 
@@ -270,7 +334,11 @@ class Group:
         """member id -> time of its newest heartbeat, by the storage's clock."""
         out = {}
         for info in self.store.storage.list_dir(self._members_dir):
-            if info.name.endswith(".json") and not info.name.startswith(".") and info.mtime_ms is not None:
+            if (
+                info.name.endswith(".json")
+                and not info.name.startswith(".")
+                and info.mtime_ms is not None
+            ):
                 out[info.name[: -len(".json")]] = info.mtime_ms
         return out
 
@@ -290,8 +358,13 @@ class Group:
             storage.delete([probe])
         return _now_ms()
 
-    def live_members(self, state: GroupState, *, reference_ms: int | None = None,
-                     leases: Mapping[str, int] | None = None) -> dict[str, Member]:
+    def live_members(
+        self,
+        state: GroupState,
+        *,
+        reference_ms: int | None = None,
+        leases: Mapping[str, int] | None = None,
+    ) -> dict[str, Member]:
         leases = self.leases() if leases is None else leases
         reference = self.storage_now_ms() if reference_ms is None else reference_ms
         return {mid: m for mid, m in state.members.items() if m.live(leases.get(mid), reference)}
@@ -300,7 +373,9 @@ class Group:
         state = self.state()
         return state.version >= 0 and not state.deleted
 
-    def _commit(self, build: Callable[[GroupState], list[Action] | None], operation: str) -> CommitResult[GroupState] | None:
+    def _commit(
+        self, build: Callable[[GroupState], list[Action] | None], operation: str
+    ) -> CommitResult[GroupState] | None:
         def guarded(state: GroupState) -> list[Action] | None:
             actions = build(state)
             if not actions:
@@ -324,8 +399,13 @@ class Group:
                 continue  # subscribed to a topic that does not exist (yet): nothing to assign
         return counts
 
-    def plan(self, state: GroupState, live_ids: set[str], pending: list[Action],
-             counts: Mapping[str, int] | None = None) -> list[Action]:
+    def plan(
+        self,
+        state: GroupState,
+        live_ids: set[str],
+        pending: list[Action],
+        counts: Mapping[str, int] | None = None,
+    ) -> list[Action]:
         """The actions ``pending`` plus, when membership, subscriptions or partition counts
         changed, the expiry of members not in ``live_ids`` and a new generation's assignment.
         Members joining in ``pending`` count as live."""
@@ -340,7 +420,9 @@ class Group:
         now_ms = _now_ms()
         for member_id in list(trial.members):
             if member_id not in live_ids and member_id not in joining:
-                leave: Action = {"leave": {"memberId": member_id, "reason": "session expired", "time": now_ms}}
+                leave: Action = {
+                    "leave": {"memberId": member_id, "reason": "session expired", "time": now_ms}
+                }
                 actions.append(leave)
                 trial.apply("leave", leave["leave"])
         live = trial.members
@@ -405,8 +487,12 @@ class Group:
 
         def build(current: GroupState) -> list[Action] | None:
             if member_id not in current.members:
-                raise CommitFailedError(f"group {self.group_id!r}: member {member_id} is no longer in the group")
-            alive = set(self.live_members(current, reference_ms=reference, leases=leases)) | {member_id}
+                raise CommitFailedError(
+                    f"group {self.group_id!r}: member {member_id} is no longer in the group"
+                )
+            alive = set(self.live_members(current, reference_ms=reference, leases=leases)) | {
+                member_id
+            }
             return self.plan(current, alive, [])
 
         self._commit(build, "REBALANCE")
@@ -419,7 +505,11 @@ class Group:
             if member_id not in state.members:
                 return None
             live = set(self.live_members(state)) - {member_id}
-            return self.plan(state, live, [{"leave": {"memberId": member_id, "reason": reason, "time": _now_ms()}}])
+            return self.plan(
+                state,
+                live,
+                [{"leave": {"memberId": member_id, "reason": reason, "time": _now_ms()}}],
+            )
 
         self._commit(build, "LEAVE GROUP")
         self.drop_lease(member_id)
@@ -443,12 +533,19 @@ class Group:
         decision of that producer transaction: refused for a fenced epoch, a no-op if that
         version is already committed."""
         items = [
-            {"topic": tp.topic, "partition": tp.partition, "offset": om.offset, "metadata": om.metadata}
+            {
+                "topic": tp.topic,
+                "partition": tp.partition,
+                "offset": om.offset,
+                "metadata": om.metadata,
+            }
             for tp, om in sorted(offsets.items())
         ]
         for tp, om in offsets.items():
             if not isinstance(om.offset, int) or om.offset < 0:
-                raise ValueError(f"offset for {tp} must be a non-negative integer, got {om.offset!r}")
+                raise ValueError(
+                    f"offset for {tp} must be a non-negative integer, got {om.offset!r}"
+                )
 
         def build(state: GroupState) -> list[Action] | None:
             now = _now_ms()
@@ -489,17 +586,29 @@ class Group:
                         f"{generation}) rejected: it does not own {[f'{t}-{p}' for t, p in foreign[:3]]} "
                         f"at generation {state.generation} (a rebalance moved them)"
                     )
-            body: dict[str, Any] = {"memberId": member_id or ADMIN_MEMBER, "generation": generation,
-                                    "time": now, "offsets": items}
+            body: dict[str, Any] = {
+                "memberId": member_id or ADMIN_MEMBER,
+                "generation": generation,
+                "time": now,
+                "offsets": items,
+            }
             if transaction is not None:
-                body["transaction"] = {"id": transaction[0], "version": transaction[1], "epoch": transaction[2]}
+                body["transaction"] = {
+                    "id": transaction[0],
+                    "version": transaction[1],
+                    "epoch": transaction[2],
+                }
             return [{"offsets": body}]
 
         self._commit(build, "COMMIT OFFSETS")
         return self.state()
 
-    def release(self, member_id: str, partitions: Iterable[TopicPartition],
-                offsets: Mapping[TopicPartition, OffsetAndMetadata] | None = None) -> GroupState:
+    def release(
+        self,
+        member_id: str,
+        partitions: Iterable[TopicPartition],
+        offsets: Mapping[TopicPartition, OffsetAndMetadata] | None = None,
+    ) -> GroupState:
         """Hand partitions over to their new owners, with final offsets, in one commit."""
         parts = sorted(set(partitions))
 
@@ -510,13 +619,32 @@ class Group:
             actions: list[Action] = []
             final = {tp: om for tp, om in (offsets or {}).items() if tp in mine}
             if final:
-                actions.append({"offsets": {
-                    "memberId": member_id, "generation": state.generation, "time": _now_ms(),
-                    "offsets": [{"topic": tp.topic, "partition": tp.partition, "offset": om.offset,
-                                 "metadata": om.metadata} for tp, om in sorted(final.items())],
-                }})
-            actions.append({"release": {"memberId": member_id,
-                                        "partitions": [[tp.topic, tp.partition] for tp in mine]}})
+                actions.append(
+                    {
+                        "offsets": {
+                            "memberId": member_id,
+                            "generation": state.generation,
+                            "time": _now_ms(),
+                            "offsets": [
+                                {
+                                    "topic": tp.topic,
+                                    "partition": tp.partition,
+                                    "offset": om.offset,
+                                    "metadata": om.metadata,
+                                }
+                                for tp, om in sorted(final.items())
+                            ],
+                        }
+                    }
+                )
+            actions.append(
+                {
+                    "release": {
+                        "memberId": member_id,
+                        "partitions": [[tp.topic, tp.partition] for tp in mine],
+                    }
+                }
+            )
             return actions
 
         self._commit(build, "RELEASE PARTITIONS")
@@ -610,7 +738,9 @@ def describe_group(store: Store, group_id: str) -> GroupDescription:
     group = Group(store, group_id)
     state = group.state()
     live = group.live_members(state)
-    topics = {tp.topic for tp in state.offsets} | {tp.topic for parts in state.assignment.values() for tp in parts}
+    topics = {tp.topic for tp in state.offsets} | {
+        tp.topic for parts in state.assignment.values() for tp in parts
+    }
     rows: dict[TopicPartition, PartitionLag] = {}
     for topic in sorted(topics):
         try:
@@ -626,7 +756,11 @@ def describe_group(store: Store, group_id: str) -> GroupDescription:
             end = store.partition(topic, p, meta).state().end_offset
             current = committed.offset if committed else None
             rows[tp] = PartitionLag(
-                topic, p, current, end, None if current is None else max(0, end - current),
+                topic,
+                p,
+                current,
+                end,
+                None if current is None else max(0, end - current),
                 owner if owner in live else None,
                 live[owner].client_id if owner in live else None,
                 committed.metadata if committed else "",
@@ -637,9 +771,14 @@ def describe_group(store: Store, group_id: str) -> GroupDescription:
         status = "Stable"
     else:
         status = "Empty"
-    return GroupDescription(group_id, status, state.generation, state.assignor,
-                            sorted(live.values(), key=lambda m: m.member_id),
-                            [rows[k] for k in sorted(rows)])
+    return GroupDescription(
+        group_id,
+        status,
+        state.generation,
+        state.assignor,
+        sorted(live.values(), key=lambda m: m.member_id),
+        [rows[k] for k in sorted(rows)],
+    )
 
 
 def reset_offsets(
@@ -659,10 +798,18 @@ def reset_offsets(
     """Compute (and with ``execute``, commit) new offsets, as ``kafka-consumer-groups
     --reset-offsets``. Refused while the group has live members. Offsets are clamped to each
     partition's live range."""
-    chosen = [to_earliest, to_latest, to_offset is not None, to_datetime_ms is not None,
-              shift_by is not None, by_duration_ms is not None]
+    chosen = [
+        to_earliest,
+        to_latest,
+        to_offset is not None,
+        to_datetime_ms is not None,
+        shift_by is not None,
+        by_duration_ms is not None,
+    ]
     if sum(chosen) != 1:
-        raise ValueError("choose exactly one of to_earliest, to_latest, to_offset, to_datetime, shift_by, by_duration")
+        raise ValueError(
+            "choose exactly one of to_earliest, to_latest, to_offset, to_datetime, shift_by, by_duration"
+        )
     group = Group(store, group_id)
     state = group.state()
     live = group.live_members(state)
@@ -689,7 +836,11 @@ def reset_offsets(
             elif to_offset is not None:
                 target = to_offset
             elif to_datetime_ms is not None or by_duration_ms is not None:
-                when = to_datetime_ms if to_datetime_ms is not None else _now_ms() - (by_duration_ms or 0)
+                when = (
+                    to_datetime_ms
+                    if to_datetime_ms is not None
+                    else _now_ms() - (by_duration_ms or 0)
+                )
                 found = part.offset_for_timestamp(when, pstate)
                 target = end if found is None else found
             else:
@@ -697,8 +848,11 @@ def reset_offsets(
                 target = base + (shift_by or 0)
             plan[tp] = min(max(target, start), end)
     if execute and plan:
-        group.commit_offsets({tp: OffsetAndMetadata(o, "reset") for tp, o in plan.items()},
-                             member_id=None, generation=-1)
+        group.commit_offsets(
+            {tp: OffsetAndMetadata(o, "reset") for tp, o in plan.items()},
+            member_id=None,
+            generation=-1,
+        )
     return plan
 
 

@@ -11,6 +11,7 @@ cut falls on a line boundary.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -93,8 +94,12 @@ class LogState:
     def checkpoint_actions(self) -> list[Action]:
         """The whole state as actions; replaying them onto an empty state rebuilds it."""
         return [
-            {"protocol": {"minReaderVersion": self.min_reader_version,
-                          "minWriterVersion": self.min_writer_version}}
+            {
+                "protocol": {
+                    "minReaderVersion": self.min_reader_version,
+                    "minWriterVersion": self.min_writer_version,
+                }
+            }
         ]
 
 
@@ -120,7 +125,9 @@ class RetryPolicy:
         # when a writer keeps losing.
         if attempt <= 2:
             return 0.0
-        return random.uniform(0, min(self.max_backoff_s, self.base_backoff_s * (2 ** (attempt - 2))))
+        return random.uniform(
+            0, min(self.max_backoff_s, self.base_backoff_s * (2 ** (attempt - 2)))
+        )
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,9 @@ def encode_commit(actions: Sequence[Action], info: dict[str, Any]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def decode_commit(data: bytes, where: str) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
+def decode_commit(
+    data: bytes, where: str
+) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
     """Parse a commit file into (commitInfo, [(action name, body)]); CorruptLogError if bad."""
     if len(data) > MAX_LOG_FILE_BYTES:
         raise CorruptLogError(f"{where}: {len(data)} bytes exceeds the {MAX_LOG_FILE_BYTES} limit")
@@ -176,7 +185,9 @@ def decode_commit(data: bytes, where: str) -> tuple[dict[str, Any], list[tuple[s
 def _int_field(body: dict[str, Any], field: str, action: str) -> int:
     value = body.get(field)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise CorruptLogError(f"action {action!r}: field {field!r} must be an integer, got {value!r}")
+        raise CorruptLogError(
+            f"action {action!r}: field {field!r} must be an integer, got {value!r}"
+        )
     return value
 
 
@@ -206,7 +217,9 @@ class Log(Generic[S]):
 
     # -- reading -------------------------------------------------------------------------------
 
-    def read_commit(self, version: int) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]] | None:
+    def read_commit(
+        self, version: int
+    ) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]] | None:
         """The parsed commit at ``version``, or None if it does not exist (yet)."""
         data = self.storage.read_if_exists(self._path(version_file(version)))
         if data is None:
@@ -254,7 +267,9 @@ class Log(Generic[S]):
         base = self._checkpoint_at_or_below(version)
         state = base if base is not None else self.state_factory()
         if state.version == -1 and version >= 0 and self.read_commit(0) is None:
-            raise CorruptLogError(f"{self.storage.url}/{self.directory}: version {version} is not available")
+            raise CorruptLogError(
+                f"{self.storage.url}/{self.directory}: version {version} is not available"
+            )
         while state.version < version:
             commit = self.read_commit(state.version + 1)
             if commit is None:
@@ -271,7 +286,11 @@ class Log(Generic[S]):
         return state
 
     def _apply_commit(
-        self, state: S, version: int, info: dict[str, Any], actions: list[tuple[str, dict[str, Any]]]
+        self,
+        state: S,
+        version: int,
+        info: dict[str, Any],
+        actions: list[tuple[str, dict[str, Any]]],
     ) -> None:
         try:
             for name, body in actions:
@@ -321,7 +340,8 @@ class Log(Generic[S]):
         found = [
             parsed[0]
             for info in self.storage.list_dir(self.directory)
-            if (parsed := parse_log_file_name(info.name)) is not None and parsed[1]
+            if (parsed := parse_log_file_name(info.name)) is not None
+            and parsed[1]
             and parsed[0] <= version
         ]
         for candidate in sorted(found, reverse=True):
@@ -337,7 +357,9 @@ class Log(Generic[S]):
             return None
         info, actions = decode_commit(data, where)
         if info.get("checkpointVersion") != version:
-            raise CorruptLogError(f"{where}: checkpoint header names version {info.get('checkpointVersion')!r}")
+            raise CorruptLogError(
+                f"{where}: checkpoint header names version {info.get('checkpointVersion')!r}"
+            )
         state = self.state_factory()
         try:
             for name, body in actions:
@@ -434,7 +456,12 @@ class Log(Generic[S]):
                 pass  # someone's commit is there; maybe ours, if a lower layer retried the PUT
             except StorageError as exc:
                 unknown_attempts += 1
-                log.warning("commit %s of %s: outcome unknown (%s); reading it back", version, self.directory, exc)
+                log.warning(
+                    "commit %s of %s: outcome unknown (%s); reading it back",
+                    version,
+                    self.directory,
+                    exc,
+                )
                 if unknown_attempts > 5:
                     raise CommitStateUnknownError(
                         f"{self.describe(version)}: the storage kept failing; whether the commit "
@@ -475,13 +502,15 @@ class Log(Generic[S]):
         actions = state.checkpoint_actions()
         payload = encode_commit(
             actions,
-            {"checkpointVersion": state.version, "timestamp": state.last_commit_ms or 0,
-             "writer": f"kstore/{__version__}"},
+            {
+                "checkpointVersion": state.version,
+                "timestamp": state.last_commit_ms or 0,
+                "writer": f"kstore/{__version__}",
+            },
         )
-        try:
+        # Another writer may have checkpointed the same version: same content by construction.
+        with contextlib.suppress(FileExistsError):
             self.storage.put_if_absent(self._path(checkpoint_file(state.version)), payload)
-        except FileExistsError:
-            pass  # another writer checkpointed the same version: same content by construction
         self.storage.put(
             self._path(LAST_CHECKPOINT), json.dumps({"version": state.version}).encode()
         )

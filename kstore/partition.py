@@ -23,8 +23,8 @@ from kstore.errors import (
 from kstore.log import Action, CommitResult, Log, LogState, RetryPolicy, protocol_action
 from kstore.segments import (
     FORMAT_ARROW,
-    SegmentCache,
     TIMESTAMP_TYPE,
+    SegmentCache,
     SegmentFile,
     decode_segment,
     read_segment_bytes,
@@ -94,7 +94,9 @@ class Segment:
             format=_str(body, "format"),
             sparse=bool(body.get("sparse", False)),
             created_ms=int(body.get("createdTime", 0)),
-            transaction=body.get("transaction") if isinstance(body.get("transaction"), str) else None,
+            transaction=body.get("transaction")
+            if isinstance(body.get("transaction"), str)
+            else None,
             delete_horizon_ms=_optional_int(body, "deleteHorizon"),
         )
         if not seg.path.startswith("segments/") or ".." in seg.path or "\\" in seg.path:
@@ -104,7 +106,9 @@ class Segment:
         if seg.sparse and seg.record_count > seg.last_offset - seg.base_offset + 1:
             raise CorruptLogError(f"add {seg.path}: more records than offsets in its range")
         if not seg.sparse and seg.record_count != seg.last_offset - seg.base_offset + 1:
-            raise CorruptLogError(f"add {seg.path}: dense segment record count does not match its offsets")
+            raise CorruptLogError(
+                f"add {seg.path}: dense segment record count does not match its offsets"
+            )
         return seg
 
 
@@ -167,7 +171,9 @@ class PartitionState(LogState):
             self.end_offset = max(self.end_offset, seg.last_offset + 1)
             if seg.transaction is not None:
                 first = self.open_transactions.get(seg.transaction)
-                self.open_transactions[seg.transaction] = seg.base_offset if first is None else min(first, seg.base_offset)
+                self.open_transactions[seg.transaction] = (
+                    seg.base_offset if first is None else min(first, seg.base_offset)
+                )
             self.removed.pop(seg.path, None)
         elif name == "remove":
             path = _str(body, "path")
@@ -200,7 +206,9 @@ class PartitionState(LogState):
             pid, epoch = _str(body, "producerId"), _int(body, "epoch")
             entry = self.producers.get(pid)
             if entry is None or entry.epoch < epoch:
-                self.producers[pid] = ProducerEntry(epoch, -1, -1, -1, -1, int(body.get("timestamp", 0)))
+                self.producers[pid] = ProducerEntry(
+                    epoch, -1, -1, -1, -1, int(body.get("timestamp", 0))
+                )
         elif name == "cleaned":
             self.cleaned_offset = max(self.cleaned_offset, _int(body, "offset"))
         elif name == "tombstone":  # only in checkpoints: a removed file awaiting vacuum
@@ -227,14 +235,23 @@ class PartitionState(LogState):
         if self.cleaned_offset:
             actions.append({"cleaned": {"offset": self.cleaned_offset}})
         actions.extend(
-            s.to_action(open_transaction=s.transaction in self.open_transactions) for s in self.segments
+            s.to_action(open_transaction=s.transaction in self.open_transactions)
+            for s in self.segments
         )
         for pid, p in sorted(self.producers.items()):
-            actions.append({"producer": {
-                "id": pid, "epoch": p.epoch, "firstSequence": p.first_sequence,
-                "lastSequence": p.last_sequence, "baseOffset": p.base_offset,
-                "lastOffset": p.last_offset, "timestamp": p.timestamp_ms,
-            }})
+            actions.append(
+                {
+                    "producer": {
+                        "id": pid,
+                        "epoch": p.epoch,
+                        "firstSequence": p.first_sequence,
+                        "lastSequence": p.last_sequence,
+                        "baseOffset": p.base_offset,
+                        "lastOffset": p.last_offset,
+                        "timestamp": p.timestamp_ms,
+                    }
+                }
+            )
         for app, version in sorted(self.txns.items()):
             actions.append({"txn": {"appId": app, "version": version}})
         for path, when in sorted(self.removed.items()):
@@ -306,8 +323,11 @@ class Partition:
         self.partition = partition
         self.directory = directory
         self.log: Log[PartitionState] = Log(
-            storage, f"{directory}/_log", PartitionState,
-            checkpoint_interval=checkpoint_interval, retry=retry,
+            storage,
+            f"{directory}/_log",
+            PartitionState,
+            checkpoint_interval=checkpoint_interval,
+            retry=retry,
         )
         self.cache = cache or SegmentCache()
         self._state: PartitionState | None = None
@@ -349,11 +369,18 @@ class Partition:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def write_segment(self, table: pa.Table, *, compression: str = "uncompressed",
-                      durable: bool = True, fmt: str = FORMAT_ARROW) -> SegmentFile:
+    def write_segment(
+        self,
+        table: pa.Table,
+        *,
+        compression: str = "uncompressed",
+        durable: bool = True,
+        fmt: str = FORMAT_ARROW,
+    ) -> SegmentFile:
         """Write records to a new, not yet committed segment file (phase one of an append)."""
-        return write_segment(self.storage, self.directory, table,
-                             compression=compression, durable=durable, fmt=fmt)
+        return write_segment(
+            self.storage, self.directory, table, compression=compression, durable=durable, fmt=fmt
+        )
 
     def append(
         self,
@@ -372,7 +399,9 @@ class Partition:
             # LogAppendTime: the time the segment is written, a moment before its commit.
             stamp = pa.array([int(time.time() * 1_000_000)] * table.num_rows, TIMESTAMP_TYPE)
             if "timestamp" in table.column_names:
-                table = table.set_column(table.schema.get_field_index("timestamp"), "timestamp", stamp)
+                table = table.set_column(
+                    table.schema.get_field_index("timestamp"), "timestamp", stamp
+                )
             else:
                 table = table.append_column("timestamp", stamp)
         segment = self.write_segment(table, compression=compression, durable=durable)
@@ -416,10 +445,17 @@ class Partition:
             base = offset
             for f in files:
                 seg = Segment(
-                    path=f.path, base_offset=offset, last_offset=offset + f.record_count - 1,
-                    record_count=f.record_count, min_timestamp_ms=f.min_timestamp_ms,
-                    max_timestamp_ms=f.max_timestamp_ms, size_bytes=f.size_bytes,
-                    checksum=f.checksum, format=f.format, sparse=False, created_ms=now,
+                    path=f.path,
+                    base_offset=offset,
+                    last_offset=offset + f.record_count - 1,
+                    record_count=f.record_count,
+                    min_timestamp_ms=f.min_timestamp_ms,
+                    max_timestamp_ms=f.max_timestamp_ms,
+                    size_bytes=f.size_bytes,
+                    checksum=f.checksum,
+                    format=f.format,
+                    sparse=False,
+                    created_ms=now,
                     transaction=transaction,
                 )
                 actions.append(seg.to_action())
@@ -443,7 +479,9 @@ class Partition:
         base, last, now = outcome["range"]
         return AppendResult(base, last, result.version, now)
 
-    def commit_actions(self, build: Any, *, operation: str, durable: bool = True) -> CommitResult[PartitionState] | None:
+    def commit_actions(
+        self, build: Any, *, operation: str, durable: bool = True
+    ) -> CommitResult[PartitionState] | None:
         """A maintenance commit (compaction, retention, merging): ``build(state)`` returns the
         actions or None; it is re-run on every conflict against the newest state."""
 
@@ -455,14 +493,21 @@ class Partition:
 
         return self._commit(guarded, operation=operation, durable=durable)
 
-    def _commit(self, build: Any, *, operation: str, durable: bool) -> CommitResult[PartitionState] | None:
+    def _commit(
+        self, build: Any, *, operation: str, durable: bool
+    ) -> CommitResult[PartitionState] | None:
         state = self.state(refresh=False)
         if time.monotonic() - self._confirmed > STALE_STATE_S:
             # A commit built on a state older than the versions vacuum deleted could take a
             # deleted version's name, "succeed", and be lost: reload it first.
             state = self.state()
-        result = self.log.commit(state, build, operation=operation, durable=durable,
-                                 info={"topic": self.topic, "partition": self.partition})
+        result = self.log.commit(
+            state,
+            build,
+            operation=operation,
+            durable=durable,
+            info={"topic": self.topic, "partition": self.partition},
+        )
         if result is not None:
             self._remember(result.state, confirmed=True)
         else:
@@ -483,13 +528,28 @@ class Partition:
             now = int(time.time() * 1000)
             actions: list[Action] = []
             if not commit:
-                actions.extend({"remove": {"path": seg.path, "deletionTimestamp": now}}
-                               for seg in state.segments if seg.transaction == key)
-            actions.append({"txnMarker": {"producerId": producer_id, "epoch": epoch, "version": version,
-                                          "result": "commit" if commit else "abort", "timestamp": now}})
+                actions.extend(
+                    {"remove": {"path": seg.path, "deletionTimestamp": now}}
+                    for seg in state.segments
+                    if seg.transaction == key
+                )
+            actions.append(
+                {
+                    "txnMarker": {
+                        "producerId": producer_id,
+                        "epoch": epoch,
+                        "version": version,
+                        "result": "commit" if commit else "abort",
+                        "timestamp": now,
+                    }
+                }
+            )
             return actions
 
-        return self.commit_actions(build, operation="COMMIT TXN" if commit else "ABORT TXN") is not None
+        return (
+            self.commit_actions(build, operation="COMMIT TXN" if commit else "ABORT TXN")
+            is not None
+        )
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -498,8 +558,11 @@ class Partition:
         is behind pays one round trip for a run of segments rather than one each."""
         if self.storage.is_local or self.storage.protocol == "memory" or len(segments) < 2:
             return
-        missing = [s for s in segments
-                   if self.cache.get(f"{self.directory}/{_cache_key(s, columns)}") is None]
+        missing = [
+            s
+            for s in segments
+            if self.cache.get(f"{self.directory}/{_cache_key(s, columns)}") is None
+        ]
         if len(missing) < 2:
             return
         found = self.storage.read_many([f"{self.directory}/{s.path}" for s in missing])
@@ -508,7 +571,9 @@ class Partition:
             if data is not None:
                 self.read_segment(seg, columns, data=data)
 
-    def read_segment(self, seg: Segment, columns: list[str] | None = None, *, data: bytes | None = None) -> pa.Table:
+    def read_segment(
+        self, seg: Segment, columns: list[str] | None = None, *, data: bytes | None = None
+    ) -> pa.Table:
         """A live segment's records (READ_SCHEMA), verified against its checksum."""
         key = _cache_key(seg, columns)
         cached = self.cache.get(f"{self.directory}/{key}")
@@ -518,8 +583,14 @@ class Partition:
         if data is None:
             data = read_segment_bytes(self.storage, f"{self.directory}/{seg.path}", where)
         table = decode_segment(
-            data, where=where, expected_checksum=seg.checksum, fmt=seg.format, sparse=seg.sparse,
-            base_offset=seg.base_offset, record_count=seg.record_count, columns=columns,
+            data,
+            where=where,
+            expected_checksum=seg.checksum,
+            fmt=seg.format,
+            sparse=seg.sparse,
+            base_offset=seg.base_offset,
+            record_count=seg.record_count,
+            columns=columns,
         )
         if seg.sparse and table.num_rows:
             offsets = table.column("offset") if "offset" in table.column_names else None
@@ -559,7 +630,8 @@ class Partition:
         want = columns if columns is None or "offset" in columns else [*columns, "offset"]
         i = state.segment_index_for(from_offset)
         position = from_offset
-        ahead, expected = [], 0
+        ahead: list[Segment] = []
+        expected = 0
         for seg in state.segments[i:]:
             if expected >= remaining or seg.base_offset >= stop or len(ahead) >= 32:
                 break
@@ -589,8 +661,7 @@ class Partition:
                 keep = max(1, budget // avg)
                 trimmed = keep < piece.num_rows
                 piece = piece.slice(0, keep)
-            for batch in piece.to_batches():
-                yield batch
+            yield from piece.to_batches()
             remaining -= piece.num_rows
             budget -= piece.nbytes
             last = piece.column("offset")[-1].as_py()
@@ -600,7 +671,9 @@ class Partition:
             if budget <= 0 or trimmed:
                 return
 
-    def offset_for_timestamp(self, timestamp_ms: int, state: PartitionState | None = None) -> int | None:
+    def offset_for_timestamp(
+        self, timestamp_ms: int, state: PartitionState | None = None
+    ) -> int | None:
         """The earliest offset whose timestamp is at or after ``timestamp_ms`` (Kafka's
         offsetsForTimes), or None when no record is that new."""
         state = state or self.state()
@@ -647,7 +720,9 @@ class ProducerBatch:
 
     def __post_init__(self) -> None:
         if not 0 <= self.first_sequence <= self.last_sequence:
-            raise ValueError(f"bad producer sequence range {self.first_sequence}..{self.last_sequence}")
+            raise ValueError(
+                f"bad producer sequence range {self.first_sequence}..{self.last_sequence}"
+            )
 
     def check(self, state: PartitionState) -> ProducerEntry | None:
         """None if this batch is new and in order; the committed entry if it is the last
@@ -661,7 +736,10 @@ class ProducerBatch:
             )
         if self.epoch > entry.epoch:
             return None  # a new instance; sequences restart
-        if self.first_sequence == entry.first_sequence and self.last_sequence == entry.last_sequence:
+        if (
+            self.first_sequence == entry.first_sequence
+            and self.last_sequence == entry.last_sequence
+        ):
             return entry
         if self.first_sequence <= entry.last_sequence:
             raise DuplicateSequenceError(
@@ -676,12 +754,18 @@ class ProducerBatch:
         return None
 
     def action(self, base_offset: int, last_offset: int, now_ms: int) -> Action:
-        return {"producer": {
-            **self.extra,  # first: never replaces the fields idempotence relies on
-            "id": self.producer_id, "epoch": self.epoch, "firstSequence": self.first_sequence,
-            "lastSequence": self.last_sequence, "baseOffset": base_offset,
-            "lastOffset": last_offset, "timestamp": now_ms,
-        }}
+        return {
+            "producer": {
+                **self.extra,  # first: never replaces the fields idempotence relies on
+                "id": self.producer_id,
+                "epoch": self.epoch,
+                "firstSequence": self.first_sequence,
+                "lastSequence": self.last_sequence,
+                "baseOffset": base_offset,
+                "lastOffset": last_offset,
+                "timestamp": now_ms,
+            }
+        }
 
 
 def _str(body: dict[str, Any], name: str) -> str:
@@ -705,5 +789,3 @@ def _int(body: dict[str, Any], name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise CorruptLogError(f"field {name!r} must be an integer, got {value!r}")
     return value
-
-

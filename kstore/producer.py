@@ -40,8 +40,8 @@ from kstore.errors import (
     RecordTooLargeError,
     UnknownTopicOrPartitionError,
 )
-from kstore.layout import producer_log_dir
 from kstore.groups import Group
+from kstore.layout import producer_log_dir
 from kstore.log import Action, Log, protocol_action
 from kstore.names import validate_topic_name
 from kstore.partition import ProducerBatch
@@ -119,18 +119,24 @@ class FutureRecordMetadata(tuple[Any, ...]):
 
     @property
     def exception(self) -> BaseException | None:
-        return self[0].error_for(self[1]) if self.is_done() else None  # type: ignore[no-any-return]
+        error: BaseException | None = self[0].error_for(self[1]) if self.is_done() else None
+        return error
 
     @property
     def value(self) -> RecordMetadata | None:
-        return self[0].metadata(self[1]) if self.succeeded() else None  # type: ignore[no-any-return]
+        metadata: RecordMetadata | None = self[0].metadata(self[1]) if self.succeeded() else None
+        return metadata
 
-    def add_callback(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> FutureRecordMetadata:
+    def add_callback(
+        self, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> FutureRecordMetadata:
         """Call ``fn(*args, metadata, **kwargs)`` when the record is committed."""
         self[0].add_callback(self[1], fn, args, kwargs, errback=False)
         return self
 
-    def add_errback(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> FutureRecordMetadata:
+    def add_errback(
+        self, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> FutureRecordMetadata:
         """Call ``fn(*args, exception, **kwargs)`` when the record cannot be delivered."""
         self[0].add_callback(self[1], fn, args, kwargs, errback=True)
         return self
@@ -152,10 +158,12 @@ class FutureBatchMetadata:
         errors = self._batch.errors
         if errors:
             raise next(iter(errors.values()))
-        return pa.table({
-            "partition": pa.array(self._batch.partition_of, pa.int32()),
-            "offset": pa.array(self._batch.offset_of, pa.int64()),
-        })
+        return pa.table(
+            {
+                "partition": pa.array(self._batch.partition_of, pa.int32()),
+                "offset": pa.array(self._batch.offset_of, pa.int64()),
+            }
+        )
 
     def is_done(self) -> bool:
         return self._batch.done.is_set()
@@ -186,7 +194,9 @@ class _Batch:
         self.errors: dict[int, BaseException] = {}  # partition -> why its records failed
         self.fatal: BaseException | None = None  # failed before placement
         self.acks0 = False
-        self._callbacks: list[tuple[int, Callable[..., Any], tuple[Any, ...], dict[str, Any], bool]] = []
+        self._callbacks: list[
+            tuple[int, Callable[..., Any], tuple[Any, ...], dict[str, Any], bool]
+        ] = []
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -223,8 +233,15 @@ class _Batch:
             serialized_header_size=-1,
         )
 
-    def add_callback(self, index: int, fn: Callable[..., Any], args: tuple[Any, ...],
-                     kwargs: dict[str, Any], *, errback: bool) -> None:
+    def add_callback(
+        self,
+        index: int,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        errback: bool,
+    ) -> None:
         with self._lock:
             if not self.done.is_set():
                 self._callbacks.append((index, fn, args, kwargs, errback))
@@ -238,8 +255,14 @@ class _Batch:
         for index, fn, args, kwargs, errback in callbacks:
             self._fire(index, fn, args, kwargs, errback)
 
-    def _fire(self, index: int, fn: Callable[..., Any], args: tuple[Any, ...],
-              kwargs: dict[str, Any], errback: bool) -> None:
+    def _fire(
+        self,
+        index: int,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        errback: bool,
+    ) -> None:
         error = self.error_for(index)
         try:
             if error is None and not errback:
@@ -277,18 +300,36 @@ class Producer:
         self.config = cfg
         self._acks = _parse_acks(cfg["acks"])
         self._durable = self._acks == "all"
-        for name in ("linger_ms", "batch_size", "buffer_memory", "max_block_ms", "max_request_size",
-                     "retries", "retry_backoff_ms", "retry_backoff_max_ms", "delivery_timeout_ms",
-                     "metadata_max_age_ms", "max_in_flight_partitions"):
+        for name in (
+            "linger_ms",
+            "batch_size",
+            "buffer_memory",
+            "max_block_ms",
+            "max_request_size",
+            "retries",
+            "retry_backoff_ms",
+            "retry_backoff_max_ms",
+            "delivery_timeout_ms",
+            "metadata_max_age_ms",
+            "max_in_flight_partitions",
+        ):
             value = cfg[name]
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise InvalidConfigurationError(f"producer config {name!r} must be a non-negative integer, got {value!r}")
+                raise InvalidConfigurationError(
+                    f"producer config {name!r} must be a non-negative integer, got {value!r}"
+                )
         if cfg["max_in_flight_partitions"] < 1 or cfg["batch_size"] < 1 or cfg["buffer_memory"] < 1:
-            raise InvalidConfigurationError("batch_size, buffer_memory and max_in_flight_partitions must be positive")
+            raise InvalidConfigurationError(
+                "batch_size, buffer_memory and max_in_flight_partitions must be positive"
+            )
         compression = cfg["compression_type"]
         if compression is not None:
-            compression = {"none": "uncompressed", "uncompressed": "uncompressed", "zstd": "zstd",
-                           "lz4": "lz4"}.get(str(compression).lower())
+            compression = {
+                "none": "uncompressed",
+                "uncompressed": "uncompressed",
+                "zstd": "zstd",
+                "lz4": "lz4",
+            }.get(str(compression).lower())
             if compression is None:
                 raise InvalidConfigurationError(
                     f"compression_type {cfg['compression_type']!r} is not supported; use zstd, lz4 "
@@ -335,13 +376,21 @@ class Producer:
         self._batch_size: int = cfg["batch_size"]
         self._buffer_memory: int = cfg["buffer_memory"]
         self._metrics = {
-            "record-send-total": 0, "record-error-total": 0, "record-retry-total": 0,
-            "batch-total": 0, "commit-total": 0, "commit-time-total-ms": 0.0, "byte-total": 0,
+            "record-send-total": 0,
+            "record-error-total": 0,
+            "record-retry-total": 0,
+            "batch-total": 0,
+            "commit-total": 0,
+            "commit-time-total-ms": 0.0,
+            "byte-total": 0,
         }
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=cfg["max_in_flight_partitions"], thread_name_prefix=f"kstore-{self.client_id}"
+            max_workers=cfg["max_in_flight_partitions"],
+            thread_name_prefix=f"kstore-{self.client_id}",
         )
-        self._sender = threading.Thread(target=self._run, name=f"kstore-sender-{self.client_id}", daemon=True)
+        self._sender = threading.Thread(
+            target=self._run, name=f"kstore-sender-{self.client_id}", daemon=True
+        )
         self._sender.start()
         _LIVE_PRODUCERS.add(self)
 
@@ -361,8 +410,12 @@ class Producer:
         # topic, not transactional) in as few operations as possible: this is the hottest
         # path of the library. Everything else takes the general path below.
         if (
-            headers is None and partition is None and timestamp_ms is None and not self._serializing
-            and value.__class__ is bytes and (key is None or key.__class__ is bytes)
+            headers is None
+            and partition is None
+            and timestamp_ms is None
+            and not self._serializing
+            and value.__class__ is bytes
+            and (key is None or key.__class__ is bytes)
         ):
             size = RECORD_OVERHEAD_BYTES + len(value) + (0 if key is None else len(key))
             limit = self._limits.get(topic)
@@ -381,8 +434,15 @@ class Producer:
                 return FutureRecordMetadata((batch, index))
         return self._send(topic, value, key, headers, partition, timestamp_ms)
 
-    def _send(self, topic: str, value: Any, key: Any, headers: Sequence[tuple[str, bytes]] | None,
-              partition: int | None, timestamp_ms: int | None) -> FutureRecordMetadata:
+    def _send(
+        self,
+        topic: str,
+        value: Any,
+        key: Any,
+        headers: Sequence[tuple[str, bytes]] | None,
+        partition: int | None,
+        timestamp_ms: int | None,
+    ) -> FutureRecordMetadata:
         if self._key_serializer is not None and key is not None:
             key = self._key_serializer(key)
         if self._value_serializer is not None and value is not None:
@@ -391,7 +451,11 @@ class Producer:
             value = _as_bytes(value, "value")
         if key.__class__ is not bytes and key is not None:
             key = _as_bytes(key, "key")
-        size = RECORD_OVERHEAD_BYTES + (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
+        size = (
+            RECORD_OVERHEAD_BYTES
+            + (len(value) if value is not None else 0)
+            + (len(key) if key is not None else 0)
+        )
         if headers is not None:
             headers = _check_headers(headers)
             size += sum(len(k) + len(v) for k, v in headers)
@@ -400,7 +464,9 @@ class Producer:
         elif timestamp_ms.__class__ is int and timestamp_ms >= 0:
             timestamp = timestamp_ms / 1000
         else:
-            raise InvalidRecordError(f"timestamp_ms must be a non-negative integer, got {timestamp_ms!r}")
+            raise InvalidRecordError(
+                f"timestamp_ms must be a non-negative integer, got {timestamp_ms!r}"
+            )
         info = self._topics.get(topic)
         if info is None:
             info = self._topic_info(topic)
@@ -441,7 +507,9 @@ class Producer:
         if not self._usable:
             self._raise_unusable()
         if self._transactional_id is not None and self._txn is None:
-            raise IllegalStateError("a transactional producer sends inside a transaction: call begin_transaction() first")
+            raise IllegalStateError(
+                "a transactional producer sends inside a transaction: call begin_transaction() first"
+            )
         reserve = max(size, min(self._batch_size, self._buffer_memory))
         if self._buffered + reserve > self._buffer_memory:
             self._wait_for_space(reserve)
@@ -457,7 +525,9 @@ class Producer:
         self._queue.append(batch)
         self._wakeup.notify()
 
-    def send_batch(self, topic: str, data: Any, *, partition: int | None = None) -> FutureBatchMetadata:
+    def send_batch(
+        self, topic: str, data: Any, *, partition: int | None = None
+    ) -> FutureBatchMetadata:
         """Queue a whole table of records (columns ``value`` and optionally ``key``,
         ``headers``, ``timestamp``, ``partition``); placed with the same partitioner,
         vectorised. Accepts a pyarrow Table / RecordBatch or anything exporting the Arrow C
@@ -551,7 +621,9 @@ class Producer:
 
     def _raise_unusable(self) -> None:
         if self._forked:
-            raise IllegalStateError("this producer was created before os.fork(); create a new one in the child")
+            raise IllegalStateError(
+                "this producer was created before os.fork(); create a new one in the child"
+            )
         if self._fatal is not None:
             raise self._fatal
         raise IllegalStateError("producer is closed")
@@ -586,9 +658,12 @@ class Producer:
             "uncompressed" if topic_compression == "producer" else topic_compression
         )
         info = _TopicInfo(
-            metadata=meta, loaded=time.monotonic(), max_message_bytes=int(effective["max.message.bytes"]),
+            metadata=meta,
+            loaded=time.monotonic(),
+            max_message_bytes=int(effective["max.message.bytes"]),
             record_limit=min(int(effective["max.message.bytes"]), self.config["max_request_size"]),
-            compression=compression, log_append_time=effective["message.timestamp.type"] == "LogAppendTime",
+            compression=compression,
+            log_append_time=effective["message.timestamp.type"] == "LogAppendTime",
         )
         self._topics[topic] = info
         self._limits[topic] = info.record_limit
@@ -638,9 +713,12 @@ class Producer:
         table = batch.table if batch.table is not None else _build_table(batch)
         if info.log_append_time:
             now_us = int(time.time() * 1_000_000)
-            table = table.set_column(table.schema.get_field_index("timestamp"), "timestamp",
-                                     pa.array(np.full(table.num_rows, now_us), TIMESTAMP_TYPE))
-        batch.timestamp_of = (table.column("timestamp").cast(pa.int64()).to_numpy() // 1000)
+            table = table.set_column(
+                table.schema.get_field_index("timestamp"),
+                "timestamp",
+                pa.array(np.full(table.num_rows, now_us), TIMESTAMP_TYPE),
+            )
+        batch.timestamp_of = table.column("timestamp").cast(pa.int64()).to_numpy() // 1000
         parts = self._place(batch, table, n_parts)
         batch.partition_of = parts
         if self._acks == 0:
@@ -651,25 +729,28 @@ class Producer:
         offsets_sorted = np.empty(len(order), np.int64)
         jobs: dict[int, tuple[int, int]] = {}
         start = 0
-        for p in np.nonzero(counts)[0]:
+        for nonzero in np.nonzero(counts)[0]:
+            p = int(nonzero)
             count = int(counts[p])
-            jobs[int(p)] = (start, count)
+            jobs[p] = (start, count)
             start += count
         deadline = batch.created + self.config["delivery_timeout_ms"] / 1000
         tag = self._register_partitions(batch.topic, jobs)
         futures = {
-            p: self._pool.submit(self._write_partition, info, p, sorted_table.slice(s, c), deadline, tag)
+            p: self._pool.submit(
+                self._write_partition, info, p, sorted_table.slice(s, c), deadline, tag
+            )
             for p, (s, c) in jobs.items()
         }
         for p, fut in futures.items():
             s, c = jobs[p]
             try:
                 base, log_start = fut.result()
-                offsets_sorted[s:s + c] = np.arange(base, base + c, dtype=np.int64)
+                offsets_sorted[s : s + c] = np.arange(base, base + c, dtype=np.int64)
                 batch.log_start[p] = log_start
             except KStoreError as exc:
                 batch.errors[p] = exc
-                offsets_sorted[s:s + c] = -1
+                offsets_sorted[s : s + c] = -1
                 self._metrics["record-error-total"] += c
                 self._on_partition_failure(exc)
         offset_of = np.empty(len(order), np.int64)
@@ -703,36 +784,61 @@ class Producer:
             )
         return parts
 
-    def _write_partition(self, info: _TopicInfo, p: int, table: pa.Table, deadline: float,
-                         transaction: str | None = None) -> tuple[int, int]:
+    def _write_partition(
+        self,
+        info: _TopicInfo,
+        p: int,
+        table: pa.Table,
+        deadline: float,
+        transaction: str | None = None,
+    ) -> tuple[int, int]:
         topic = info.metadata.name
         partition = self.store.partition(topic, p, info.metadata)
         producer: ProducerBatch | None = None
         if self._idempotent:
             first = self._sequences.get((topic, p), 0)
-            producer = ProducerBatch(self._producer_id, self._epoch, first, first + table.num_rows - 1)
+            producer = ProducerBatch(
+                self._producer_id, self._epoch, first, first + table.num_rows - 1
+            )
         segment: SegmentFile | None = None
         attempt = 0
         while True:
             try:
                 if segment is None:
-                    segment = partition.write_segment(table, compression=info.compression, durable=self._durable)
+                    segment = partition.write_segment(
+                        table, compression=info.compression, durable=self._durable
+                    )
                 self._check_not_fenced()
                 started = time.monotonic()
-                result = partition.commit_segments([segment], durable=self._durable, producer=producer,
-                                                   transaction=transaction)
+                result = partition.commit_segments(
+                    [segment], durable=self._durable, producer=producer, transaction=transaction
+                )
                 self._metrics["commit-total"] += 1
                 self._metrics["commit-time-total-ms"] += (time.monotonic() - started) * 1000
                 if producer is not None:
                     self._sequences[(topic, p)] = producer.last_sequence + 1
                 return result.base_offset, partition.state(refresh=False).start_offset
             except KStoreError as exc:
-                if not exc.retriable or attempt >= self.config["retries"] or time.monotonic() >= deadline:
+                if (
+                    not exc.retriable
+                    or attempt >= self.config["retries"]
+                    or time.monotonic() >= deadline
+                ):
                     raise
                 attempt += 1
                 self._metrics["record-retry-total"] += table.num_rows
-                backoff = min(self.config["retry_backoff_max_ms"], self.config["retry_backoff_ms"] * 2 ** min(attempt, 10))
-                log.warning("producer %s: %s-%d attempt %d failed (%s); retrying", self.client_id, topic, p, attempt, exc)
+                backoff = min(
+                    self.config["retry_backoff_max_ms"],
+                    self.config["retry_backoff_ms"] * 2 ** min(attempt, 10),
+                )
+                log.warning(
+                    "producer %s: %s-%d attempt %d failed (%s); retrying",
+                    self.client_id,
+                    topic,
+                    p,
+                    attempt,
+                    exc,
+                )
                 time.sleep(min(backoff / 1000, max(0.0, deadline - time.monotonic())))
 
     def _on_partition_failure(self, exc: BaseException) -> None:
@@ -751,15 +857,28 @@ class Producer:
     def _register_transactional_id(self, transactional_id: str) -> tuple[str, int]:
         """Take over the identity with a new epoch (fencing older instances), then finish
         whatever transaction a previous instance left unfinished."""
-        registry = Log(self.store.storage, producer_log_dir(transactional_id), TransactionLogState,
-                       checkpoint_interval=50)
+        registry = Log(
+            self.store.storage,
+            producer_log_dir(transactional_id),
+            TransactionLogState,
+            checkpoint_interval=50,
+        )
         pid = hashlib.sha256(f"kstore-producer:{transactional_id}".encode()).hexdigest()[:32]
         timeout = self.config["transaction_timeout_ms"]
 
         def build(state: TransactionLogState) -> list[Action]:
             actions: list[Action] = [protocol_action()] if state.version < 0 else []
-            return [*actions, {"producerEpoch": {"transactionalId": transactional_id, "producerId": pid,
-                                                  "epoch": state.epoch + 1, "transactionTimeoutMs": timeout}}]
+            return [
+                *actions,
+                {
+                    "producerEpoch": {
+                        "transactionalId": transactional_id,
+                        "producerId": pid,
+                        "epoch": state.epoch + 1,
+                        "transactionTimeoutMs": timeout,
+                    }
+                },
+            ]
 
         result = registry.commit(registry.load(), build, operation="INIT PRODUCER")
         assert result is not None
@@ -767,13 +886,19 @@ class Producer:
         epoch = result.state.epoch
         finished = finish_transaction(self.store, registry, epoch)
         if finished is not None:
-            log.info("transactional id %r: finished the previous instance's transaction (%s)",
-                     transactional_id, finished)
+            log.info(
+                "transactional id %r: finished the previous instance's transaction (%s)",
+                transactional_id,
+                finished,
+            )
         self._registry_state = registry.load()
         return pid, epoch
 
-    def _registry_commit(self, operation: str, actions: Callable[[TransactionLogState], list[Action] | None]) -> None:
-        assert self._registry is not None and self._transactional_id is not None
+    def _registry_commit(
+        self, operation: str, actions: Callable[[TransactionLogState], list[Action] | None]
+    ) -> None:
+        assert self._registry is not None
+        assert self._transactional_id is not None
         tid, epoch = self._transactional_id, self._epoch
 
         def build(state: TransactionLogState) -> list[Action] | None:
@@ -781,8 +906,11 @@ class Producer:
             return actions(state)
 
         try:
-            result = self._registry.commit(self._registry.update(self._registry_state or self._registry.load()),
-                                           build, operation=operation)
+            result = self._registry.commit(
+                self._registry.update(self._registry_state or self._registry.load()),
+                build,
+                operation=operation,
+            )
         except ProducerFencedError as exc:
             self._fence(exc)
             raise
@@ -824,8 +952,11 @@ class Producer:
         assert state is not None
         self._txn = _Transaction(version=state.last_version + 1)
 
-    def send_offsets_to_transaction(self, offsets: dict[TopicPartition, OffsetAndMetadata | int],
-                                    consumer_group_metadata: ConsumerGroupMetadata | str) -> None:
+    def send_offsets_to_transaction(
+        self,
+        offsets: dict[TopicPartition, OffsetAndMetadata | int],
+        consumer_group_metadata: ConsumerGroupMetadata | str,
+    ) -> None:
         """Commit these consumer offsets atomically with the transaction's records."""
         txn = self._require_transaction()
         metadata = consumer_group_metadata
@@ -837,12 +968,25 @@ class Producer:
             # Record the group first (Kafka's AddOffsetsToTxn): a successor that finds this
             # transaction unfinished fences the group before deciding its fate.
             version, epoch, group_id = txn.version, self._epoch, metadata.group_id
-            self._registry_commit("TXN GROUP", lambda s: [{"txnPartitions": {
-                "version": version, "epoch": epoch, "time": int(time.time() * 1000),
-                "group": group_id, "partitions": []}}])
+            self._registry_commit(
+                "TXN GROUP",
+                lambda s: [
+                    {
+                        "txnPartitions": {
+                            "version": version,
+                            "epoch": epoch,
+                            "time": int(time.time() * 1000),
+                            "group": group_id,
+                            "partitions": [],
+                        }
+                    }
+                ],
+            )
         txn.group = metadata
         for tp, om in offsets.items():
-            txn.offsets[tp] = om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
+            txn.offsets[tp] = (
+                om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
+            )
 
     def commit_transaction(self, timeout: float | None = None) -> None:
         """Make the transaction's records, and its consumer offsets, visible together."""
@@ -858,12 +1002,18 @@ class Producer:
             if txn.group is not None and txn.offsets:
                 self._check_not_fenced()
                 Group(self.store, txn.group.group_id).commit_offsets(
-                    txn.offsets, member_id=txn.group.member_id, generation=txn.group.generation_id,
+                    txn.offsets,
+                    member_id=txn.group.member_id,
+                    generation=txn.group.generation_id,
                     transaction=(tid, version, epoch),
                 )
             else:
-                self._registry_commit("TXN DECISION", lambda s: [{"txnDecision": {
-                    "version": version, "epoch": epoch, "result": "commit"}}])
+                self._registry_commit(
+                    "TXN DECISION",
+                    lambda s: [
+                        {"txnDecision": {"version": version, "epoch": epoch, "result": "commit"}}
+                    ],
+                )
             txn.decided = True
         self._end(txn, commit=True)
 
@@ -878,21 +1028,40 @@ class Producer:
             raise IllegalStateError("the transaction was already decided as committed")
         version, epoch = txn.version, self._epoch
         if txn.partitions or txn.group is not None:
-            self._registry_commit("TXN DECISION", lambda s: [{"txnDecision": {
-                "version": version, "epoch": epoch, "result": "abort"}}])
+            self._registry_commit(
+                "TXN DECISION",
+                lambda s: [
+                    {"txnDecision": {"version": version, "epoch": epoch, "result": "abort"}}
+                ],
+            )
         self._end(txn, commit=False)
 
     def _end(self, txn: _Transaction, *, commit: bool) -> None:
         for tp in sorted(txn.partitions):
             self.store.partition(tp.topic, tp.partition).end_transaction(
-                self._producer_id, self._epoch, txn.version, commit=commit)
+                self._producer_id, self._epoch, txn.version, commit=commit
+            )
         version, epoch = txn.version, self._epoch
         if txn.partitions or txn.group is not None:
-            self._registry_commit("COMPLETE TXN", lambda s: [{"txnComplete": {
-                "version": version, "epoch": epoch, "result": "commit" if commit else "abort"}}])
+            self._registry_commit(
+                "COMPLETE TXN",
+                lambda s: [
+                    {
+                        "txnComplete": {
+                            "version": version,
+                            "epoch": epoch,
+                            "result": "commit" if commit else "abort",
+                        }
+                    }
+                ],
+            )
         else:
-            self._registry_commit("COMPLETE TXN", lambda s: [{"txnComplete": {
-                "version": version, "epoch": epoch, "result": "empty"}}])
+            self._registry_commit(
+                "COMPLETE TXN",
+                lambda s: [
+                    {"txnComplete": {"version": version, "epoch": epoch, "result": "empty"}}
+                ],
+            )
         self._txn = None
 
     def _require_transactional(self) -> None:
@@ -918,9 +1087,20 @@ class Producer:
         new = sorted({TopicPartition(topic, int(p)) for p in partitions} - txn.partitions)
         if new:
             version, epoch = txn.version, self._epoch
-            self._registry_commit("TXN PARTITIONS", lambda s: [{"txnPartitions": {
-                "version": version, "epoch": epoch, "time": int(time.time() * 1000), "group": None,
-                "partitions": [[tp.topic, tp.partition] for tp in new]}}])
+            self._registry_commit(
+                "TXN PARTITIONS",
+                lambda s: [
+                    {
+                        "txnPartitions": {
+                            "version": version,
+                            "epoch": epoch,
+                            "time": int(time.time() * 1000),
+                            "group": None,
+                            "partitions": [[tp.topic, tp.partition] for tp in new],
+                        }
+                    }
+                ],
+            )
             txn.partitions.update(new)
         return f"{self._producer_id}:{txn.version}"
 
@@ -933,6 +1113,7 @@ class _Transaction:
     offsets: dict[TopicPartition, OffsetAndMetadata] = field(default_factory=dict)
     error: BaseException | None = None
     decided: bool = False
+
 
 # -- helpers ---------------------------------------------------------------------------------------
 
@@ -967,7 +1148,9 @@ def _check_headers(headers: Iterable[Any]) -> list[tuple[str, bytes]]:
         if not isinstance(name, str):
             raise InvalidRecordError(f"headers[{i}] name must be str, got {type(name).__name__}")
         if value is not None and not isinstance(value, bytes | bytearray):
-            raise InvalidRecordError(f"headers[{i}] ({name!r}) value must be bytes, got {type(value).__name__}")
+            raise InvalidRecordError(
+                f"headers[{i}] ({name!r}) value must be bytes, got {type(value).__name__}"
+            )
         out.append((name, bytes(value) if value is not None else b""))
     return out
 
@@ -981,7 +1164,10 @@ def _build_table(batch: _Batch) -> pa.Table:
     if batch.headers:
         pairs = batch.headers
         headers = pa.array(
-            [[{"key": k, "value": v} for k, v in pairs[i]] if i in pairs else None for i in range(n)],
+            [
+                [{"key": k, "value": v} for k, v in pairs[i]] if i in pairs else None
+                for i in range(n)
+            ],
             HEADERS_TYPE,
         )
     else:
@@ -1007,28 +1193,40 @@ def _conform_batch(table: pa.Table, info: _TopicInfo, partition: int | None) -> 
     allowed = {"key", "value", "headers", "timestamp", "partition"}
     extra = set(table.column_names) - allowed
     if extra:
-        raise InvalidRecordError(f"send_batch: unexpected columns {sorted(extra)}; allowed {sorted(allowed)}")
+        raise InvalidRecordError(
+            f"send_batch: unexpected columns {sorted(extra)}; allowed {sorted(allowed)}"
+        )
     n = table.num_rows
     cols: dict[str, pa.ChunkedArray | pa.Array] = {}
     for name, typ in (("key", pa.binary()), ("value", pa.binary())):
         if name in table.column_names:
             col = table.column(name)
             if col.type in (pa.string(), pa.large_string()) or not (
-                pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)
-                or pa.types.is_fixed_size_binary(col.type) or pa.types.is_null(col.type)
+                pa.types.is_binary(col.type)
+                or pa.types.is_large_binary(col.type)
+                or pa.types.is_fixed_size_binary(col.type)
+                or pa.types.is_null(col.type)
             ):
-                raise InvalidRecordError(f"send_batch: column {name!r} must be binary, got {col.type}")
+                raise InvalidRecordError(
+                    f"send_batch: column {name!r} must be binary, got {col.type}"
+                )
             cols[name] = col.cast(typ)
         else:
             cols[name] = pa.nulls(n, typ)
     if "timestamp" in table.column_names:
         col = table.column("timestamp")
         if pa.types.is_timestamp(col.type):
-            col = col.cast(pa.timestamp("us", tz="UTC")) if col.type.tz else col.cast(pa.timestamp("us")).cast(TIMESTAMP_TYPE)
+            col = (
+                col.cast(pa.timestamp("us", tz="UTC"))
+                if col.type.tz
+                else col.cast(pa.timestamp("us")).cast(TIMESTAMP_TYPE)
+            )
         elif pa.types.is_integer(col.type):
             col = pc.multiply(col.cast(pa.int64()), 1000).cast(TIMESTAMP_TYPE)
         else:
-            raise InvalidRecordError(f"send_batch: column 'timestamp' must be a timestamp or int64 ms, got {col.type}")
+            raise InvalidRecordError(
+                f"send_batch: column 'timestamp' must be a timestamp or int64 ms, got {col.type}"
+            )
         if col.null_count:
             now_us = int(time.time() * 1_000_000)
             col = pc.fill_null(col, pa.scalar(now_us, TIMESTAMP_TYPE))
@@ -1039,7 +1237,9 @@ def _conform_batch(table: pa.Table, info: _TopicInfo, partition: int | None) -> 
         try:
             cols["headers"] = table.column("headers").cast(HEADERS_TYPE)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise InvalidRecordError(f"send_batch: column 'headers' must be list<struct<key: string, value: binary>>: {exc}") from None
+            raise InvalidRecordError(
+                f"send_batch: column 'headers' must be list<struct<key: string, value: binary>>: {exc}"
+            ) from None
     else:
         cols["headers"] = pa.nulls(n, HEADERS_TYPE)
     out = pa.Table.from_arrays([cols[f.name] for f in RECORD_SCHEMA], schema=RECORD_SCHEMA)
@@ -1051,9 +1251,14 @@ def _conform_batch(table: pa.Table, info: _TopicInfo, partition: int | None) -> 
         part_col = table.column("partition").cast(pa.int32())
     if part_col is not None:
         filled = pc.fill_null(part_col, NO_PARTITION)
-        values = np.asarray(filled.to_numpy(zero_copy_only=False) if hasattr(filled, "to_numpy") else filled, np.int32)
+        values = np.asarray(
+            filled.to_numpy(zero_copy_only=False) if hasattr(filled, "to_numpy") else filled,
+            np.int32,
+        )
         if values.size and (values.max() >= n_parts or (values[values != NO_PARTITION] < 0).any()):
-            raise UnknownTopicOrPartitionError(f"send_batch: topic {info.metadata.name!r} has partitions 0..{n_parts - 1}")
+            raise UnknownTopicOrPartitionError(
+                f"send_batch: topic {info.metadata.name!r} has partitions 0..{n_parts - 1}"
+            )
         out = out.append_column("partition", pa.array(values, pa.int32()))
     return out
 

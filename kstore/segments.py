@@ -89,7 +89,9 @@ def conform(table: pa.Table | pa.RecordBatch, schema: pa.Schema = RECORD_SCHEMA)
             if field.name in ("key", "headers"):
                 columns.append(pa.nulls(table.num_rows, field.type))
                 continue
-            raise InvalidRecordError(f"records need a {field.name!r} column; got {table.column_names}")
+            raise InvalidRecordError(
+                f"records need a {field.name!r} column; got {table.column_names}"
+            )
         column = table.column(field.name)
         if column.type != field.type:
             try:
@@ -112,7 +114,9 @@ def _timestamp_range_ms(table: pa.Table) -> tuple[int, int]:
 
 def encode_arrow(table: pa.Table, compression: str) -> pa.Buffer:
     if compression not in COMPRESSIONS:
-        raise InvalidRecordError(f"unknown segment compression {compression!r}; use {sorted(COMPRESSIONS)}")
+        raise InvalidRecordError(
+            f"unknown segment compression {compression!r}; use {sorted(COMPRESSIONS)}"
+        )
     options = ipc.IpcWriteOptions(compression=COMPRESSIONS[compression])
     sink = pa.BufferOutputStream()
     with ipc.new_file(sink, table.schema, options=options) as writer:
@@ -142,8 +146,12 @@ def write_segment(
     first_offset = last_offset = None
     if sparse:
         offsets = table.column("offset").to_numpy()
-        if table.column("offset").null_count or (len(offsets) > 1 and not bool(np.all(np.diff(offsets) > 0))):
-            raise InvalidRecordError("sparse segment offsets must be non-null and strictly increasing")
+        if table.column("offset").null_count or (
+            len(offsets) > 1 and not bool(np.all(np.diff(offsets) > 0))
+        ):
+            raise InvalidRecordError(
+                "sparse segment offsets must be non-null and strictly increasing"
+            )
         first_offset, last_offset = int(offsets[0]), int(offsets[-1])
     min_ts, max_ts = _timestamp_range_ms(table)
     if fmt == FORMAT_ARROW:
@@ -152,7 +160,9 @@ def write_segment(
     elif fmt == FORMAT_PARQUET:
         sink = pa.BufferOutputStream()
         if compression not in COMPRESSIONS:
-            raise InvalidRecordError(f"unknown segment compression {compression!r}; use {sorted(COMPRESSIONS)}")
+            raise InvalidRecordError(
+                f"unknown segment compression {compression!r}; use {sorted(COMPRESSIONS)}"
+            )
         codec = COMPRESSIONS[compression] or "none"
         pq.write_table(table, sink, compression=codec, row_group_size=parquet_row_group_size)
         buf = sink.getvalue()
@@ -160,7 +170,9 @@ def write_segment(
     else:
         raise InvalidRecordError(f"unknown segment format {fmt!r}")
     data = memoryview(buf)
-    storage.put_if_absent(f"{partition_dir}/{name}", data if storage.is_local else data.tobytes(), durable=durable)
+    storage.put_if_absent(
+        f"{partition_dir}/{name}", data if storage.is_local else data.tobytes(), durable=durable
+    )
     return SegmentFile(
         path=name,
         record_count=table.num_rows,
@@ -226,7 +238,9 @@ def decode_segment(
     out_cols = [table.column(c) for c in wanted]
     names = list(wanted)
     if columns is None or "offset" in columns:
-        out_cols.append(offsets if isinstance(offsets, pa.ChunkedArray) else pa.chunked_array([offsets]))
+        out_cols.append(
+            offsets if isinstance(offsets, pa.ChunkedArray) else pa.chunked_array([offsets])
+        )
         names.append("offset")
     schema = pa.schema([READ_SCHEMA.field(n) for n in names])
     return pa.Table.from_arrays(out_cols, schema=schema).combine_chunks()

@@ -50,7 +50,8 @@ def redact_options(options: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(value, Mapping):
             shown[name] = redact_options(value)
         elif any(word in name.lower() for word in _SECRET_WORDS) and name.lower() not in (
-            "endpoint_url", "region_name"
+            "endpoint_url",
+            "region_name",
         ):
             shown[name] = "***"
         else:
@@ -196,7 +197,9 @@ class Storage:
         except FileNotFoundError:
             raise
         except Exception as exc:
-            raise StorageError(f"reading {rel!r} from {redact_url(self.url)!r} failed: {exc}") from exc
+            raise StorageError(
+                f"reading {rel!r} from {redact_url(self.url)!r} failed: {exc}"
+            ) from exc
         return data
 
     def read_if_exists(self, rel: str) -> bytes | None:
@@ -219,7 +222,9 @@ class Storage:
         try:
             found = self.fs.cat(list(paths), on_error="omit")
         except Exception as exc:
-            raise StorageError(f"reading {len(rels)} files from {redact_url(self.url)!r} failed: {exc}") from exc
+            raise StorageError(
+                f"reading {len(rels)} files from {redact_url(self.url)!r} failed: {exc}"
+            ) from exc
         return {paths[p]: data for p, data in found.items() if p in paths}
 
     def exists(self, rel: str) -> bool:
@@ -263,7 +268,7 @@ class Storage:
 
     # -- writes ------------------------------------------------------------------------------
 
-    def put_if_absent(self, rel: str, data: bytes, *, durable: bool = True) -> None:
+    def put_if_absent(self, rel: str, data: bytes | memoryview, *, durable: bool = True) -> None:
         """Create ``rel`` with ``data`` atomically; FileExistsError if it already exists.
 
         Any other failure raises :class:`StorageError`: the write may or may not have landed
@@ -271,7 +276,9 @@ class Storage:
         """
         self.check_writable()
         if not data:
-            raise ValueError("put_if_absent needs a non-empty body (empty bodies bypass If-None-Match)")
+            raise ValueError(
+                "put_if_absent needs a non-empty body (empty bodies bypass If-None-Match)"
+            )
         if self.is_local:
             self._local_put(rel, data, durable=durable, exclusive=True)
         elif self.protocol in _S3_PROTOCOLS:
@@ -379,13 +386,17 @@ class Storage:
         if not durable:
             return
         level = directory
-        while level.startswith(self.root) and level != self.root and level not in self._durable_dirs:
+        while (
+            level.startswith(self.root) and level != self.root and level not in self._durable_dirs
+        ):
             _fsync_dir(os.path.dirname(level))
             self._durable_dirs.add(level)
             level = os.path.dirname(level)
         self._durable_dirs.add(directory)
 
-    def _local_put(self, rel: str, data: bytes, *, durable: bool, exclusive: bool) -> None:
+    def _local_put(
+        self, rel: str, data: bytes | memoryview, *, durable: bool, exclusive: bool
+    ) -> None:
         final = self.full_path(rel)
         directory = os.path.dirname(final)
         self._ensure_dir(directory, durable=durable)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -99,14 +100,21 @@ class TopicState(LogState):
 
     def apply(self, name: str, body: dict[str, Any]) -> None:
         if name == "metaData":
-            for key, kind in (("name", str), ("id", str), ("partitions", int), ("config", dict),
-                              ("createdTime", int)):
+            for key, kind in (
+                ("name", str),
+                ("id", str),
+                ("partitions", int),
+                ("config", dict),
+                ("createdTime", int),
+            ):
                 if not isinstance(body.get(key), kind) or isinstance(body.get(key), bool):
                     raise CorruptLogError(f"metaData: field {key!r} missing or not {kind.__name__}")
             if not re.fullmatch(r"[0-9a-f]{32}", body["id"]):
                 raise CorruptLogError(f"metaData: topic id {body['id']!r} is not 32 hex digits")
             if not 1 <= body["partitions"] <= MAX_PARTITIONS:
-                raise CorruptLogError(f"metaData: partition count {body['partitions']!r} is out of range")
+                raise CorruptLogError(
+                    f"metaData: partition count {body['partitions']!r} is out of range"
+                )
             self.metadata = body
             self.deleted = False
         elif name == "delete":
@@ -128,10 +136,13 @@ class TopicState(LogState):
             return None
         m = self.metadata
         return TopicMetadata(
-            name=m["name"], topic_id=m["id"], partitions=m["partitions"],
+            name=m["name"],
+            topic_id=m["id"],
+            partitions=m["partitions"],
             # Lenient: a key written by a newer kstore is kept but not interpreted.
             config=topic_config.read_config(m["config"]),
-            created_ms=m["createdTime"], version=self.version,
+            created_ms=m["createdTime"],
+            version=self.version,
         )
 
 
@@ -152,8 +163,12 @@ class Store:
         retry: RetryPolicy | None = None,
         segment_cache_bytes: int = 256 * 1024 * 1024,
     ) -> None:
-        self._setup(Storage(url, storage_options, allow_unsafe_writes=allow_unsafe_writes),
-                    create=create, retry=retry, segment_cache_bytes=segment_cache_bytes)
+        self._setup(
+            Storage(url, storage_options, allow_unsafe_writes=allow_unsafe_writes),
+            create=create,
+            retry=retry,
+            segment_cache_bytes=segment_cache_bytes,
+        )
 
     @classmethod
     def from_storage(
@@ -169,8 +184,9 @@ class Store:
         store._setup(storage, create=create, retry=retry, segment_cache_bytes=segment_cache_bytes)
         return store
 
-    def _setup(self, storage: Storage, *, create: bool, retry: RetryPolicy | None,
-               segment_cache_bytes: int) -> None:
+    def _setup(
+        self, storage: Storage, *, create: bool, retry: RetryPolicy | None, segment_cache_bytes: int
+    ) -> None:
         self.storage = storage
         self.retry = retry
         self._segment_cache_bytes = segment_cache_bytes
@@ -197,14 +213,16 @@ class Store:
         return f"Store({redact_url(self.url)!r})"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"storage": self.storage, "retry": self.retry,
-                "cache": self._segment_cache_bytes}
+        return {"storage": self.storage, "retry": self.retry, "cache": self._segment_cache_bytes}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         storage: Storage = state["storage"]
         self.__init__(  # type: ignore[misc]
-            storage.url, storage.storage_options, create=False,
-            allow_unsafe_writes=storage.allow_unsafe_writes, retry=state["retry"],
+            storage.url,
+            storage.storage_options,
+            create=False,
+            allow_unsafe_writes=storage.allow_unsafe_writes,
+            retry=state["retry"],
             segment_cache_bytes=state["cache"],
         )
 
@@ -213,22 +231,26 @@ class Store:
         if data is None:
             if not create:
                 raise StoreNotFoundError(f"no kstore store at {redact_url(self.url)!r}")
-            marker = {"format": "kstore", "formatVersion": STORE_FORMAT_VERSION,
-                      "storeId": uuid.uuid4().hex, "createdTime": int(time.time() * 1000),
-                      "createdBy": f"kstore/{__version__}"}
-            try:
+            marker = {
+                "format": "kstore",
+                "formatVersion": STORE_FORMAT_VERSION,
+                "storeId": uuid.uuid4().hex,
+                "createdTime": int(time.time() * 1000),
+                "createdBy": f"kstore/{__version__}",
+            }
+            with contextlib.suppress(FileExistsError):  # created concurrently: read the winner's
                 self.storage.put_if_absent(STORE_MARKER, json.dumps(marker).encode())
-            except FileExistsError:
-                pass  # created concurrently: read the winner's
             data = self.storage.read(STORE_MARKER)
         where = f"{redact_url(self.url)}/{STORE_MARKER}"
         try:
-            marker = json.loads(data)
+            found: Any = json.loads(data)
         except ValueError as exc:
             raise CorruptLogError(f"{where}: not valid JSON ({exc})") from None
-        if not isinstance(marker, dict) or not isinstance(marker.get("formatVersion"), int):
+        version = found.get("formatVersion") if isinstance(found, dict) else None
+        if not isinstance(version, int):
             raise CorruptLogError(f"{where}: not a kstore store marker")
-        if marker["formatVersion"] > STORE_FORMAT_VERSION:
+        marker = found
+        if version > STORE_FORMAT_VERSION:
             raise UnsupportedFormatVersionError(
                 f"store {redact_url(self.url)!r} has format version {marker['formatVersion']}; "
                 f"this kstore {__version__} supports up to {STORE_FORMAT_VERSION}: upgrade kstore"
@@ -238,8 +260,9 @@ class Store:
     # -- topic logs ----------------------------------------------------------------------------
 
     def _topic_log(self, name: str) -> Log[TopicState]:
-        return Log(self.storage, topic_log_dir(name), TopicState, checkpoint_interval=20,
-                   retry=self.retry)
+        return Log(
+            self.storage, topic_log_dir(name), TopicState, checkpoint_interval=20, retry=self.retry
+        )
 
     def _topic_state(self, name: str) -> TopicState:
         validate_topic_name(name)
@@ -255,7 +278,9 @@ class Store:
         """The topic's current metadata; UnknownTopicOrPartitionError if it does not exist."""
         meta = self._topic_state(name).to_metadata()
         if meta is None:
-            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist in {redact_url(self.url)!r}")
+            raise UnknownTopicOrPartitionError(
+                f"topic {name!r} does not exist in {redact_url(self.url)!r}"
+            )
         return meta
 
     def topic_exists(self, name: str) -> bool:
@@ -271,8 +296,13 @@ class Store:
         validate_topic_name(name)
         _check_partitions(partitions)
         explicit = topic_config.validate_config(config or {})
-        metadata = {"name": name, "id": uuid.uuid4().hex, "partitions": partitions,
-                    "config": explicit, "createdTime": int(time.time() * 1000)}
+        metadata = {
+            "name": name,
+            "id": uuid.uuid4().hex,
+            "partitions": partitions,
+            "config": explicit,
+            "createdTime": int(time.time() * 1000),
+        }
 
         def build(state: TopicState) -> list[Action]:
             if state.metadata is not None and not state.deleted:
@@ -321,7 +351,7 @@ class Store:
     def alter_topic_config(
         self,
         name: str,
-        set: Mapping[str, Any] | None = None,  # noqa: A002 - Kafka's own word for it
+        set: Mapping[str, Any] | None = None,
         delete: Iterable[str] = (),
     ) -> TopicMetadata:
         """Set some config values and return others to their defaults, in one commit."""
@@ -333,7 +363,9 @@ class Store:
             # Start from the stored config so keys this version does not know survive.
             merged = {k: v for k, v in dict(raw.get("config", {})).items() if k not in removals}
             merged.update(updates)
-            topic_config.validate_config({k: v for k, v in merged.items() if k in topic_config.SPECS})
+            topic_config.validate_config(
+                {k: v for k, v in merged.items() if k in topic_config.SPECS}
+            )
             return {**raw, "config": merged}
 
         return self._change_metadata(name, "ALTER CONFIG", change)
@@ -363,7 +395,9 @@ class Store:
             removed["id"] = current.topic_id
             return [{"delete": {"id": current.topic_id, "deletedTime": int(time.time() * 1000)}}]
 
-        result = self._topic_log(name).commit(self._topic_state(name), build, operation="DELETE TOPIC")
+        result = self._topic_log(name).commit(
+            self._topic_state(name), build, operation="DELETE TOPIC"
+        )
         assert result is not None
         with self._lock:
             self._topic_logs[name] = result.state
@@ -381,10 +415,16 @@ class Store:
 
     # -- partitions ----------------------------------------------------------------------------
 
-    def partition(self, topic: str, partition: int, metadata: TopicMetadata | None = None) -> Partition:
+    def partition(
+        self, topic: str, partition: int, metadata: TopicMetadata | None = None
+    ) -> Partition:
         """The partition object (shared within this Store, so its cached state is shared)."""
         meta = metadata or self.topic(topic)
-        if not isinstance(partition, int) or isinstance(partition, bool) or not 0 <= partition < meta.partitions:
+        if (
+            not isinstance(partition, int)
+            or isinstance(partition, bool)
+            or not 0 <= partition < meta.partitions
+        ):
             raise UnknownTopicOrPartitionError(
                 f"topic {topic!r} has partitions 0..{meta.partitions - 1}; {partition!r} does not exist"
             )
@@ -397,8 +437,13 @@ class Store:
         from kstore.partition import Partition
 
         created = Partition(
-            self.storage, topic, partition, partition_dir(topic, meta.topic_id, partition),
-            checkpoint_interval=interval, cache=self.segment_cache, retry=self.retry,
+            self.storage,
+            topic,
+            partition,
+            partition_dir(topic, meta.topic_id, partition),
+            checkpoint_interval=interval,
+            cache=self.segment_cache,
+            retry=self.retry,
         )
         with self._lock:
             return self._partitions.setdefault(key, created)
@@ -406,9 +451,13 @@ class Store:
 
 def _check_partitions(count: object) -> None:
     if not isinstance(count, int) or isinstance(count, bool):
-        raise InvalidPartitionsError(f"partition count must be an integer, got {type(count).__name__}")
+        raise InvalidPartitionsError(
+            f"partition count must be an integer, got {type(count).__name__}"
+        )
     if not 1 <= count <= MAX_PARTITIONS:
-        raise InvalidPartitionsError(f"partition count {count} is out of range [1, {MAX_PARTITIONS}]")
+        raise InvalidPartitionsError(
+            f"partition count {count} is out of range [1, {MAX_PARTITIONS}]"
+        )
 
 
 def _describe_partition(p: int, state: PartitionState) -> PartitionDescription:

@@ -53,8 +53,13 @@ class TransactionLogState(LogState):
     def copy(self) -> TransactionLogState:
         clone: TransactionLogState = super().copy()  # type: ignore[assignment]
         if self.current is not None:
-            clone.current = OpenTransaction(self.current.version, set(self.current.partitions),
-                                            self.current.group, self.current.decision, self.current.started_ms)
+            clone.current = OpenTransaction(
+                self.current.version,
+                set(self.current.partitions),
+                self.current.group,
+                self.current.decision,
+                self.current.started_ms,
+            )
         return clone
 
     def apply(self, name: str, body: dict[str, Any]) -> None:
@@ -62,12 +67,16 @@ class TransactionLogState(LogState):
             self.epoch = int(body["epoch"])
             self.producer_id = str(body["producerId"])
             self.transactional_id = str(body["transactionalId"])
-            self.transaction_timeout_ms = int(body.get("transactionTimeoutMs", self.transaction_timeout_ms))
+            self.transaction_timeout_ms = int(
+                body.get("transactionTimeoutMs", self.transaction_timeout_ms)
+            )
         elif name == "txnPartitions":
             version = int(body["version"])
             if self.current is None or self.current.version != version:
                 self.current = OpenTransaction(version, started_ms=int(body.get("time", 0)))
-            self.current.partitions.update(TopicPartition(str(t), int(p)) for t, p in body.get("partitions", []))
+            self.current.partitions.update(
+                TopicPartition(str(t), int(p)) for t, p in body.get("partitions", [])
+            )
             if body.get("group") is not None:
                 self.current.group = str(body["group"])
             self.last_version = max(self.last_version, version)
@@ -84,16 +93,31 @@ class TransactionLogState(LogState):
     def checkpoint_actions(self) -> list[Action]:
         actions = super().checkpoint_actions()
         if self.producer_id is not None:
-            actions.append({"producerEpoch": {
-                "transactionalId": self.transactional_id, "producerId": self.producer_id,
-                "epoch": self.epoch, "transactionTimeoutMs": self.transaction_timeout_ms}})
+            actions.append(
+                {
+                    "producerEpoch": {
+                        "transactionalId": self.transactional_id,
+                        "producerId": self.producer_id,
+                        "epoch": self.epoch,
+                        "transactionTimeoutMs": self.transaction_timeout_ms,
+                    }
+                }
+            )
         if self.last_version >= 0:
             actions.append({"txnComplete": {"version": self.last_version, "epoch": self.epoch}})
         if self.current is not None:
             c = self.current
-            actions.append({"txnPartitions": {
-                "version": c.version, "epoch": self.epoch, "time": c.started_ms, "group": c.group,
-                "partitions": sorted([tp.topic, tp.partition] for tp in c.partitions)}})
+            actions.append(
+                {
+                    "txnPartitions": {
+                        "version": c.version,
+                        "epoch": self.epoch,
+                        "time": c.started_ms,
+                        "group": c.group,
+                        "partitions": sorted([tp.topic, tp.partition] for tp in c.partitions),
+                    }
+                }
+            )
             if c.decision is not None:
                 actions.append({"txnDecision": {"version": c.version, "result": c.decision}})
         return actions

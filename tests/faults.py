@@ -32,7 +32,9 @@ class FaultyStorage(Storage):
     """A Storage whose operations fail according to the installed faults."""
 
     def __init__(self, inner: Storage, seed: int | None = None) -> None:
-        super().__init__(inner.url, inner.storage_options, allow_unsafe_writes=inner.allow_unsafe_writes)
+        super().__init__(
+            inner.url, inner.storage_options, allow_unsafe_writes=inner.allow_unsafe_writes
+        )
         self._faults: list[Fault] = []
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -77,7 +79,11 @@ class FaultyStorage(Storage):
         return call()  # "delay" only
 
     def put_if_absent(self, rel: str, data: bytes, *, durable: bool = True) -> None:
-        self._run("put_if_absent", rel, lambda: super(FaultyStorage, self).put_if_absent(rel, data, durable=durable))
+        self._run(
+            "put_if_absent",
+            rel,
+            lambda: super(FaultyStorage, self).put_if_absent(rel, data, durable=durable),
+        )
 
     def put(self, rel: str, data: bytes, *, durable: bool = True) -> None:
         self._run("put", rel, lambda: super(FaultyStorage, self).put(rel, data, durable=durable))

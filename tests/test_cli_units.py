@@ -50,11 +50,8 @@ def test_option_args_nest_and_type() -> None:
     }
 
 
-@pytest.mark.parametrize("bad", ["no-equals-sign-supersecret", "=value", "a..b=1", "a=1\0"])
+@pytest.mark.parametrize("bad", ["no-equals-sign-supersecret", "=supersecret", "a..b=supersecret"])
 def test_option_args_errors_never_echo_the_value(bad: str) -> None:
-    if bad == "a=1\0":
-        assert parse_option_args([bad]) == {"a": "1\0"}
-        return
     with pytest.raises(UsageError) as info:
         parse_option_args([bad])
     assert "supersecret" not in info.value.format_message()

@@ -29,15 +29,26 @@ BACKENDS = ["memory", "local", "seaweed"]
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest) -> Iterator[kstore.Store]:
     url, options = request.getfixturevalue(f"{request.param}_store")
-    yield kstore.Store(url, options)
+    return kstore.Store(url, options)
 
 
-def produce(store: kstore.Store, topic: str, n: int, *, key_mod: int = 10, start: int = 0,
-            timestamps: list[int] | None = None) -> None:
+def produce(
+    store: kstore.Store,
+    topic: str,
+    n: int,
+    *,
+    key_mod: int = 10,
+    start: int = 0,
+    timestamps: list[int] | None = None,
+) -> None:
     with Producer(store, linger_ms=1) as producer:
         for i in range(start, start + n):
-            producer.send(topic, value=b"%d" % i, key=b"k%d" % (i % key_mod),
-                          timestamp_ms=None if timestamps is None else timestamps[i - start])
+            producer.send(
+                topic,
+                value=b"%d" % i,
+                key=b"k%d" % (i % key_mod),
+                timestamp_ms=None if timestamps is None else timestamps[i - start],
+            )
 
 
 def drain(consumer: Consumer, *, idle_polls: int = 3, timeout_ms: int = 50) -> list[Any]:
@@ -63,7 +74,9 @@ def test_reads_everything_in_partition_order(store: kstore.Store) -> None:
     by_partition: dict[int, list[int]] = {}
     for r in records:
         by_partition.setdefault(r.partition, []).append(r.offset)
-        assert r.topic == "t" and r.timestamp_type == 0 and r.headers == ()
+        assert r.topic == "t"
+        assert r.timestamp_type == 0
+        assert r.headers == ()
     for offsets in by_partition.values():
         assert offsets == list(range(len(offsets)))  # in order, no gap, no repeat
     # each key's values arrive in send order
@@ -80,8 +93,10 @@ def test_latest_and_none_resets(store: kstore.Store) -> None:
         assert consumer.poll(timeout_ms=50) == {}
         produce(store, "t", 3, start=5)
         assert [int(r.value) for r in drain(consumer)] == [5, 6, 7]
-    with Consumer("t", store=store, group_id="g", auto_offset_reset="none") as consumer, \
-            pytest.raises(OffsetOutOfRangeError, match="no committed offset"):
+    with (
+        Consumer("t", store=store, group_id="g", auto_offset_reset="none") as consumer,
+        pytest.raises(OffsetOutOfRangeError, match="no committed offset"),
+    ):
         consumer.poll(timeout_ms=50)
 
 
@@ -99,7 +114,8 @@ def test_seek_position_pause_resume(store: kstore.Store) -> None:
         assert consumer.paused() == {tp1}
         records = drain(consumer)
         assert {r.partition for r in records} == {0}
-        assert records[0].offset == 3 and consumer.position(tp0) == end[tp0]
+        assert records[0].offset == 3
+        assert consumer.position(tp0) == end[tp0]
         consumer.resume(tp1)
         assert {r.partition for r in drain(consumer)} == {1}
         consumer.seek_to_beginning(tp0)
@@ -116,9 +132,11 @@ def test_poll_batches_are_arrow(store: kstore.Store) -> None:
     store.create_topic("t", partitions=2)
     produce(store, "t", 1_000)
     total = 0
-    with Consumer("t", store=store, auto_offset_reset="earliest", max_poll_records=10_000) as consumer:
+    with Consumer(
+        "t", store=store, auto_offset_reset="earliest", max_poll_records=10_000
+    ) as consumer:
         while got := consumer.poll_batches(timeout_ms=50):
-            for tp, batches in got.items():
+            for _tp, batches in got.items():
                 for batch in batches:
                     assert isinstance(batch, pa.RecordBatch)
                     assert batch.schema.names == ["key", "value", "timestamp", "headers", "offset"]
@@ -133,11 +151,19 @@ def test_deserializers_and_headers(store: kstore.Store) -> None:
         producer.send("t", value=None, key=b"k")
     import json
 
-    with Consumer("t", store=store, auto_offset_reset="earliest", value_deserializer=json.loads,
-                  key_deserializer=bytes.decode) as consumer:
+    with Consumer(
+        "t",
+        store=store,
+        auto_offset_reset="earliest",
+        value_deserializer=json.loads,
+        key_deserializer=bytes.decode,
+    ) as consumer:
         first, tombstone = drain(consumer)
-    assert first.value == {"a": 1} and first.key == "k" and first.headers == (("h", b"v"),)
-    assert tombstone.value is None and tombstone.serialized_value_size == -1
+    assert first.value == {"a": 1}
+    assert first.key == "k"
+    assert first.headers == (("h", b"v"),)
+    assert tombstone.value is None
+    assert tombstone.serialized_value_size == -1
 
 
 def test_offsets_for_times_matches_a_scan(store: kstore.Store) -> None:
@@ -155,7 +181,8 @@ def test_offsets_for_times_matches_a_scan(store: kstore.Store) -> None:
             if expected is None:
                 assert found is None
             else:
-                assert found is not None and (found.offset, found.timestamp) == expected
+                assert found is not None
+                assert (found.offset, found.timestamp) == expected
 
 
 def test_compaction_gaps_are_skipped(store: kstore.Store) -> None:
@@ -167,12 +194,26 @@ def test_compaction_gaps_are_skipped(store: kstore.Store) -> None:
     rows = [r for b in part.read(0) for r in b.to_pylist() if r["offset"] in (2, 5, 9)]
     table = pa.Table.from_pylist(rows, schema=kstore.READ_SCHEMA)
     seg_file = write_segment(part.storage, part.directory, table)
-    seg = Segment(seg_file.path, 0, 9, 3, seg_file.min_timestamp_ms, seg_file.max_timestamp_ms,
-                  seg_file.size_bytes, seg_file.checksum, seg_file.format, True, 0)
+    seg = Segment(
+        seg_file.path,
+        0,
+        9,
+        3,
+        seg_file.min_timestamp_ms,
+        seg_file.max_timestamp_ms,
+        seg_file.size_bytes,
+        seg_file.checksum,
+        seg_file.format,
+        True,
+        0,
+    )
 
     def build(s: kstore.PartitionState) -> list[dict[str, Any]]:
         now = int(time.time() * 1000)
-        return [*({"remove": {"path": x.path, "deletionTimestamp": now}} for x in s.segments), seg.to_action()]
+        return [
+            *({"remove": {"path": x.path, "deletionTimestamp": now}} for x in s.segments),
+            seg.to_action(),
+        ]
 
     part.commit_actions(build, operation="COMPACT")
     assert state.end_offset == 10
@@ -190,18 +231,24 @@ def test_retention_moves_log_start_and_resets_positions(store: kstore.Store) -> 
     first = part.state().segments[0]
 
     def retain(s: kstore.PartitionState) -> list[dict[str, Any]]:
-        return [{"remove": {"path": first.path, "deletionTimestamp": int(time.time() * 1000)}},
-                {"logStart": {"offset": first.last_offset + 1}}]
+        return [
+            {"remove": {"path": first.path, "deletionTimestamp": int(time.time() * 1000)}},
+            {"logStart": {"offset": first.last_offset + 1}},
+        ]
 
     part.commit_actions(retain, operation="RETENTION")
     store.create_topic("other")
     tp = TopicPartition("t", 0)
     group = kstore.groups.Group(store, "g")
-    group.commit_offsets({tp: OffsetAndMetadata(1, "before retention")}, member_id=None, generation=-1)
+    group.commit_offsets(
+        {tp: OffsetAndMetadata(1, "before retention")}, member_id=None, generation=-1
+    )
     with Consumer(store=store, group_id="g", auto_offset_reset="earliest") as consumer:
         consumer.assign([tp])
         assert [int(r.value) for r in drain(consumer)] == list(range(first.last_offset + 1, 10))
-    with Consumer(store=store, group_id="g", auto_offset_reset="none", enable_auto_commit=False) as consumer:
+    with Consumer(
+        store=store, group_id="g", auto_offset_reset="none", enable_auto_commit=False
+    ) as consumer:
         consumer.assign([tp])
         consumer.seek(tp, 0)
         with pytest.raises(OffsetOutOfRangeError, match="outside the live range"):
@@ -211,8 +258,14 @@ def test_retention_moves_log_start_and_resets_positions(store: kstore.Store) -> 
 def test_commit_committed_and_restart_resume(store: kstore.Store) -> None:
     store.create_topic("t", partitions=2)
     produce(store, "t", 200)
-    with Consumer("t", store=store, group_id="g", auto_offset_reset="earliest",
-                  enable_auto_commit=False, max_poll_records=30) as consumer:
+    with Consumer(
+        "t",
+        store=store,
+        group_id="g",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_poll_records=30,
+    ) as consumer:
         got = consumer.poll(timeout_ms=1_000)
         first = [r for rs in got.values() for r in rs]
         consumer.commit()
@@ -220,7 +273,9 @@ def test_commit_committed_and_restart_resume(store: kstore.Store) -> None:
             assert consumer.committed(tp) == consumer.position(tp)
         tp = next(iter(got))
         consumer.commit({tp: OffsetAndMetadata(consumer.position(tp), "checkpoint-7")})
-        assert consumer.committed(tp, metadata=True) == OffsetAndMetadata(consumer.position(tp), "checkpoint-7")
+        assert consumer.committed(tp, metadata=True) == OffsetAndMetadata(
+            consumer.position(tp), "checkpoint-7"
+        )
     with Consumer("t", store=store, group_id="g", auto_offset_reset="earliest") as consumer:
         rest = drain(consumer)
     values = sorted(int(r.value) for r in first + rest)
@@ -230,8 +285,9 @@ def test_commit_committed_and_restart_resume(store: kstore.Store) -> None:
 def test_auto_commit(store: kstore.Store) -> None:
     store.create_topic("t")
     produce(store, "t", 50)
-    with Consumer("t", store=store, group_id="auto", auto_offset_reset="earliest",
-                  auto_commit_interval_ms=1) as consumer:
+    with Consumer(
+        "t", store=store, group_id="auto", auto_offset_reset="earliest", auto_commit_interval_ms=1
+    ) as consumer:
         drain(consumer)
         consumer.poll(timeout_ms=5)  # the commit happens at the start of a later poll
         assert consumer.committed(TopicPartition("t", 0)) == 50
@@ -241,10 +297,16 @@ def test_commit_async_callback(store: kstore.Store) -> None:
     store.create_topic("t")
     produce(store, "t", 5)
     seen: list[Any] = []
-    with Consumer("t", store=store, group_id="ga", auto_offset_reset="earliest", enable_auto_commit=False) as consumer:
+    with Consumer(
+        "t", store=store, group_id="ga", auto_offset_reset="earliest", enable_auto_commit=False
+    ) as consumer:
         drain(consumer)
-        consumer.commit_async(callback=lambda offsets, exc: seen.append((offsets, exc))).result(timeout=30)
-    assert seen and seen[0][1] is None and seen[0][0][TopicPartition("t", 0)].offset == 5
+        consumer.commit_async(callback=lambda offsets, exc: seen.append((offsets, exc))).result(
+            timeout=30
+        )
+    assert seen
+    assert seen[0][1] is None
+    assert seen[0][0][TopicPartition("t", 0)].offset == 5
 
 
 def test_pattern_subscription(store: kstore.Store) -> None:

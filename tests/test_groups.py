@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -61,6 +63,7 @@ def test_three_members_share_six_partitions(store: kstore.Store) -> None:
     store.create_topic("t", partitions=6)
     members = [Consumer("t", store=store, group_id="g", **FAST) for _ in range(3)]
     try:
+
         def poll_all() -> None:
             for m in members:
                 m.poll(timeout_ms=0)
@@ -78,6 +81,7 @@ def test_extra_members_idle(store: kstore.Store) -> None:
     store.create_topic("t", partitions=2)
     members = [Consumer("t", store=store, group_id="g", **FAST) for _ in range(3)]
     try:
+
         def poll_all() -> None:
             for m in members:
                 m.poll(timeout_ms=0)
@@ -88,7 +92,9 @@ def test_extra_members_idle(store: kstore.Store) -> None:
             m.close()
 
 
-def test_dead_member_partitions_move_within_session_timeout(target: tuple[str, str, dict[str, Any]]) -> None:
+def test_dead_member_partitions_move_within_session_timeout(
+    target: tuple[str, str, dict[str, Any]],
+) -> None:
     backend, url, options = target
     store = kstore.Store(url, options)
     store.create_topic("t", partitions=6)
@@ -100,8 +106,18 @@ def test_dead_member_partitions_move_within_session_timeout(target: tuple[str, s
             victim = Consumer("t", store=store, group_id="g", **FAST)
         else:
             process = subprocess.Popen(
-                [sys.executable, "-m", "tests.workers.group_member", url, json.dumps(options), "t", "g"],
-                cwd=REPO, stdout=subprocess.PIPE, text=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.workers.group_member",
+                    url,
+                    json.dumps(options),
+                    "t",
+                    "g",
+                ],
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                text=True,
             )
 
         def poll_all() -> None:
@@ -130,7 +146,14 @@ def test_dead_member_partitions_move_within_session_timeout(target: tuple[str, s
 def test_zombie_commit_is_rejected(store: kstore.Store) -> None:
     store.create_topic("t", partitions=2)
     produce(store, "t", 20)
-    zombie = Consumer("t", store=store, group_id="g", auto_offset_reset="earliest", enable_auto_commit=False, **FAST)
+    zombie = Consumer(
+        "t",
+        store=store,
+        group_id="g",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        **FAST,
+    )
     zombie.poll(timeout_ms=500)
     zombie.commit()  # a live member's commit is accepted
     zombie._heartbeat_stop.set()  # it stalls (a long GC pause, say): its session expires
@@ -140,14 +163,20 @@ def test_zombie_commit_is_rejected(store: kstore.Store) -> None:
         with pytest.raises(CommitFailedError):
             zombie._group.commit_offsets(  # type: ignore[union-attr]
                 {TopicPartition("t", 0): OffsetAndMetadata(20)},
-                member_id=zombie.member_id, generation=zombie.generation,
+                member_id=zombie.member_id,
+                generation=zombie.generation,
             )
         group = Group(store, "g")
         with pytest.raises(CommitFailedError, match="does not own"):  # a partition it never had
-            group.commit_offsets({TopicPartition("t", 9): OffsetAndMetadata(1)},
-                                 member_id=other.member_id, generation=other.generation)
+            group.commit_offsets(
+                {TopicPartition("t", 9): OffsetAndMetadata(1)},
+                member_id=other.member_id,
+                generation=other.generation,
+            )
         with pytest.raises(CommitFailedError, match="live member"):
-            group.commit_offsets({TopicPartition("t", 0): OffsetAndMetadata(1)}, member_id=None, generation=-1)
+            group.commit_offsets(
+                {TopicPartition("t", 0): OffsetAndMetadata(1)}, member_id=None, generation=-1
+            )
     finally:
         other.close()
         zombie._member_id = None
@@ -168,14 +197,26 @@ def test_commit_after_rebalance_depends_on_ownership(store: kstore.Store) -> Non
         kept = next(iter(state.assignment[a.member_id]))  # type: ignore[index]
         moved = next(iter(state.assignment[b.member_id]))  # type: ignore[index]
         # A member that has not seen the new generation still owns what did not move ...
-        group.commit_offsets({kept: OffsetAndMetadata(0)}, member_id=a.member_id, generation=stale_generation)
+        group.commit_offsets(
+            {kept: OffsetAndMetadata(0)}, member_id=a.member_id, generation=stale_generation
+        )
         # ... and may commit what moved only while handing it over (its final position).
-        group.commit_offsets({moved: OffsetAndMetadata(0)}, member_id=a.member_id, generation=stale_generation)
-        wait_until(lambda: moved not in a.assignment(), 10, lambda: a.poll(timeout_ms=0))  # a releases it
+        group.commit_offsets(
+            {moved: OffsetAndMetadata(0)}, member_id=a.member_id, generation=stale_generation
+        )
+        wait_until(
+            lambda: moved not in a.assignment(), 10, lambda: a.poll(timeout_ms=0)
+        )  # a releases it
         with pytest.raises(CommitFailedError, match="does not own"):
-            group.commit_offsets({moved: OffsetAndMetadata(5)}, member_id=a.member_id, generation=stale_generation)
-        with pytest.raises(CommitFailedError, match="does not own"):  # b waits for the hand-over: n/a now
-            group.commit_offsets({kept: OffsetAndMetadata(5)}, member_id=b.member_id, generation=b.generation)
+            group.commit_offsets(
+                {moved: OffsetAndMetadata(5)}, member_id=a.member_id, generation=stale_generation
+            )
+        with pytest.raises(
+            CommitFailedError, match="does not own"
+        ):  # b waits for the hand-over: n/a now
+            group.commit_offsets(
+                {kept: OffsetAndMetadata(5)}, member_id=b.member_id, generation=b.generation
+            )
     finally:
         a.close()
         b.close()
@@ -197,11 +238,15 @@ def test_hand_over_loses_nothing_and_repeats_nothing(store: kstore.Store) -> Non
             events.append((self.name, "assigned", sorted(tp.partition for tp in assigned)))
 
     seen: list[tuple[int, int]] = []
-    a = Consumer(store=store, group_id="g", auto_offset_reset="earliest", max_poll_records=40, **FAST)
+    a = Consumer(
+        store=store, group_id="g", auto_offset_reset="earliest", max_poll_records=40, **FAST
+    )
     a.subscribe(["t"], listener=Listener("a"))
     for _ in range(3):
         seen.extend((r.partition, r.offset) for rs in a.poll(timeout_ms=200).values() for r in rs)
-    b = Consumer(store=store, group_id="g", auto_offset_reset="earliest", max_poll_records=40, **FAST)
+    b = Consumer(
+        store=store, group_id="g", auto_offset_reset="earliest", max_poll_records=40, **FAST
+    )
     b.subscribe(["t"], listener=Listener("b"))
     idle = 0
     while idle < 10:
@@ -213,7 +258,11 @@ def test_hand_over_loses_nothing_and_repeats_nothing(store: kstore.Store) -> Non
     assert len(seen) == len(set(seen)) == 800  # nothing read twice, nothing lost
     revoked = [ps for n, e, ps in events if n == "a" and e == "revoked"]
     assigned_b = [ps for n, e, ps in events if n == "b" and e == "assigned"]
-    assert revoked and assigned_b and sorted(sum(revoked, [])) == sorted(sum(assigned_b, []))
+    assert revoked
+    assert assigned_b
+    assert sorted(functools.reduce(operator.iadd, revoked, [])) == sorted(
+        functools.reduce(operator.iadd, assigned_b, [])
+    )
 
 
 def test_static_membership_survives_restart_without_rebalance(store: kstore.Store) -> None:
@@ -243,20 +292,28 @@ def test_static_membership_survives_restart_without_rebalance(store: kstore.Stor
 def test_group_administration(store: kstore.Store) -> None:
     store.create_topic("t", partitions=2)
     produce(store, "t", 100)
-    with Consumer("t", store=store, group_id="app", auto_offset_reset="earliest",
-                  enable_auto_commit=False, **FAST) as consumer:
+    with Consumer(
+        "t",
+        store=store,
+        group_id="app",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        **FAST,
+    ) as consumer:
         got = consumer.poll(timeout_ms=500, max_records=30)
         consumer.commit()
         assert list_groups(store) == ["app"]
         live = describe_group(store, "app")
-        assert live.state == "Stable" and len(live.members) == 1
+        assert live.state == "Stable"
+        assert len(live.members) == 1
         read = {tp.partition: len(v) for tp, v in got.items()}
         for row in live.partitions:
             if row.partition in read:
                 assert row.current_offset == read[row.partition]
                 assert row.lag == row.log_end_offset - read[row.partition]
             else:  # never committed: no lag to show, as kafka-consumer-groups prints "-"
-                assert row.current_offset is None and row.lag is None
+                assert row.current_offset is None
+                assert row.lag is None
         with pytest.raises(IllegalStateError, match="live member"):
             reset_offsets(store, "app", ["t"], to_earliest=True)
         with pytest.raises(IllegalStateError, match="live member"):
@@ -269,10 +326,14 @@ def test_group_administration(store: kstore.Store) -> None:
     reset_offsets(store, "app", ["t"], to_latest=True, execute=True)
     assert describe_group(store, "app").total_lag == 0
     reset_offsets(store, "app", ["t"], to_offset=10_000, execute=True)  # clamped to the end
-    assert all(p.current_offset == p.log_end_offset for p in describe_group(store, "app").partitions)
+    assert all(
+        p.current_offset == p.log_end_offset for p in describe_group(store, "app").partitions
+    )
     reset_offsets(store, "app", ["t"], by_duration_ms=3_600_000, execute=True)
     assert describe_group(store, "app").total_lag == 100
-    reset_offsets(store, "app", ["t"], to_datetime_ms=int(time.time() * 1000) + 60_000, execute=True)
+    reset_offsets(
+        store, "app", ["t"], to_datetime_ms=int(time.time() * 1000) + 60_000, execute=True
+    )
     assert describe_group(store, "app").total_lag == 0  # nothing that new: the end
     with pytest.raises(ValueError, match="exactly one"):
         reset_offsets(store, "app", ["t"], to_earliest=True, to_latest=True)
@@ -282,6 +343,7 @@ def test_group_administration(store: kstore.Store) -> None:
 
 # -- assignors (pure functions) -----------------------------------------------------------------
 
+
 def test_range_and_roundrobin_assignors() -> None:
     members = {"a": ("t",), "b": ("t",), "c": ("t", "u")}
     counts = {"t": 7, "u": 2}
@@ -289,7 +351,8 @@ def test_range_and_roundrobin_assignors() -> None:
     assert [len(ranged[m]) for m in "abc"] == [3, 2, 4]  # t: 3/2/2, u: all to c
     robin = roundrobin_assign(members, counts)
     assert sorted(tp for ps in robin.values() for tp in ps) == sorted(
-        [TopicPartition("t", p) for p in range(7)] + [TopicPartition("u", p) for p in range(2)])
+        [TopicPartition("t", p) for p in range(7)] + [TopicPartition("u", p) for p in range(2)]
+    )
 
 
 def test_sticky_assignor_moves_little() -> None:

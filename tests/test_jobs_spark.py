@@ -186,7 +186,7 @@ def test_maintenance_while_two_producers_and_a_consumer_work(
     for thread in [*producers, consumer]:
         thread.start()
     summaries = []
-    deadline = time.monotonic() + 12
+    deadline = time.monotonic() + 8
     try:
         while time.monotonic() < deadline or not summaries:
             summaries.append(run_compaction(spark, *where, verbose=False, tasks=2))

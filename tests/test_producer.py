@@ -36,7 +36,7 @@ BACKENDS = ["memory", "local", "seaweed"]
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest) -> Iterator[kstore.Store]:
     url, options = request.getfixturevalue(f"{request.param}_store")
-    yield kstore.Store(url, options)
+    return kstore.Store(url, options)
 
 
 def read_all(store: kstore.Store, topic: str) -> dict[int, list[dict[str, Any]]]:
@@ -87,7 +87,9 @@ def test_keyed_records_keep_order_and_land_where_java_puts_them(store: kstore.St
 def test_crc32_partitioner_matches_librdkafka_consistent(store: kstore.Store) -> None:
     store.create_topic("t", partitions=5)
     with Producer(store, partitioner="crc32") as producer:
-        futures = {k: producer.send("t", value=b"v", key=k) for k in (b"a", b"bb", b"user-17", b"\x00\xff")}
+        futures = {
+            k: producer.send("t", value=b"v", key=k) for k in (b"a", b"bb", b"user-17", b"\x00\xff")
+        }
     for key, fut in futures.items():
         assert fut.get(timeout=30).partition == zlib.crc32(key) % 5
 
@@ -95,30 +97,45 @@ def test_crc32_partitioner_matches_librdkafka_consistent(store: kstore.Store) ->
 def test_headers_timestamps_and_tombstones_round_trip(store: kstore.Store) -> None:
     store.create_topic("t", partitions=1)
     with Producer(store) as producer:
-        a = producer.send("t", value=b"v1", key=b"k", headers=[("trace", b"\x01\x02"), ("n", b"")],
-                          timestamp_ms=1_700_000_000_123)
+        a = producer.send(
+            "t",
+            value=b"v1",
+            key=b"k",
+            headers=[("trace", b"\x01\x02"), ("n", b"")],
+            timestamp_ms=1_700_000_000_123,
+        )
         b = producer.send("t", value=None, key=b"k", timestamp_ms=1_700_000_000_999)
         c = producer.send("t", value=b"v3")
     assert a.get(timeout=30).timestamp == 1_700_000_000_123
     assert b.get(timeout=30).serialized_value_size == -1
     rows = read_all(store, "t")[0]
-    assert rows[0]["headers"] == [{"key": "trace", "value": b"\x01\x02"}, {"key": "n", "value": b""}]
+    assert rows[0]["headers"] == [
+        {"key": "trace", "value": b"\x01\x02"},
+        {"key": "n", "value": b""},
+    ]
     assert int(rows[0]["timestamp"].timestamp() * 1000) == 1_700_000_000_123
-    assert rows[1]["value"] is None and rows[1]["key"] == b"k"
-    assert rows[2]["key"] is None and rows[2]["headers"] is None
+    assert rows[1]["value"] is None
+    assert rows[1]["key"] == b"k"
+    assert rows[2]["key"] is None
+    assert rows[2]["headers"] is None
     assert c.get(timeout=30).offset == 2
 
 
 def test_serializers(store: kstore.Store) -> None:
     store.create_topic("t")
-    with Producer(store, key_serializer=str.encode, value_serializer=lambda v: repr(v).encode()) as producer:
+    with Producer(
+        store, key_serializer=str.encode, value_serializer=lambda v: repr(v).encode()
+    ) as producer:
         producer.send("t", value={"a": 1}, key="k1").get(timeout=30)
     row = read_all(store, "t")[0][0]
-    assert row["key"] == b"k1" and row["value"] == b"{'a': 1}"
+    assert row["key"] == b"k1"
+    assert row["value"] == b"{'a': 1}"
 
 
 @pytest.mark.parametrize("acks", [0, 1, "all"])
-def test_acks_levels(acks: Any, local_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_acks_levels(
+    acks: Any, local_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = kstore.Store(local_store[0])
     store.create_topic("t", partitions=2)
     fsyncs = 0
@@ -138,7 +155,8 @@ def test_acks_levels(acks: Any, local_store: tuple[str, dict[str, Any]], monkeyp
         assert all(r.offset == -1 for r in results)  # the producer does not wait to learn it
     else:
         assert sorted(r.offset for r in results if r.partition == 0) == list(
-            range(sum(1 for r in results if r.partition == 0)))
+            range(sum(1 for r in results if r.partition == 0))
+        )
     if acks == "all":
         assert fsyncs > 0  # durable: file and directory fsyncs before acknowledging
     else:
@@ -146,16 +164,25 @@ def test_acks_levels(acks: Any, local_store: tuple[str, dict[str, Any]], monkeyp
     assert sum(len(rows) for rows in read_all(store, "t").values()) == 50
 
 
-def test_retries_under_injected_faults_lose_nothing_and_duplicate_nothing(store: kstore.Store) -> None:
+def test_retries_under_injected_faults_lose_nothing_and_duplicate_nothing(
+    store: kstore.Store,
+) -> None:
     faulty = FaultyStorage(store.storage, seed=7)
     store = kstore.Store.from_storage(faulty)
     store.create_topic("t", partitions=3)
-    is_commit = lambda path: "/_log/" in path and path.endswith(".json") and "checkpoint" not in path  # noqa: E731
+
+    def is_commit(path: str) -> bool:
+        return "/_log/" in path and path.endswith(".json") and "checkpoint" not in path
+
     faulty.add(Fault("put_if_absent", when="before", probability=0.25, match=is_commit))
     # The ambiguous case: the commit lands but the producer is told it failed.
     faulty.add(Fault("put_if_absent", when="after", probability=0.25, match=is_commit))
-    faulty.add(Fault("put_if_absent", when="before", probability=0.1, match=lambda p: "/segments/" in p))
-    with Producer(store, linger_ms=1, batch_size=2_000, retry_backoff_ms=1, retry_backoff_max_ms=5) as producer:
+    faulty.add(
+        Fault("put_if_absent", when="before", probability=0.1, match=lambda p: "/segments/" in p)
+    )
+    with Producer(
+        store, linger_ms=1, batch_size=2_000, retry_backoff_ms=1, retry_backoff_max_ms=5
+    ) as producer:
         futures = [producer.send("t", value=b"%06d" % i, key=b"k%d" % (i % 17)) for i in range(600)]
     metas = [f.get(timeout=60) for f in futures]
     assert faulty.injected.get("put_if_absent:after", 0) > 0
@@ -180,7 +207,8 @@ def test_undeliverable_records_fail_their_futures(local_store: tuple[str, dict[s
         producer.flush()
         with pytest.raises(StorageError):
             fut.get(timeout=30)
-        assert fut.failed() and isinstance(fut.exception, StorageError)
+        assert fut.failed()
+        assert isinstance(fut.exception, StorageError)
         assert len(errors) == 1
         assert producer.metrics()["record-error-total"] == 1
         faulty.clear()
@@ -195,7 +223,8 @@ def test_callbacks(store: kstore.Store) -> None:
     with Producer(store) as producer:
         producer.send("t", value=b"x").add_callback(lambda m: (got.append(m), done.set()))
     assert done.wait(30)
-    assert got[0].topic == "t" and got[0].offset == 0
+    assert got[0].topic == "t"
+    assert got[0].offset == 0
 
 
 def test_zombie_transactional_producer_is_fenced(store: kstore.Store) -> None:
@@ -206,7 +235,8 @@ def test_zombie_transactional_producer_is_fenced(store: kstore.Store) -> None:
     old.commit_transaction()
     old.begin_transaction()
     new = Producer(store, transactional_id="payments-1")  # takes over: the old one is a zombie
-    assert new.epoch > old.epoch and new.producer_id == old.producer_id
+    assert new.epoch > old.epoch
+    assert new.producer_id == old.producer_id
     zombie = old.send("t", value=b"zombie", partition=1)
     with pytest.raises(ProducerFencedError):
         zombie.get(timeout=30)
@@ -231,9 +261,13 @@ def test_backpressure_blocks_then_times_out(local_store: tuple[str, dict[str, An
     faulty.add(Fault("put_if_absent", when="delay", delay_s=2.0, match=lambda p: "/segments/" in p))
     producer = Producer(store, buffer_memory=5_000, batch_size=1_000, max_block_ms=300, linger_ms=0)
     started = time.monotonic()
-    with pytest.raises(KafkaTimeoutError, match="buffer_memory"):
+
+    def fill() -> None:
         for _ in range(1_000):
             producer.send("t", value=b"x" * 500)
+
+    with pytest.raises(KafkaTimeoutError, match="buffer_memory"):
+        fill()
     assert time.monotonic() - started >= 0.3
     faulty.clear()
     producer.close()
@@ -242,10 +276,12 @@ def test_backpressure_blocks_then_times_out(local_store: tuple[str, dict[str, An
 def test_oversized_records_are_refused(store: kstore.Store) -> None:
     store.create_topic("small", config={"max.message.bytes": 1_000})
     with Producer(store, max_request_size=10_000) as producer:
-        with pytest.raises(RecordTooLargeError, match="max.message.bytes=1000"):
+        with pytest.raises(RecordTooLargeError, match=r"max\.message\.bytes=1000"):
             producer.send("small", value=b"x" * 2_000)
         with pytest.raises(RecordTooLargeError):
-            producer.send_batch("small", pa.table({"value": pa.array([b"x", b"y" * 5_000], pa.binary())}))
+            producer.send_batch(
+                "small", pa.table({"value": pa.array([b"x", b"y" * 5_000], pa.binary())})
+            )
         producer.send("small", value=b"x" * 100).get(timeout=30)
 
 
@@ -261,8 +297,12 @@ def test_oversized_records_are_refused(store: kstore.Store) -> None:
         ({"value": b"v", "partition": "0"}, UnknownTopicOrPartitionError, "partitions"),
     ],
 )
-def test_wrong_types_are_named(memory_store: tuple[str, dict[str, Any]], kwargs: dict[str, Any],
-                               error: type[Exception], match: str) -> None:
+def test_wrong_types_are_named(
+    memory_store: tuple[str, dict[str, Any]],
+    kwargs: dict[str, Any],
+    error: type[Exception],
+    match: str,
+) -> None:
     store = kstore.Store(memory_store[0])
     store.create_topic("t", partitions=2)
     with Producer(store) as producer:
@@ -293,23 +333,32 @@ def test_bad_topics_and_configs(memory_store: tuple[str, dict[str, Any]]) -> Non
 def test_send_batch_places_like_send(store: kstore.Store) -> None:
     store.create_topic("t", partitions=4)
     keys = [f"k{i}".encode() for i in range(300)]
-    table = pa.table({
-        "key": pa.array(keys, pa.binary()),
-        "value": pa.array([b"v%d" % i for i in range(300)], pa.binary()),
-        "timestamp": pa.array([1_600_000_000_000 + i for i in range(300)], pa.int64()),
-        "headers": pa.array([[{"key": "i", "value": b"%d" % i}] for i in range(300)], HEADERS_TYPE),
-    })
+    table = pa.table(
+        {
+            "key": pa.array(keys, pa.binary()),
+            "value": pa.array([b"v%d" % i for i in range(300)], pa.binary()),
+            "timestamp": pa.array([1_600_000_000_000 + i for i in range(300)], pa.int64()),
+            "headers": pa.array(
+                [[{"key": "i", "value": b"%d" % i}] for i in range(300)], HEADERS_TYPE
+            ),
+        }
+    )
     with Producer(store) as producer:
         result = producer.send_batch("t", table).get(timeout=30)
-        explicit = producer.send_batch("t", pa.table({"value": pa.array([b"p3"], pa.binary())}), partition=3).get(timeout=30)
+        explicit = producer.send_batch(
+            "t", pa.table({"value": pa.array([b"p3"], pa.binary())}), partition=3
+        ).get(timeout=30)
     assert result.num_rows == 300
     partitions = result.column("partition").to_pylist()
     assert partitions == [java_partition(k, 4) for k in keys]
     assert explicit.column("partition").to_pylist() == [3]
     records = read_all(store, "t")
-    for i, (p, offset) in enumerate(zip(partitions, result.column("offset").to_pylist(), strict=True)):
+    for i, (p, offset) in enumerate(
+        zip(partitions, result.column("offset").to_pylist(), strict=True)
+    ):
         row = records[p][offset]
-        assert row["value"] == b"v%d" % i and row["headers"] == [{"key": "i", "value": b"%d" % i}]
+        assert row["value"] == b"v%d" % i
+        assert row["headers"] == [{"key": "i", "value": b"%d" % i}]
         assert int(row["timestamp"].timestamp() * 1000) == 1_600_000_000_000 + i
 
 
@@ -324,7 +373,9 @@ def test_send_batch_rejects_bad_tables(memory_store: tuple[str, dict[str, Any]])
         with pytest.raises(InvalidRecordError, match="unexpected columns"):
             producer.send_batch("t", pa.table({"value": pa.array([b"v"]), "extra": [1]}))
         with pytest.raises(UnknownTopicOrPartitionError):
-            producer.send_batch("t", pa.table({"value": pa.array([b"v"]), "partition": pa.array([5], pa.int32())}))
+            producer.send_batch(
+                "t", pa.table({"value": pa.array([b"v"]), "partition": pa.array([5], pa.int32())})
+            )
         with pytest.raises(InvalidRecordError):
             producer.send_batch("t", [b"not a table"])
 
@@ -333,6 +384,7 @@ def test_many_threads_share_one_producer(store: kstore.Store) -> None:
     store.create_topic("t", partitions=3)
     per_thread = 400
     with Producer(store, linger_ms=1) as producer:
+
         def work(tid: int) -> None:
             for i in range(per_thread):
                 producer.send("t", value=b"%d:%d" % (tid, i), key=b"thread-%d" % tid)
@@ -347,7 +399,7 @@ def test_many_threads_share_one_producer(store: kstore.Store) -> None:
         for row in rows:
             tid, i = row["value"].split(b":")
             order[int(tid)].append(int(i))
-    assert {t: seq for t, seq in order.items()} == {t: list(range(per_thread)) for t in range(4)}
+    assert dict(order.items()) == {t: list(range(per_thread)) for t in range(4)}
 
 
 def test_producer_after_fork_raises_clearly(local_store: tuple[str, dict[str, Any]]) -> None:
@@ -384,7 +436,8 @@ def test_close_flushes_and_refuses_more(store: kstore.Store) -> None:
     with pytest.raises(IllegalStateError, match="closed"):
         producer.send("t", value=b"y")
     metrics = producer.metrics()
-    assert metrics["record-send-total"] == 1 and metrics["commit-total"] >= 1
+    assert metrics["record-send-total"] == 1
+    assert metrics["commit-total"] >= 1
 
 
 def test_log_append_time_topic(store: kstore.Store) -> None:

@@ -127,4 +127,4 @@ def test_examples_run_as_documented(
     spark: Any, name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert load_example(name).main([], spark=spark) == 0
-    assert "2500 records in" in capsys.readouterr().out
+    assert "1500 records in" in capsys.readouterr().out

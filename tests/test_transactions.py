@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,7 +36,9 @@ def store(target: tuple[str, str, dict[str, Any]]) -> kstore.Store:
 
 def read(store: kstore.Store, topic: str, isolation: str) -> list[Any]:
     out: list[Any] = []
-    with Consumer(topic, store=store, auto_offset_reset="earliest", isolation_level=isolation) as consumer:
+    with Consumer(
+        topic, store=store, auto_offset_reset="earliest", isolation_level=isolation
+    ) as consumer:
         idle = 0
         while idle < 3:
             got = consumer.poll(timeout_ms=30)
@@ -61,8 +62,12 @@ def test_records_are_visible_to_read_committed_only_after_commit(store: kstore.S
     assert part.last_stable_offset == 1 < part.end_offset
     producer.commit_transaction()
     assert sorted(r.value for r in read(store, "out", "read_committed")) == sorted(
-        [b"before"] + [b"%d" % i for i in range(10)])
-    assert store.partition("out", 0).state().last_stable_offset == store.partition("out", 0).state().end_offset
+        [b"before"] + [b"%d" % i for i in range(10)]
+    )
+    assert (
+        store.partition("out", 0).state().last_stable_offset
+        == store.partition("out", 0).state().end_offset
+    )
     producer.close()
 
 
@@ -80,7 +85,8 @@ def test_abort_discards_records(store: kstore.Store) -> None:
     for isolation in ("read_committed", "read_uncommitted"):
         assert [r.value for r in read(store, "out", isolation)] == [b"keep me"]
     state = store.partition("out", 0).state()
-    assert state.end_offset == 2 and [s.base_offset for s in state.segments] == [1]  # a gap at 0
+    assert state.end_offset == 2
+    assert [s.base_offset for s in state.segments] == [1]
 
 
 def test_consume_transform_produce_exactly_once(store: kstore.Store) -> None:
@@ -89,8 +95,16 @@ def test_consume_transform_produce_exactly_once(store: kstore.Store) -> None:
     with Producer(store) as producer:
         for i in range(300):
             producer.send("in", value=b"v%d" % i, key=b"k%d" % (i % 11))
-    consumer = Consumer("in", store=store, group_id="eos", enable_auto_commit=False,
-                        isolation_level="read_committed", auto_offset_reset="earliest", max_poll_records=50, **FAST)
+    consumer = Consumer(
+        "in",
+        store=store,
+        group_id="eos",
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        max_poll_records=50,
+        **FAST,
+    )
     producer = Producer(store, transactional_id="app")
     idle = 0
     while idle < 3:
@@ -103,7 +117,9 @@ def test_consume_transform_produce_exactly_once(store: kstore.Store) -> None:
         for records in polled.values():
             for r in records:
                 producer.send("out", value=r.value.upper(), key=r.key)
-        producer.send_offsets_to_transaction({tp: consumer.position(tp) for tp in polled}, consumer.group_metadata())
+        producer.send_offsets_to_transaction(
+            {tp: consumer.position(tp) for tp in polled}, consumer.group_metadata()
+        )
         producer.commit_transaction()
     consumer.close()
     producer.close()
@@ -123,7 +139,8 @@ def test_new_instance_aborts_an_unfinished_transaction(store: kstore.Store) -> N
     for isolation in ("read_committed", "read_uncommitted"):
         assert read(store, "out", isolation) == []
     state = store.partition("out", 0).state()
-    assert state.open_transactions == {} and state.last_stable_offset == state.end_offset
+    assert state.open_transactions == {}
+    assert state.last_stable_offset == state.end_offset
     successor.begin_transaction()
     successor.send("out", value=b"next")
     successor.commit_transaction()
@@ -170,14 +187,20 @@ def test_zombie_cannot_decide_after_fencing(store: kstore.Store) -> None:
         zombie.commit_transaction()
     group = Group(store, "g")
     with pytest.raises(ProducerFencedError):  # even straight to the group log
-        group.commit_offsets({TopicPartition("in", 0): kstore.records.OffsetAndMetadata(0)},
-                             member_id=None, generation=-1, transaction=("tx", 0, zombie.epoch))
+        group.commit_offsets(
+            {TopicPartition("in", 0): kstore.records.OffsetAndMetadata(0)},
+            member_id=None,
+            generation=-1,
+            transaction=("tx", 0, zombie.epoch),
+        )
     assert read(store, "out", "read_uncommitted") == []
 
 
 @pytest.mark.parametrize("crash_point", ["after_send", "after_decision"])
 @pytest.mark.parametrize("backend", ["local", "seaweed"])  # a memory store cannot outlive a process
-def test_exactly_once_survives_kill_9(request: pytest.FixtureRequest, backend: str, crash_point: str) -> None:
+def test_exactly_once_survives_kill_9(
+    request: pytest.FixtureRequest, backend: str, crash_point: str
+) -> None:
     url, options = request.getfixturevalue(f"{backend}_store")
     store = kstore.Store(url, options)
     store.create_topic("in", partitions=2)
@@ -188,8 +211,19 @@ def test_exactly_once_survives_kill_9(request: pytest.FixtureRequest, backend: s
 
     def run(point: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "tests.workers.eos_worker", url, json.dumps(options), point, "2"],
-            cwd=REPO, capture_output=True, text=True, timeout=240,
+            [
+                sys.executable,
+                "-m",
+                "tests.workers.eos_worker",
+                url,
+                json.dumps(options),
+                point,
+                "2",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=240,
         )
 
     crashed = run(crash_point)

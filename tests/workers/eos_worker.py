@@ -26,9 +26,17 @@ def main() -> None:
     crash_point, crash_at = sys.argv[3], int(sys.argv[4])
     store = Store(url, options, create=False)
     producer = Producer(store, transactional_id="eos-app", linger_ms=1)  # finishes a dead txn
-    consumer = Consumer("in", store=store, group_id="eos", enable_auto_commit=False,
-                        isolation_level="read_committed", auto_offset_reset="earliest",
-                        session_timeout_ms=2_500, heartbeat_interval_ms=200, max_poll_records=40)
+    consumer = Consumer(
+        "in",
+        store=store,
+        group_id="eos",
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        session_timeout_ms=2_500,
+        heartbeat_interval_ms=200,
+        max_poll_records=40,
+    )
     done = 0
     idle = 0
     while idle < 60:  # 6 s without records: past a dead predecessor's session timeout
@@ -47,6 +55,7 @@ def main() -> None:
         positions = {tp: consumer.position(tp) for tp in polled}
         producer.send_offsets_to_transaction(positions, consumer.group_metadata())
         if crash_point == "after_decision" and done == crash_at:
+
             def crash(*args: Any, **kwargs: Any) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 

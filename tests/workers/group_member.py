@@ -14,9 +14,15 @@ from kstore.consumer import Consumer
 
 def main() -> None:
     url, options, topic, group = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
-    consumer = Consumer(topic, store=url, group_id=group, storage_options=options,
-                        session_timeout_ms=2_500, heartbeat_interval_ms=200,
-                        auto_offset_reset="earliest")
+    consumer = Consumer(
+        topic,
+        store=url,
+        group_id=group,
+        storage_options=options,
+        session_timeout_ms=2_500,
+        heartbeat_interval_ms=200,
+        auto_offset_reset="earliest",
+    )
     last = None
     while True:
         consumer.poll(timeout_ms=50)
