@@ -98,8 +98,8 @@ class GroupState(LogState):
         return clone
 
     def apply(self, name: str, body: dict[str, Any]) -> None:
-        if name in ("join", "offsets"):
-            self.deleted = False
+        if name == "join" or (name == "offsets" and body.get("offsets")):
+            self.deleted = False  # used again after a delete
         if name == "join":
             member = Member(
                 member_id=str(body["memberId"]),
@@ -193,15 +193,21 @@ class GroupState(LogState):
                 self.offset_times.pop(tp, None)
         elif name == "deleteGroup":
             generation, version = self.generation, self.version
+            transactions, fences = self.transactions, self.transaction_epochs
             self.__init__()  # type: ignore[misc]
             self.generation = generation  # never reuse a generation: old members stay fenced
             self.version = version
+            # Transaction decisions and fences belong to producers, not to the members being
+            # forgotten: a decided transaction must still roll forward after a delete.
+            self.transactions, self.transaction_epochs = transactions, fences
             self.deleted = True
         else:
             super().apply(name, body)
 
     def checkpoint_actions(self) -> list[Action]:
         actions = super().checkpoint_actions()
+        if self.deleted:  # first: replaying it resets what precedes it
+            actions.append({"deleteGroup": {"time": 0}})
         for m in self.members.values():
             actions.append({"join": _join_body(m, m.joined_ms)})
         body = _assignment_body(
@@ -247,8 +253,6 @@ class GroupState(LogState):
             )
         for tid, epoch in sorted(self.transaction_epochs.items()):
             actions.append({"txnFence": {"id": tid, "epoch": epoch}})
-        if self.deleted:
-            actions.append({"deleteGroup": {"time": 0}})
         return actions
 
     # -- queries ---------------------------------------------------------------------------------
@@ -465,7 +469,12 @@ class Group:
                 return [{"join": body}]  # same partitions, same generation: no rebalance
             return self.plan(state, live, [{"join": body}])
 
+        before = self.state().members
         self._commit(build, "JOIN GROUP")
+        if member.instance_id is not None:  # a static member replaced its old id: drop that lease
+            for old_id, old in before.items():
+                if old.instance_id == member.instance_id and old_id != member.member_id:
+                    self.drop_lease(old_id)
         return self.state()
 
     def heartbeat(self, member_id: str, *, check_metadata: bool = False) -> GroupState:

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kstore.errors import (
+    ConcurrentModificationError,
     CorruptLogError,
     DuplicateSequenceError,
     OffsetOutOfRangeError,
@@ -147,6 +148,7 @@ class PartitionState(LogState):
         self.cleaned_offset = 0  # compaction's cleaner point: below it the log is compacted
         self._time_index: list[int] | None = None  # running max of segment max timestamps
         self.open_transactions: dict[str, int] = {}  # "<producer>:<version>" -> first offset
+        self.ended_transactions: dict[str, int] = {}  # producer -> newest version with a marker
 
     def copy(self) -> PartitionState:
         clone: PartitionState = super().copy()  # type: ignore[assignment]
@@ -156,6 +158,7 @@ class PartitionState(LogState):
         clone.removed = dict(self.removed)
         clone._time_index = None
         clone.open_transactions = dict(self.open_transactions)
+        clone.ended_transactions = dict(self.ended_transactions)
         return clone
 
     # -- replay --------------------------------------------------------------------------------
@@ -204,11 +207,19 @@ class PartitionState(LogState):
             key = f"{_str(body, 'producerId')}:{_int(body, 'version')}"
             self.open_transactions.pop(key, None)
             pid, epoch = _str(body, "producerId"), _int(body, "epoch")
+            self.ended_transactions[pid] = max(
+                self.ended_transactions.get(pid, -1), _int(body, "version")
+            )
             entry = self.producers.get(pid)
             if entry is None or entry.epoch < epoch:
                 self.producers[pid] = ProducerEntry(
                     epoch, -1, -1, -1, -1, int(body.get("timestamp", 0))
                 )
+        elif name == "txnEnded":  # only in checkpoints: the newest ended transaction per producer
+            pid = _str(body, "producerId")
+            self.ended_transactions[pid] = max(
+                self.ended_transactions.get(pid, -1), _int(body, "version")
+            )
         elif name == "cleaned":
             self.cleaned_offset = max(self.cleaned_offset, _int(body, "offset"))
         elif name == "tombstone":  # only in checkpoints: a removed file awaiting vacuum
@@ -252,6 +263,8 @@ class PartitionState(LogState):
                     }
                 }
             )
+        for pid, version in sorted(self.ended_transactions.items()):
+            actions.append({"txnEnded": {"producerId": pid, "version": version}})
         for app, version in sorted(self.txns.items()):
             actions.append({"txn": {"appId": app, "version": version}})
         for path, when in sorted(self.removed.items()):
@@ -434,6 +447,14 @@ class Partition:
             if txn is not None and state.txns.get(txn[0], -1) >= txn[1]:
                 outcome["duplicate"] = (-1, -1)  # where that batch landed is not recorded
                 return None
+            if transaction is not None:
+                pid, _, version = transaction.rpartition(":")
+                if state.ended_transactions.get(pid, -1) >= int(version):
+                    # An append that arrives after its transaction's marker must not reopen
+                    # it (nothing would ever close it again).
+                    raise ConcurrentModificationError(
+                        f"{self.topic}-{self.partition}: transaction {transaction} has already ended here"
+                    )
             if producer is not None:
                 dup = producer.check(state)
                 if dup is not None:
@@ -473,7 +494,8 @@ class Partition:
             # The batch was committed before (a replayed micro-batch, an ambiguous retry).
             # Files of this attempt that no commit references are garbage; a file that the
             # earlier commit does reference (the same file, retried) must stay.
-            live = {s.path for s in self.state(refresh=False).segments}
+            state = self.state(refresh=False)
+            live = {s.path for s in state.segments} | set(state.removed)  # removed: vacuum's job
             self.storage.delete([f"{self.directory}/{f.path}" for f in files if f.path not in live])
             return AppendResult(base, last, None, 0, duplicate=True)
         base, last, now = outcome["range"]

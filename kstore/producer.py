@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kstore.errors import (
+    CommitFailedError,
     IllegalStateError,
     InvalidConfigurationError,
     InvalidRecordError,
@@ -297,6 +298,12 @@ class Producer:
                 f"unknown producer config {unknown[0]!r}; known: {', '.join(sorted(DEFAULT_CONFIG))}"
             )
         cfg = {**DEFAULT_CONFIG, **configs}
+        if cfg["transactional_id"] is not None:
+            # As in Kafka: transactions need durable appends, or a machine crash could lose
+            # an append of a transaction whose (durable) decision says it committed.
+            if "acks" in configs and _parse_acks(configs["acks"]) != "all":
+                raise InvalidConfigurationError("a transactional producer needs acks='all'")
+            cfg["acks"] = "all"
         self.config = cfg
         self._acks = _parse_acks(cfg["acks"])
         self._durable = self._acks == "all"
@@ -1001,12 +1008,20 @@ class Producer:
         if not txn.decided:
             if txn.group is not None and txn.offsets:
                 self._check_not_fenced()
-                Group(self.store, txn.group.group_id).commit_offsets(
-                    txn.offsets,
-                    member_id=txn.group.member_id,
-                    generation=txn.group.generation_id,
-                    transaction=(tid, version, epoch),
-                )
+                try:
+                    Group(self.store, txn.group.group_id).commit_offsets(
+                        txn.offsets,
+                        member_id=txn.group.member_id,
+                        generation=txn.group.generation_id,
+                        transaction=(tid, version, epoch),
+                    )
+                except (CommitFailedError, ProducerFencedError):
+                    raise  # definitely not decided: abort_transaction() may follow
+                except BaseException:
+                    # The decision may have landed: only another commit attempt (idempotent
+                    # for this version) or a successor instance may resolve it, never an abort.
+                    txn.uncertain = True
+                    raise
             else:
                 self._registry_commit(
                     "TXN DECISION",
@@ -1020,12 +1035,17 @@ class Producer:
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Discard the transaction's records; its offsets are not committed."""
         txn = self._require_transaction()
-        try:
-            self.flush(timeout)
-        except KStoreError as exc:
-            log.warning("abort_transaction: flush failed (%s); aborting anyway", exc)
         if txn.decided:
             raise IllegalStateError("the transaction was already decided as committed")
+        if txn.uncertain:
+            raise IllegalStateError(
+                "the outcome of this transaction's commit is unknown: call commit_transaction() "
+                "again (it is idempotent), or close this producer and let a new instance with the "
+                "same transactional_id resolve it"
+            )
+        # Every append of the transaction must have landed or failed before the markers: an
+        # append landing after the abort marker would reopen the transaction there.
+        self.flush(timeout)
         version, epoch = txn.version, self._epoch
         if txn.partitions or txn.group is not None:
             self._registry_commit(
@@ -1113,6 +1133,7 @@ class _Transaction:
     offsets: dict[TopicPartition, OffsetAndMetadata] = field(default_factory=dict)
     error: BaseException | None = None
     decided: bool = False
+    uncertain: bool = False  # the decision commit failed in a way that may have landed
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -360,8 +360,9 @@ class Store:
         topic_config.validate_names(removals)
 
         def change(raw: dict[str, Any], current: TopicMetadata) -> dict[str, Any]:
-            # Start from the stored config so keys this version does not know survive.
-            merged = {k: v for k, v in dict(raw.get("config", {})).items() if k not in removals}
+            # Start from the config as read (unknown keys kept, unparseable values dropped) so
+            # that a topic readable by this version is also alterable by it.
+            merged = {k: v for k, v in current.config.items() if k not in removals}
             merged.update(updates)
             topic_config.validate_config(
                 {k: v for k, v in merged.items() if k in topic_config.SPECS}

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kstore.errors import ProducerFencedError
+from kstore.errors import ProducerFencedError, UnknownTopicOrPartitionError
 from kstore.log import Action, LogState
 from kstore.records import TopicPartition
 
@@ -153,7 +153,7 @@ def finish_transaction(store: Store, log: Log[TransactionLogState], epoch: int) 
     for tp in sorted(current.partitions):
         try:
             partition = store.partition(tp.topic, tp.partition)
-        except Exception:  # the topic was deleted meanwhile: nothing left to mark
+        except UnknownTopicOrPartitionError:  # the topic was deleted meanwhile: nothing to mark
             continue
         partition.end_transaction(pid, epoch, current.version, commit=result == "commit")
 

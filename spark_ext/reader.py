@@ -144,6 +144,7 @@ class KStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: Offsets | None = None  # availableNow: nothing beyond these
         self._latest: Offsets | None = None
         self._committed: Offsets | None = None
+        self._initial: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get the options only; driver state never travels.
@@ -165,6 +166,13 @@ class KStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- offsets ---------------------------------------------------------------------------------
 
     def initialOffset(self) -> dict[str, Any]:  # noqa: N802 - Spark's name
+        # Spark asks twice (to plan the first batch, then to run it); "latest" must not move
+        # in between, or records committed meanwhile would fall between the two answers.
+        if self._initial is None:
+            self._initial = self._resolve_initial()
+        return self._initial
+
+    def _resolve_initial(self) -> dict[str, Any]:
         tps = self.resolver.topic_partitions(strict=False)
         states = self.resolver.states(tps)
         starts = self.resolver.resolve(self.options.starting, states, ending=False)

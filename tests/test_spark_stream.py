@@ -13,6 +13,7 @@ import pytest
 from kstore import Store
 from tests.test_spark_support import (
     BACKENDS,
+    BASE_MS,
     append,
     apply_retention,
     open_store,
@@ -292,3 +293,95 @@ def test_fail_on_data_loss_when_retention_removed_unread_offsets(
         assert topic_values(store, "out") == sorted(
             [b"a%d" % i for i in range(10)] + [b"c%d" % i for i in range(10)]
         )
+
+
+def test_streaming_starting_positions(spark: Any, local_store_url: Any) -> None:
+    store = open_store(local_store_url)
+    store.create_topic("t", 2)
+    for p in range(2):
+        append(
+            store,
+            "t",
+            p,
+            [b"old-%d-%d" % (p, i) for i in range(10)],
+            timestamps_ms=[BASE_MS + i for i in range(10)],
+        )
+
+    def available_now(**options: Any) -> list[tuple[int, int]]:
+        name = f"q_{uuid.uuid4().hex[:8]}"
+        query = (
+            stream(spark, local_store_url, subscribe="t", **options)
+            .writeStream.format("memory")
+            .queryName(name)
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120)
+        return sorted((r.partition, r.offset) for r in memory_rows(spark, name))
+
+    assert available_now(startingOffsets='{"t":{"0":5,"1":-2}}') == [
+        (0, o) for o in range(5, 10)
+    ] + [(1, o) for o in range(10)]
+    assert available_now(startingTimestamp=BASE_MS + 8) == [(0, 8), (0, 9), (1, 8), (1, 9)]
+    assert available_now(startingOffsets="latest") == []
+    # latest: only what is committed after the query started.
+    name = f"q_{uuid.uuid4().hex[:8]}"
+    query = (
+        stream(spark, local_store_url, subscribe="t")
+        .writeStream.format("memory")
+        .queryName(name)
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        wait_for(lambda: query.lastProgress is not None)
+        append(store, "t", 1, [b"new"])
+        wait_for(lambda: len(memory_rows(spark, name)) == 1)
+        assert [r.v for r in memory_rows(spark, name)] == ["new"]
+    finally:
+        query.stop()
+
+
+def test_latest_offset_polls_manifests_by_name(
+    local_store_url: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trigger reads, per topic and per partition, the next log version by name: never a
+    listing, never a segment file (the reader's driver side, called directly)."""
+    from kstore.spark_ext.options import parse_read_options
+    from kstore.spark_ext.reader import KStoreStreamReader
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from kstore.storage import Storage
+
+    store = open_store(local_store_url)
+    store.create_topic("t", 3)
+    for p in range(3):
+        for _ in range(5):
+            append(store, "t", p, [b"x"] * 10)
+    reader = KStoreStreamReader(
+        parse_read_options(
+            source_options(local_store_url, subscribe="t", startingOffsets="earliest"),
+            streaming=True,
+        ),
+        ["value"],
+    )
+    start = reader.initialOffset()
+    reads: list[str] = []
+    lists: list[str] = []
+    real_read, real_list = Storage.read, Storage.list_dir
+    monkeypatch.setattr(
+        Storage, "read", lambda self, rel: (reads.append(rel), real_read(self, rel))[1]
+    )
+    monkeypatch.setattr(
+        Storage, "list_dir", lambda self, rel: (lists.append(rel), real_list(self, rel))[1]
+    )
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": 50, "1": 50, "2": 50}}
+    assert lists == []
+    assert all("/_log/" in r and r.endswith(".json") for r in reads), reads
+    assert len(reads) <= 1 + 3  # the topic log and each partition's log: the next version
+    reads.clear()
+    append(store, "t", 1, [b"y"] * 5)
+    assert reader.latestOffset(end, ReadAllAvailable()) == {"t": {"0": 50, "1": 55, "2": 50}}
+    assert lists == []
+    assert not any("/segments/" in r for r in reads)
