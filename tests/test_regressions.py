@@ -36,7 +36,8 @@ def test_an_append_after_its_abort_marker_cannot_reopen_the_transaction(
     with pytest.raises(ConcurrentModificationError, match="already ended"):
         part.commit_segments([part.write_segment(table)], transaction="p1:0")
     after = part.state()
-    assert after.version == before.version and after.open_transactions == {}
+    assert after.version == before.version
+    assert after.open_transactions == {}
     assert after.last_stable_offset == after.end_offset
     # ... and it survives a checkpoint.
     part.log.write_checkpoint(after)
@@ -99,17 +100,16 @@ def test_group_checkpoint_keeps_fences_after_a_delete() -> None:
         ("txnFence", {"id": "app", "epoch": 3}),
     ]:
         state.apply(name, body)
-    assert (
-        state.deleted
-        and state.transactions == {"app": 4}
-        and state.transaction_epochs == {"app": 3}
-    )
+    assert state.deleted
+    assert state.transactions == {"app": 4}
+    assert state.transaction_epochs == {"app": 3}
     replayed = GroupState()
     for action in state.checkpoint_actions():
         ((name, body),) = action.items()
         replayed.apply(name, body)
     assert replayed.deleted
-    assert replayed.transactions == {"app": 4} and replayed.transaction_epochs == {"app": 3}
+    assert replayed.transactions == {"app": 4}
+    assert replayed.transaction_epochs == {"app": 3}
 
 
 def test_replaced_static_member_lease_is_dropped(store: kstore.Store) -> None:
