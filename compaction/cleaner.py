@@ -150,7 +150,6 @@ def compact_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> 
         return result
     _Cleaner(
         part,
-        state,
         plan,
         item.config,
         now,
@@ -163,14 +162,12 @@ class _Cleaner:
     def __init__(
         self,
         part: Partition,
-        state: PartitionState,
         plan: CompactionPlan,
         config: Mapping[str, Any],
         now: int,
         memory_bytes: int,
     ) -> None:
         self.part = part
-        self.state = state
         self.plan = plan
         self.config = config
         self.now = now

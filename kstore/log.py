@@ -213,7 +213,7 @@ class Log(Generic[S]):
         return f"{self.directory}/{name}"
 
     def describe(self, version: int) -> str:
-        return f"{self.storage.url}/{self._path(version_file(version))}"
+        return f"{self.storage.display_url}/{self._path(version_file(version))}"
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -268,18 +268,18 @@ class Log(Generic[S]):
         state = base if base is not None else self.state_factory()
         if state.version == -1 and version >= 0 and self.read_commit(0) is None:
             raise CorruptLogError(
-                f"{self.storage.url}/{self.directory}: version {version} is not available"
+                f"{self.storage.display_url}/{self.directory}: version {version} is not available"
             )
         while state.version < version:
             commit = self.read_commit(state.version + 1)
             if commit is None:
                 if self.read_commit(state.version + 2) is None:
                     raise ValueError(
-                        f"{self.storage.url}/{self.directory}: version {version} does not exist "
+                        f"{self.storage.display_url}/{self.directory}: version {version} does not exist "
                         f"(the newest is {state.version})"
                     )
                 raise CorruptLogError(
-                    f"{self.storage.url}/{self.directory}: version {state.version + 1} is missing"
+                    f"{self.storage.display_url}/{self.directory}: version {state.version + 1} is missing"
                 )
             state = state.copy()  # type: ignore[assignment]
             self._apply_commit(state, state.version + 1, *commit)
@@ -331,7 +331,7 @@ class Log(Generic[S]):
                 return loaded
         if versions and min(versions) > 0:
             raise CorruptLogError(
-                f"{self.storage.url}/{self.directory}: versions before {min(versions)} are gone "
+                f"{self.storage.display_url}/{self.directory}: versions before {min(versions)} are gone "
                 "and no checkpoint covers them"
             )
         return self.state_factory()
@@ -351,7 +351,7 @@ class Log(Generic[S]):
         return None
 
     def _read_checkpoint(self, version: int) -> S | None:
-        where = f"{self.storage.url}/{self._path(checkpoint_file(version))}"
+        where = f"{self.storage.display_url}/{self._path(checkpoint_file(version))}"
         data = self.storage.read_if_exists(self._path(checkpoint_file(version)))
         if data is None:
             return None
@@ -421,7 +421,7 @@ class Log(Generic[S]):
                     new_state.apply(name, body)
             except (CorruptLogError, KeyError, TypeError, ValueError) as exc:
                 raise ConcurrentModificationError(
-                    f"{self.storage.url}/{self.directory}: {operation} commit does not apply to "
+                    f"{self.storage.display_url}/{self.directory}: {operation} commit does not apply to "
                     f"version {state.version}; nothing was written ({exc})"
                 ) from None
             new_state.version = version
@@ -434,7 +434,7 @@ class Log(Generic[S]):
             # Lost the race for this version: reload and rebuild on the newer state.
             if attempt >= self.retry.max_attempts or time.monotonic() > deadline:
                 raise CommitConflictError(
-                    f"{self.storage.url}/{self.directory}: gave up after {attempt} conflicting "
+                    f"{self.storage.display_url}/{self.directory}: gave up after {attempt} conflicting "
                     f"attempts ({operation})"
                 )
             time.sleep(self.retry.backoff(min(attempt, 10)))

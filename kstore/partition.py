@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from kstore.storage import Storage
 
 
+PRODUCER_EXPIRATION_MS = 86_400_000  # Kafka's producer.id.expiration.ms default: one day
+
+
 @dataclass(frozen=True)
 class Segment:
     """A live segment as the manifest records it. ``base_offset``..``last_offset`` is the
@@ -249,7 +252,13 @@ class PartitionState(LogState):
             s.to_action(open_transaction=s.transaction in self.open_transactions)
             for s in self.segments
         )
+        # Producer entries expire as in Kafka (producer.id.expiration.ms): without it, every
+        # producer instance that ever wrote here would stay in every checkpoint. Judged by the
+        # state's own last commit time, so the checkpoint of a version is deterministic.
+        horizon = (self.last_commit_ms or 0) - PRODUCER_EXPIRATION_MS
         for pid, p in sorted(self.producers.items()):
+            if p.timestamp_ms < horizon:
+                continue
             actions.append(
                 {
                     "producer": {
@@ -601,7 +610,7 @@ class Partition:
         cached = self.cache.get(f"{self.directory}/{key}")
         if cached is not None:
             return cached
-        where = f"{self.storage.url}/{self.directory}/{seg.path} ({self.topic}-{self.partition})"
+        where = f"{self.storage.display_url}/{self.directory}/{seg.path} ({self.topic}-{self.partition})"
         if data is None:
             data = read_segment_bytes(self.storage, f"{self.directory}/{seg.path}", where)
         table = decode_segment(

@@ -86,7 +86,9 @@ class Storage:
             raise InvalidStoreError(
                 f"storage_options must be a mapping, got {type(storage_options).__name__}"
             )
-        self.url = url.rstrip("/") if url.rstrip("/") else url
+        scheme, sep, rest = url.partition("://")
+        # Strip trailing slashes from the path only: "s3://" must stay a URL (with no bucket).
+        self.url = f"{scheme}{sep}{rest.rstrip('/')}" if sep else (url.rstrip("/") or url)
         self.storage_options: dict[str, Any] = dict(storage_options or {})
         self.allow_unsafe_writes = allow_unsafe_writes
         protocol, _, rest = self.url.partition("://")
@@ -130,7 +132,12 @@ class Storage:
         )
 
     def __repr__(self) -> str:
-        return f"Storage({redact_url(self.url)!r})"
+        return f"Storage({self.display_url!r})"
+
+    @property
+    def display_url(self) -> str:
+        """The URL with any embedded credentials removed: the only form put in messages."""
+        return redact_url(self.url)
 
     # -- capabilities ------------------------------------------------------------------------
 

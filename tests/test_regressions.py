@@ -170,3 +170,37 @@ def test_commit_offsets_survive_alter(store: kstore.Store) -> None:
         consumer.assign([TopicPartition("t", 0)])
         consumer.commit({TopicPartition("t", 0): 0})
         assert consumer.committed(TopicPartition("t", 0), metadata=True) == OffsetAndMetadata(0, "")
+
+
+def test_idle_producer_entries_expire_from_checkpoints() -> None:
+    from kstore.partition import PRODUCER_EXPIRATION_MS, PartitionState
+
+    state = PartitionState()
+    now = 10 * PRODUCER_EXPIRATION_MS
+    for pid, when in (("idle", now - PRODUCER_EXPIRATION_MS - 1), ("active", now - 1)):
+        state.apply(
+            "producer",
+            {
+                "id": pid,
+                "epoch": 0,
+                "firstSequence": 0,
+                "lastSequence": 0,
+                "baseOffset": 0,
+                "lastOffset": 0,
+                "timestamp": when,
+            },
+        )
+    state.last_commit_ms = now
+    kept = [a["producer"]["id"] for a in state.checkpoint_actions() if "producer" in a]
+    assert kept == ["active"]
+
+
+def test_urls_keep_their_scheme_and_hide_credentials() -> None:
+    from kstore.errors import InvalidStoreError
+    from kstore.storage import Storage
+
+    with pytest.raises(InvalidStoreError, match="names no bucket"):
+        Storage("s3://")
+    storage = Storage("s3://AKIDEXAMPLE:s3cr3t@bucket/prefix/", {})
+    assert storage.url == "s3://AKIDEXAMPLE:s3cr3t@bucket/prefix"
+    assert "s3cr3t" not in storage.display_url and "s3cr3t" not in repr(storage)
