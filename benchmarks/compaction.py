@@ -40,16 +40,19 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from kstore import Store
 from kstore.compaction import compact_partition, run_compaction
 from kstore.compaction.jobs import WorkItem
+
+from kstore import Store
 from kstore.segments import TIMESTAMP_TYPE
 
 TOPIC = "bench"
 RESULTS = Path(__file__).resolve().parent / "results" / "compaction.json"
-CONFIG = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 0.0,
-          "compression.type": "uncompressed"}
+CONFIG = {
+    "cleanup.policy": "compact",
+    "min.cleanable.dirty.ratio": 0.0,
+    "compression.type": "uncompressed",
+}
 
 
 def make_records(records: int, keys: int, value_bytes: int, seed: int) -> pa.Table:
@@ -58,16 +61,22 @@ def make_records(records: int, keys: int, value_bytes: int, seed: int) -> pa.Tab
     key_width = len(str(keys))
     key_table = pa.array([b"key-%0*d" % (key_width, i) for i in range(keys)], pa.binary())
     values = pa.Array.from_buffers(
-        pa.binary(), records,
-        [None, pa.py_buffer(np.arange(0, (records + 1) * value_bytes, value_bytes, dtype=np.int32)),
-         pa.py_buffer(rng.bytes(records * value_bytes))],
+        pa.binary(),
+        records,
+        [
+            None,
+            pa.py_buffer(np.arange(0, (records + 1) * value_bytes, value_bytes, dtype=np.int32)),
+            pa.py_buffer(rng.bytes(records * value_bytes)),
+        ],
     )
     stamp = (int(time.time() * 1000) - 3_600_000) * 1000
-    return pa.table({
-        "key": key_table.take(pa.array(key_ids)),
-        "value": values,
-        "timestamp": pa.array(np.full(records, stamp, np.int64)).cast(TIMESTAMP_TYPE),
-    })
+    return pa.table(
+        {
+            "key": key_table.take(pa.array(key_ids)),
+            "value": values,
+            "timestamp": pa.array(np.full(records, stamp, np.int64)).cast(TIMESTAMP_TYPE),
+        }
+    )
 
 
 def build(root: Path, data: pa.Table, segments: int) -> tuple[str, int]:
@@ -144,7 +153,7 @@ def main() -> None:
     data = make_records(args.records, args.keys, args.value_bytes, seed=1)
     pristine = work / "pristine"
     pristine.mkdir(parents=True, exist_ok=True)
-    url, input_bytes = build(pristine, data, args.segments)
+    _, input_bytes = build(pristine, data, args.segments)
     del data
     parquet_bytes = (pristine / "input.parquet").stat().st_size
 
@@ -153,8 +162,11 @@ def main() -> None:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         from pyspark.sql import SparkSession
 
-        spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-                 .getOrCreate())
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .config("spark.ui.enabled", "false")
+            .getOrCreate()
+        )
         spark.sparkContext.setLogLevel("ERROR")
 
     times: dict[str, list[float]] = {"kstore": [], "duckdb-qualify": [], "duckdb-arg_max": []}
@@ -183,27 +195,50 @@ def main() -> None:
     rows = []
     for name, median in medians.items():
         source = parquet_bytes if name.startswith("duckdb") else input_bytes
-        rows.append({
-            "name": name, "median_s": round(median, 3), "runs_s": [round(t, 3) for t in times[name]],
-            "input_mb": round(source / 1e6, 1), "mb_per_s": round(source / 1e6 / median, 1),
-            "records_per_s": round(args.records / median),
-            "vs_duckdb": round(median / baseline, 2), **details.get(name, {}),
-        })
+        rows.append(
+            {
+                "name": name,
+                "median_s": round(median, 3),
+                "runs_s": [round(t, 3) for t in times[name]],
+                "input_mb": round(source / 1e6, 1),
+                "mb_per_s": round(source / 1e6 / median, 1),
+                "records_per_s": round(args.records / median),
+                "vs_duckdb": round(median / baseline, 2),
+                **details.get(name, {}),
+            }
+        )
     print(f"\n{'':>15} {'median s':>9} {'MB/s':>8} {'records/s':>12} {'x duckdb':>9}")
     for row in rows:
-        print(f"{row['name']:>15} {row['median_s']:9.2f} {row['mb_per_s']:8.1f} "
-              f"{row['records_per_s']:12,} {row['vs_duckdb']:9.2f}")
+        print(
+            f"{row['name']:>15} {row['median_s']:9.2f} {row['mb_per_s']:8.1f} "
+            f"{row['records_per_s']:12,} {row['vs_duckdb']:9.2f}"
+        )
     verdict = medians["kstore"] <= 3 * baseline
     print(f"\nbaseline: {baseline_name}; kstore within 3x of DuckDB: {verdict}")
     assert details["kstore"]["records_after"] == details[baseline_name]["records_after"], details
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "benchmark": "compaction", "records": args.records, "keys": args.keys,
-        "value_bytes": args.value_bytes, "segments": args.segments, "repeat": args.repeat,
-        "baseline": baseline_name, "within_3x": verdict, "results": rows,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                    "pyarrow": pa.__version__, "platform": platform.platform()},
-    }, indent=2))
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "benchmark": "compaction",
+                "records": args.records,
+                "keys": args.keys,
+                "value_bytes": args.value_bytes,
+                "segments": args.segments,
+                "repeat": args.repeat,
+                "baseline": baseline_name,
+                "within_3x": verdict,
+                "results": rows,
+                "machine": {
+                    "python": platform.python_version(),
+                    "cpus": os.cpu_count(),
+                    "pyarrow": pa.__version__,
+                    "platform": platform.platform(),
+                },
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {RESULTS}")
     if spark is not None:
         spark.stop()

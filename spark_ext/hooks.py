@@ -37,6 +37,10 @@ def add_commit_hook(hook: CommitHook) -> None:
     _hooks.append(hook)
 
 
+def remove_commit_hook(hook: CommitHook) -> None:
+    _hooks.remove(hook)
+
+
 def batch_committed(options: ReadOptions, offsets: Mapping[TopicPartition, int]) -> None:
     event = CommittedBatch(options, dict(offsets))
     for hook in list(_hooks):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -318,14 +317,15 @@ class KStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         Spark calls commit(end) one batch late and never for the last batch of an
         availableNow run, but it passes every committed end as the start of the next
-        latestOffset call; both paths land here, each position once.
+        latestOffset call; both paths land here, each position once and never one older than
+        a position already reported.
         """
+        done = self._committed
         if not end or (
-            self._committed is not None
-            and json.dumps(to_json_offsets(end)) == json.dumps(to_json_offsets(self._committed))
+            done is not None and all(offset <= done.get(tp, -1) for tp, offset in end.items())
         ):
             return
-        self._committed = dict(end)
+        self._committed = {**(done or {}), **end}
         hooks.batch_committed(self.options, end)
 
     def stop(self) -> None:

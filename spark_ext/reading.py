@@ -20,7 +20,13 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from kstore.errors import MissingSegmentError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from kstore.errors import (
+    InvalidTopicError,
+    MissingSegmentError,
+    OffsetOutOfRangeError,
+    UnknownTopicOrPartitionError,
+)
+from kstore.layout import TOPICS
 from kstore.partition import PartitionState, Segment
 from kstore.records import TopicPartition
 from kstore.store import Store, TopicMetadata
@@ -259,7 +265,12 @@ class Resolver:
         if sub.kind == "subscribePattern":
             assert sub.pattern is not None
             pattern = re.compile(sub.pattern)
-            names = [t for t in self.store.list_topics() if pattern.fullmatch(t)]
+            # One listing of the topic names; only the matching topics' logs are read.
+            names = sorted(
+                info.name
+                for info in self.store.storage.list_dir(TOPICS)
+                if pattern.fullmatch(info.name)
+            )
         elif sub.kind == "assign":
             names = list(dict.fromkeys(t for t, _ in sub.assigned))
         else:
@@ -268,6 +279,8 @@ class Resolver:
         for name in names:
             try:
                 found[name] = self.store.topic(name)
+            except InvalidTopicError:
+                continue  # a stray entry in the topics directory, not a topic
             except UnknownTopicOrPartitionError:
                 if strict:
                     raise UnknownTopicOrPartitionError(

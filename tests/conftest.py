@@ -120,7 +120,7 @@ def any_store(request: pytest.FixtureRequest) -> StoreTarget:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One local Spark session (2 cores) shared by every Spark test, with the ``kstore``
     format registered (without filter pushdown, the default). UTC session time zone so that
     timestamps compare as they are stored."""
@@ -144,6 +144,8 @@ def spark() -> Iterator[Any]:
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.ui.enabled", "false")
             .config("spark.sql.streaming.minBatchesToRetain", "10")
+            # Catalog tables made by the SQL tests go here, not into the working directory.
+            .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("spark-warehouse")))
             .getOrCreate()
         )
     session.sparkContext.setLogLevel("ERROR")

@@ -18,6 +18,7 @@ from kstore.retention import MIN_ORPHAN_AGE_MS, run_retention
 
 from kstore.consumer import Consumer
 from kstore.records import TopicPartition
+from kstore.segments import write_segment
 from tests.test_jobs_support import (
     BACKENDS,
     Target,
@@ -76,7 +77,7 @@ def test_every_key_keeps_its_latest_record_at_its_offset(
         # A consumer skips the gaps and reads the same.
         consumer = Consumer(store=store, auto_offset_reset="earliest")
         consumer.assign([TopicPartition("users", p)])
-        seen = []
+        seen: list[tuple[int, bytes | None, bytes | None]] = []
         while batch := consumer.poll(timeout_ms=100, max_records=1000):
             seen.extend((r.offset, r.key, r.value) for rs in batch.values() for r in rs)
         consumer.close()
@@ -245,7 +246,7 @@ def test_a_concurrent_maintenance_commit_wins_cleanly(
     append(part, [b"b", b"b"], [b"3", b"4"], now_ms())
     # Room for one segment: retention removes the first.
     store.alter_topic_config("t", {"retention.bytes": part.state().segments[1].size_bytes})
-    real = cleaner.write_segment
+    real = write_segment
 
     def write_then_race(*args: Any, **kwargs: Any) -> Any:
         written = real(*args, **kwargs)
@@ -276,8 +277,7 @@ def test_producer_appends_never_conflict_with_a_rewrite(
     store.create_topic("t", 1, COMPACT)
     part = store.partition("t", 0)
     append(part, [b"a", b"a"], [b"1", b"2"], now_ms())
-    real = merger.write_segment
-    real_cleaner = cleaner.write_segment
+    real = write_segment
 
     def write_then_append(*args: Any, **kwargs: Any) -> Any:
         written = real(*args, **kwargs)
@@ -288,7 +288,7 @@ def test_producer_appends_never_conflict_with_a_rewrite(
     summary = run_compaction(None, *local_store, verbose=False)
     assert summary.count("committed") == 1
     assert rows(part) == [(1, b"a", b"2"), (2, b"a", b"later")]
-    monkeypatch.setattr(cleaner, "write_segment", real_cleaner)
+    monkeypatch.setattr(cleaner, "write_segment", write_segment)
     store.create_topic("logs", 1)
     part = store.partition("logs", 0)
     append(part, [b"a"], [b"1"], now_ms())

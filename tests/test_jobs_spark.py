@@ -18,6 +18,7 @@ import kstore.compaction as compaction
 import kstore.retention as retention
 import pytest
 from kstore.compaction import merge_segments, run_compaction
+from kstore.compaction.jobs import Summary
 from kstore.retention import run_retention, vacuum
 
 from kstore import Store
@@ -171,7 +172,8 @@ def test_maintenance_while_two_producers_and_a_consumer_work(
         },
     )
     store.create_topic("rolling", 2, {**common, "segment.bytes": 6_000, "retention.bytes": 8_000})
-    acked, errors = Acked(), []
+    acked = Acked()
+    errors: list[BaseException] = []
     stop_producing, stop_consuming = threading.Event(), threading.Event()
     seen: dict[TopicPartition, list[tuple[int, bytes]]] = {
         TopicPartition(t, p): [] for t in ("live", "rolling") for p in range(2)
@@ -185,7 +187,7 @@ def test_maintenance_while_two_producers_and_a_consumer_work(
     consumer = threading.Thread(target=consume, args=(url, options, seen, stop_consuming, errors))
     for thread in [*producers, consumer]:
         thread.start()
-    summaries = []
+    summaries: list[Summary] = []
     deadline = time.monotonic() + 8
     try:
         while time.monotonic() < deadline or not summaries:

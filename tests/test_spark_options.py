@@ -332,3 +332,33 @@ def test_min_partitions_splits_only_at_segment_boundaries() -> None:
     assert _split(segs, 0, 400, 4) == [(0, 100), (100, 200), (200, 300), (300, 400)]
     assert _split(segs, 50, 350, 10) == [(50, 100), (100, 200), (200, 300), (300, 350)]
     assert _split(segs[:1], 0, 100, 5) == [(0, 100)]
+
+
+def test_streaming_tasks_carry_their_segments_and_honour_min_partitions() -> None:
+    from kstore.spark_ext.reading import Range, plan_tasks
+
+    from kstore.store import TopicMetadata
+
+    tp = TopicPartition("t", 0)
+    state = PartitionState()
+    state.segments = [_segment(i * 100, i * 100 + 99, 1) for i in range(4)]
+    state.end_offset = 400
+    meta = TopicMetadata("t", "0" * 32, 1, {}, 0, 0)
+    tasks = plan_tasks(
+        [Range(tp, 150, 400)], {tp: state}, {"t": meta}, min_partitions=2, snapshot=True
+    )
+    assert [(t.start, t.end) for t in tasks] == [(150, 300), (300, 400)]
+    assert [[s.base_offset for s in t.segments or ()] for t in tasks] == [[100, 200], [300]]
+    # Batch tasks read the manifest when they run; the last one of a range is open-ended.
+    batch = plan_tasks(
+        [Range(tp, 0, 400)],
+        {tp: state},
+        {"t": meta},
+        min_partitions=2,
+        snapshot=False,
+        open_end=True,
+    )
+    assert [(t.start, t.end, t.open_end, t.segments) for t in batch] == [
+        (0, 200, False, None),
+        (200, 400, True, None),
+    ]

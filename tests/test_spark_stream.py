@@ -385,3 +385,39 @@ def test_latest_offset_polls_manifests_by_name(
     assert reader.latestOffset(end, ReadAllAvailable()) == {"t": {"0": 50, "1": 55, "2": 50}}
     assert lists == []
     assert not any("/segments/" in r for r in reads)
+
+
+def test_the_group_offsets_hook_sees_every_committed_position_once(local_store_url: Any) -> None:
+    from kstore.spark_ext import hooks
+    from kstore.spark_ext.options import parse_read_options
+    from kstore.spark_ext.reader import KStoreStreamReader
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from kstore.records import TopicPartition
+
+    store = open_store(local_store_url)
+    store.create_topic("t", 1)
+    append(store, "t", 0, [b"x"] * 30)
+    options = parse_read_options(
+        source_options(
+            local_store_url, subscribe="t", startingOffsets="earliest", maxOffsetsPerTrigger=20
+        ),
+        streaming=True,
+    )
+    seen: list[dict[TopicPartition, int]] = []
+    hook = lambda event: seen.append(dict(event.offsets))  # noqa: E731
+    hooks.add_commit_hook(hook)
+    try:
+        reader = KStoreStreamReader(options, ["value"])
+        reader.prepareForTriggerAvailableNow()
+        start = reader.initialOffset()
+        limit = reader.getDefaultReadLimit()
+        assert limit == ReadMaxRows(20)
+        first = reader.latestOffset(start, limit)  # batch 0: [0, 20)
+        second = reader.latestOffset(first, limit)  # batch 0 committed; batch 1: [20, 30)
+        reader.commit(first)  # Spark's late commit of batch 0: already reported
+        assert reader.latestOffset(second, limit) == second  # batch 1 committed; no more data
+    finally:
+        hooks.remove_commit_hook(hook)
+    tp = TopicPartition("t", 0)
+    assert seen == [{tp: 0}, {tp: 20}, {tp: 30}]
