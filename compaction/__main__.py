@@ -3,7 +3,14 @@
 Absolute imports only: spark-submit runs this file as a plain script.
 """
 
+import os
 import sys
+
+if not __package__:
+    # Run as a script: Python put this folder first on sys.path, which would make its modules
+    # (main, jobs, ...) importable under generic top-level names. Only kstore.compaction is meant.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
 
 from kstore.compaction.main import main
 

@@ -14,8 +14,18 @@ from kstore.compaction.jobs import (
     report,
 )
 
+from kstore.errors import KStoreError
+
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KStoreError as exc:  # a clear message, not a traceback: bad store, topic, option
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = base_parser(
         "kstore.compaction", "Compact topics with cleanup.policy=compact and merge small segments."
     )

@@ -45,3 +45,33 @@ def batch_committed(options: ReadOptions, offsets: Mapping[TopicPartition, int])
     event = CommittedBatch(options, dict(offsets))
     for hook in list(_hooks):
         hook(event)
+
+
+def commit_group_offsets(event: CommittedBatch) -> None:
+    """With option ``groupId``: record the committed end offsets in that consumer group's
+    transactional manifest, so group tools show the query's lag and a rewritten query can
+    start where this one left off (``startingOffsets=group``).
+
+    The commit is outside any generation (the query is not a group member), which the group
+    accepts only while it has no live members: a group shared with running consumers is
+    refused (logged, the query goes on) rather than overwritten.
+    """
+    group_id = event.options.group_id
+    if group_id is None or not event.offsets:
+        return
+    from kstore.errors import KStoreError
+    from kstore.groups import Group
+    from kstore.records import OffsetAndMetadata
+
+    from .stores import get_store
+
+    offsets = {tp: OffsetAndMetadata(offset, "spark") for tp, offset in event.offsets.items()}
+    try:
+        Group(get_store(event.options.store), group_id).commit_offsets(
+            offsets, member_id=None, generation=-1
+        )
+    except KStoreError as exc:
+        log.warning("group %s: could not record the query's offsets: %s", group_id, exc)
+
+
+add_commit_hook(commit_group_offsets)

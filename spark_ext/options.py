@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kstore.errors import InvalidConfigurationError
-from kstore.names import validate_topic_name
+from kstore.errors import InvalidConfigurationError, InvalidGroupIdError
+from kstore.names import validate_group_id, validate_topic_name
 from kstore.partitioner import PARTITIONER_NAMES
 
 EARLIEST = -2  # Kafka's sentinels in the JSON offset form
@@ -464,10 +464,8 @@ def _starting(options: Mapping[str, str], streaming: bool) -> OffsetSpec:
             )
         return OffsetSpec("latest", option="startingOffsets")
     if lowered == "group":
-        raise _bad(
-            "startingoffsets",
-            "'group' needs consumer groups, which this kstore build does not provide yet",
-        )
+        # Where the consumer group (option groupId) left off; checked against groupId below.
+        return OffsetSpec("group", option="startingOffsets")
     if not text.startswith("{"):
         raise _bad("startingoffsets", f"expected earliest, latest or a JSON object, got {value!r}")
     allow = (EARLIEST, LATEST) if streaming else (EARLIEST,)
@@ -549,10 +547,12 @@ def parse_read_options(raw: Mapping[str, Any], *, streaming: bool) -> ReadOption
         )
     group_id = options.get("groupid")
     if group_id is not None:
-        raise _bad(
-            "groupid",
-            "needs consumer groups, which this kstore build does not provide yet; remove the option",
-        )
+        try:
+            group_id = validate_group_id(group_id)
+        except InvalidGroupIdError as exc:
+            raise _bad("groupid", str(exc)) from None
+    if starting.kind == "group" and group_id is None:
+        raise _bad("startingoffsets", "'group' needs the option groupId (the group to start from)")
     return ReadOptions(
         store=store,
         subscription=subscription,

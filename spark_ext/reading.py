@@ -359,9 +359,22 @@ class Resolver:
                     f"kstore option {spec.option!r}: specific offsets must cover exactly the "
                     f"partitions the query reads; {problem}"
                 )
+        committed: dict[TopicPartition, int] = {}
+        if spec.kind == "group":
+            from kstore.groups import Group
+
+            assert self.options.group_id is not None
+            group_state = Group(self.store, self.options.group_id).state()
+            committed = {tp: om.offset for tp, om in group_state.offsets.items()}
         for tp, state in states.items():
             latest = self.visible_end(state)
-            if spec.kind == "earliest":
+            if spec.kind == "group":
+                # Where the group left off; a partition it never committed starts at the
+                # beginning, and an offset retention removed starts at the log start.
+                out[tp] = min(
+                    max(committed.get(tp, state.start_offset), state.start_offset), latest
+                )
+            elif spec.kind == "earliest":
                 out[tp] = state.start_offset
             elif spec.kind == "latest":
                 out[tp] = latest

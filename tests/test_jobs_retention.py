@@ -443,3 +443,7 @@ def test_the_command_line_runs_without_spark(
     assert '"operation": "retention"' in out
     assert '"operation": "vacuum"' in out
     assert store.partition("events", 0).state().segments == []
+    # Bad input: a clear message and exit status 2, no traceback.
+    assert retention_main(["--store", url + "-missing", "--local"]) == 2
+    assert retention_main(["--store", url, "--local", "vacuum", "--orphan-age-ms", "1"]) == 2
+    assert "orphan_age_ms" in capsys.readouterr().err

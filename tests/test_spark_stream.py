@@ -421,3 +421,66 @@ def test_the_group_offsets_hook_sees_every_committed_position_once(local_store_u
         hooks.remove_commit_hook(hook)
     tp = TopicPartition("t", 0)
     assert seen == [{tp: 0}, {tp: 20}, {tp: 30}]
+
+
+@pytest.mark.parametrize("target", BACKENDS)
+def test_group_id_shows_a_query_lag_and_hands_over_its_position(
+    spark: Any, target: Any, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    from kstore.groups import describe_group
+
+    target = request.getfixturevalue(target) if isinstance(target, str) else target
+    store = open_store(target)
+    store.create_topic("clicks", 2)
+    for p in range(2):
+        append(store, "clicks", p, [b"c-%d-%d" % (p, i) for i in range(50)])
+    assert describe_group(store, "stats").state == "Dead"  # never used
+
+    def run(checkpoint: str, starting: str) -> int:
+        query = (
+            stream(
+                spark,
+                target,
+                subscribe="clicks",
+                startingOffsets=starting,
+                groupId="stats",
+                maxOffsetsPerTrigger=40,
+            )
+            .writeStream.format("memory")
+            .queryName(f"q_{uuid.uuid4().hex[:8]}")
+            .option("checkpointLocation", str(tmp_path / checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120)
+        assert query.exception() is None
+        return sum(batch_sizes(query))
+
+    assert run("first", "earliest") == 100
+    described = describe_group(store, "stats")
+    assert described.total_lag == 0  # the query's position is the group's: lag visible to tools
+    assert [(p.partition, p.current_offset) for p in described.partitions] == [(0, 50), (1, 50)]
+    for p in range(2):
+        append(store, "clicks", p, [b"later-%d-%d" % (p, i) for i in range(7)])
+    assert describe_group(store, "stats").total_lag == 14
+    # A rewritten query (new checkpoint) starts where the group left off: only the new records.
+    assert run("rewritten", "group") == 14
+    assert describe_group(store, "stats").total_lag == 0
+
+
+def test_group_id_options_are_checked(spark: Any, local_store_url: Any) -> None:
+    store = open_store(local_store_url)
+    store.create_topic("clicks", 1)
+
+    def read(**options: Any) -> Any:
+        return (
+            spark.read.format("kstore")
+            .options(**source_options(local_store_url, subscribe="clicks", **options))
+            .load()
+            .collect()
+        )
+
+    with pytest.raises(Exception, match="groupId"):
+        read(startingOffsets="group")
+    with pytest.raises(Exception, match="invalid group id"):
+        read(groupId="../x")
