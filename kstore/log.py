@@ -240,7 +240,7 @@ class Log(Generic[S]):
         """
         next_state: S | None = None
         version = state.version
-        window = 1
+        window, hits = 1, 0
         while True:
             paths = [self._path(version_file(v)) for v in range(version + 1, version + 1 + window)]
             found = self.storage.read_many(paths)
@@ -258,8 +258,12 @@ class Log(Generic[S]):
             version += applied
             if applied < window:
                 break
-            if not self.storage.is_local and self.storage.protocol != "memory":
-                window = min(window * 4, 64)
+            hits += applied
+            # A reader that is keeping up finds one new version and then a miss: it stays at
+            # one request per version. Only a reader that keeps finding versions (it is behind)
+            # widens the window.
+            if hits >= 2 and not self.storage.is_local and self.storage.protocol != "memory":
+                window = min(window * 2, 64)
         return next_state if next_state is not None else state
 
     def load_version(self, version: int) -> S:
