@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from kstore.cli import consume as consume_cmd
 from kstore.cli import groups, topics
+from kstore.cli import jobs as jobs_cmd
 from kstore.cli import produce as produce_cmd
 from kstore.cli.common import (
     EXIT_FAILURE,
@@ -136,6 +137,11 @@ app.command(
     "  kstore consume orders --from-time 2h -o json | jq .value\n\n"
     "  kstore consume orders --group billing --follow",
 )(consume_cmd.consume)
+
+
+# The maintenance jobs (Spark, or in this process); pyspark is imported only when one runs.
+for _verb, _command in jobs_cmd.COMMANDS.items():
+    app.command(_verb, epilog=jobs_cmd.EPILOGS[_verb])(_command)
 
 
 @app.command(

@@ -1,0 +1,26 @@
+"""`make demo`'s entry point, at a smaller size, with its results checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_examples import load
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
+]
+
+
+def test_demo(spark: Any, tmp_path: Path) -> None:
+    demo = load("demo")
+    results = demo.run(tmp_path / "demo", clicks=6_000, spark=spark)
+    assert results.delta_total == results.clicks == 6_000  # every click counted exactly once
+    assert results.compacted_records == results.profile_keys_live  # one record per live key
+    assert results.lag_seen[-1] == 0 and max(results.lag_seen) > 0  # lag seen, then drained
+    assert 0 < results.replayed < results.clicks  # only the last hour replayed
+    again = demo.run(tmp_path / "demo", clicks=2_000, spark=spark)  # re-running starts clean
+    assert again.delta_total == 2_000
