@@ -396,14 +396,14 @@ def _local_spark(master: str | None, verb: str) -> Iterator[Any]:
         from pyspark import SparkContext
         from pyspark.sql import SparkSession
 
-    existing = getattr(SparkContext, "_active_spark_context", None) is not None
-    session = (
-        SparkSession.builder.master(master or DEFAULT_MASTER)
-        .appName(f"kstore-{verb}")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")  # our own progress display instead
-        .getOrCreate()
-    )
+        existing = getattr(SparkContext, "_active_spark_context", None) is not None
+        session = (
+            SparkSession.builder.master(master or DEFAULT_MASTER)
+            .appName(f"kstore-{verb}")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")  # our progress display instead
+            .getOrCreate()
+        )
     if not existing:
         session.sparkContext.setLogLevel("ERROR")
     try:

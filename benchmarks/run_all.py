@@ -1,0 +1,195 @@
+"""Run every benchmark (``make bench``) and print one summary table of ratios to baselines.
+
+Each benchmark runs in its own process, with its baseline in the same run, and writes its JSON
+to benchmarks/results/; this script then reads those files and prints the summary (also written
+to benchmarks/results/summary.json). ``--quick`` uses smaller sizes for a fast check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+FULL: list[list[str]] = [
+    ["partitioner.py"],
+    ["open_partition.py"],
+    ["produce.py", "--records", "1000000"],
+    ["consume.py", "--records", "10000000"],
+    ["spark_read.py"],
+    ["compaction.py", "--spark"],
+    ["retention.py"],
+]
+QUICK: list[list[str]] = [
+    ["partitioner.py"],
+    ["open_partition.py", "--large", "2000", "--repeat", "3"],
+    ["produce.py", "--records", "200000", "--latency-samples", "100"],
+    ["consume.py", "--records", "1000000", "--latency-seconds", "4"],
+    ["spark_read.py", "--records", "500000"],
+    ["compaction.py", "--records", "1000000", "--keys", "100000"],
+    ["retention.py", "--topics", "2", "--partitions", "100"],
+]
+
+
+def load(name: str) -> dict[str, Any]:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _get(data: Any, *keys: Any) -> Any:
+    for key in keys:
+        if isinstance(data, dict):
+            data = data.get(key)
+        elif isinstance(data, list) and isinstance(key, int) and -len(data) <= key < len(data):
+            data = data[key]
+        else:
+            return None
+    return data
+
+
+def summary() -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    produce, consume = load("produce"), load("consume")
+    if produce:
+        for acks in ("1", "all", "0"):
+            rate = produce.get(f"send_acks_{acks}")
+            if rate:
+                rows.append(
+                    {
+                        "measure": f"send() acks={acks}",
+                        "value": f"{rate:,.0f} records/s",
+                        "baseline": "Kafka producer 821,557/s",
+                        "ratio": rate / 821_557,
+                        "target": ">= 1.22 (1M/s)",
+                    }
+                )
+        if produce.get("send_batch"):
+            rows.append(
+                {
+                    "measure": "send_batch()",
+                    "value": f"{produce['send_batch']:,.0f} records/s",
+                    "baseline": "pyarrow IPC writer",
+                    "ratio": produce["send_batch"] / produce["ipc_floor"],
+                    "target": ">= 0.5",
+                }
+            )
+        small = produce.get("small_appends") or {}
+        if small:
+            rows.append(
+                {
+                    "measure": "1,000-record commits",
+                    "value": f"{small['kstore_commits_per_s']:,.0f} commits/s",
+                    "baseline": "deltalake appends",
+                    "ratio": small["kstore_commits_per_s"] / small["delta_commits_per_s"],
+                    "target": "report",
+                }
+            )
+    if consume:
+        rows.append(
+            {
+                "measure": "poll_batches()",
+                "value": f"{consume['poll_batches']:,.0f} records/s",
+                "baseline": "target 3,000,000/s",
+                "ratio": consume["poll_batches"] / 3_000_000,
+                "target": ">= 1",
+            }
+        )
+        rows.append(
+            {
+                "measure": "poll()",
+                "value": f"{consume['poll']:,.0f} records/s",
+                "baseline": "Kafka consumer 940,521/s",
+                "ratio": consume["poll"] / 940_521,
+                "target": ">= 1",
+            }
+        )
+        local = consume.get("latency_local") or {}
+        if local:
+            rows.append(
+                {
+                    "measure": "end-to-end p50 (local)",
+                    "value": f"{local['p50_ms']:.2f} ms",
+                    "baseline": "target 5 ms",
+                    "ratio": 5 / local["p50_ms"],
+                    "target": ">= 1",
+                }
+            )
+    spark = load("spark_read")
+    if spark.get("parquet_median_s"):
+        rows.append(
+            {
+                "measure": "spark.read of a topic",
+                "value": f"{spark['kstore_median_s']:.2f} s",
+                "baseline": "spark.read.parquet",
+                "ratio": spark["parquet_median_s"] / spark["kstore_median_s"],
+                "target": ">= 0.7",
+            }
+        )
+    compaction = load("compaction")
+    rows_c = compaction.get("results") or []
+    kstore_c = next((r for r in rows_c if r.get("name") == "kstore"), None)
+    duck = next((r for r in rows_c if r.get("name") == "duckdb-qualify"), None)
+    if kstore_c and duck and kstore_c.get("median_s") and duck.get("median_s"):
+        rows.append(
+            {
+                "measure": "compaction",
+                "value": f"{kstore_c['median_s']:.2f} s",
+                "baseline": "DuckDB dedup",
+                "ratio": duck["median_s"] / kstore_c["median_s"],
+                "target": ">= 0.33 (within 3x)",
+            }
+        )
+    opened = load("open_partition")
+    if opened.get("ratio_large_history_over_small"):
+        rows.append(
+            {
+                "measure": "open after 10,000 commits",
+                "value": "see open_partition.json",
+                "baseline": "open after 100 commits",
+                "ratio": 1 / opened["ratio_large_history_over_small"],
+                "target": "~1",
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--summary-only", action="store_true", help="only print the summary of existing results"
+    )
+    args = parser.parse_args()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    failed = []
+    if not args.summary_only:
+        for command in QUICK if args.quick else FULL:
+            started = time.perf_counter()
+            print(f"== {' '.join(command)}", flush=True)
+            done = subprocess.run(
+                [sys.executable, str(HERE / command[0]), *command[1:]], env=env, cwd=HERE.parent
+            )
+            print(f"   {time.perf_counter() - started:.0f} s, exit {done.returncode}", flush=True)
+            if done.returncode:
+                failed.append(command[0])
+    rows = summary()
+    sys.path.insert(0, str(HERE.parent))
+    from benchmarks.common import table, write_results
+
+    print()
+    print(table(rows, ["measure", "value", "baseline", "ratio", "target"]))
+    write_results("summary", {"rows": rows, "failed": failed})
+    if failed:
+        sys.exit(f"benchmarks failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()
