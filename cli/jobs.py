@@ -268,6 +268,19 @@ def vacuum(
             ages["log_retention_ms"] = parse_duration_ms(log_retention)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if ages:
+        from kstore.retention import MIN_LOG_RETENTION_MS, MIN_ORPHAN_AGE_MS
+
+        for flag, given, key, minimum, why in (
+            ("--orphan-age", orphan_age, "orphan_age_ms", MIN_ORPHAN_AGE_MS,
+             "a file that young may still be committed by a producer or a job"),
+            ("--log-retention", log_retention, "log_retention_ms", MIN_LOG_RETENTION_MS,
+             "a writer or reader may still hold a state that old"),
+        ):  # fmt: skip
+            if key in ages and ages[key] < minimum:
+                raise UsageError(
+                    f"{flag} {given} is below the minimum of {_duration(minimum)}: {why}"
+                )
     _run(
         ctx,
         JOBS["vacuum"],
@@ -351,14 +364,6 @@ def _run(
     if settings.url.startswith("memory://") and not args.no_spark:
         raise UsageError(
             "a memory:// store exists only in this process, out of Spark's reach: use --no-spark"
-        )
-    if "orphan_age_ms" in extra or "log_retention_ms" in extra:
-        from kstore.retention import DEFAULT_LOG_RETENTION_MS, DEFAULT_ORPHAN_AGE_MS
-        from kstore.retention.vacuum import check_ages
-
-        check_ages(
-            extra.get("orphan_age_ms", DEFAULT_ORPHAN_AGE_MS),
-            extra.get("log_retention_ms", DEFAULT_LOG_RETENTION_MS),
         )
     # Fail on a wrong store or topic before starting Spark (seconds) or touching anything.
     # No segment cache: a job reads each segment at most once.
@@ -492,6 +497,13 @@ def _patched(target: Any, name: str, value: Any) -> Iterator[None]:
         yield
     finally:
         setattr(target, name, original)
+
+
+def _duration(ms: int) -> str:
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
 
 
 # -- output ---------------------------------------------------------------------------------------

@@ -1,0 +1,374 @@
+"""``kstore compact|retain|vacuum|merge`` through typer's CliRunner: each verb in this process
+(``--no-spark``) on local disk (retention on SeaweedFS too) with its effects checked through the
+library, one verb on the shared local Spark session, ``--print-submit``, JSON output and the
+errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kstore.cli import jobs as cli_jobs
+from kstore.cli.app import app
+from kstore.compaction.jobs import parse_storage_options
+from typer.testing import CliRunner
+
+from kstore import Store
+from tests.test_cli import Cli, option_args
+from tests.test_jobs_support import (
+    Target,
+    append,
+    latest_per_key,
+    now_ms,
+    open_store,
+    rows,
+    segment_files,
+)
+
+HOUR = 3_600_000
+DAY = 24 * HOUR
+COMPACT = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 0.0}
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("KSTORE_"):
+            monkeypatch.delenv(name)
+
+
+def cli_for(target: Target) -> Cli:
+    return Cli("job", *target)
+
+
+def old_and_new_segments(store: Store, topic: str, partitions: int) -> None:
+    """Per partition: two expired segments (3 records), then a young one (2 records)."""
+    now = now_ms()
+    for p in range(partitions):
+        part = store.partition(topic, p)
+        append(part, [b"a", b"b"], [b"1", b"2"], now - 3 * HOUR)
+        append(part, [b"c"], [b"3"], now - 2 * HOUR)
+        append(part, [b"d", b"e"], [b"4", b"5"], now)
+
+
+# -- each verb in this process ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "target", ["local_store", pytest.param("seaweed_store", marks=pytest.mark.s3)]
+)
+def test_retain_removes_old_segments_and_advances_the_log_start(
+    target: str, request: pytest.FixtureRequest
+) -> None:
+    where: Target = request.getfixturevalue(target)
+    cli = cli_for(where)
+    store = open_store(where)
+    store.create_topic("events", 2, {"retention.ms": HOUR})
+    store.create_topic("kept", 1)  # default retention (7 days): nothing due
+    old_and_new_segments(store, "events", 2)
+    old_and_new_segments(store, "kept", 1)
+
+    dry = cli.json("retain", "--no-spark", "--dry-run")
+    assert dry["ok"] is True
+    assert dry["dry_run"] is True
+    assert dry["dry_run_changes"] == 2
+    assert store.partition("events", 0).state().log_start_offset == 0  # nothing changed
+
+    result = cli.run("retain", "--no-spark")
+    assert "retention of" in result.stdout
+    assert "SEGMENTS-REMOVED" in result.stdout
+    assert "TOTAL" in result.stdout
+    assert "1/3" in result.stderr or "3/3" in result.stderr  # progress lines, off a terminal
+    for p in range(2):
+        part = store.partition("events", p)
+        assert part.state().log_start_offset == 3
+        assert rows(part) == [(3, b"d", b"4"), (4, b"e", b"5")]
+    assert store.partition("kept", 0).state().log_start_offset == 0
+
+    again = cli.json("retain", "events", "--no-spark")
+    assert again["partitions_scanned"] == 2
+    assert again["committed"] == 0
+    assert again["segments_removed"] == 0
+
+
+def test_retain_json_reports_what_it_removed(local_store: Target) -> None:
+    cli = cli_for(local_store)
+    store = open_store(local_store)
+    store.create_topic("events", 1, {"retention.ms": HOUR})
+    old_and_new_segments(store, "events", 1)
+    summary = cli.json("retain", "events", "--no-spark")
+    assert summary["operation"] == "retention"
+    assert summary["committed"] == 1
+    assert summary["segments_removed"] == 2
+    assert summary["records_dropped"] == 3
+    assert summary["bytes_before"] > summary["bytes_after"] > 0
+    (row,) = summary["partitions"]
+    assert (row["topic"], row["partition"], row["outcome"]) == ("events", 0, "committed")
+    assert row["log_start_offset"] == 3
+
+
+def test_compact_leaves_one_record_per_key(local_store: Target) -> None:
+    cli = cli_for(local_store)
+    store = open_store(local_store)
+    store.create_topic("users", 1, COMPACT)
+    part = store.partition("users", 0)
+    ts = now_ms() - HOUR
+    for s in range(4):
+        append(part, [b"k1", b"k2", b"k3"], [b"v%d-%d" % (s, i) for i in range(3)], ts)
+    before = rows(part)
+    summary = cli.json("compact", "--no-spark")
+    assert summary["committed"] == 1
+    assert summary["records_dropped"] == 9
+    after = rows(part)
+    assert after == latest_per_key(before)
+    assert [k for _, k, _ in after] == [b"k1", b"k2", b"k3"]
+    assert [v for _, _, v in after] == [b"v3-0", b"v3-1", b"v3-2"]
+
+
+def test_merge_reduces_the_segment_count(local_store: Target) -> None:
+    cli = cli_for(local_store)
+    store = open_store(local_store)
+    store.create_topic("clicks", 1)
+    part = store.partition("clicks", 0)
+    for i in range(6):
+        append(part, [b"k%d" % i], [b"v%d" % i], now_ms())
+    before = rows(part)
+    assert len(part.state().segments) == 6
+    dry = cli.json("merge", "clicks", "--no-spark", "--dry-run")
+    assert dry["dry_run_changes"] == 1
+    assert len(part.state().segments) == 6
+    result = cli.run("merge", "clicks", "--no-spark")
+    assert "merge of" in result.stdout
+    assert len(part.state().segments) == 1
+    assert rows(part) == before
+
+
+def test_vacuum_deletes_files_past_the_grace_period_only(local_store: Target) -> None:
+    cli = cli_for(local_store)
+    store = open_store(local_store)
+    store.create_topic("now", 1, {**COMPACT, "file.delete.delay.ms": 0})
+    store.create_topic("later", 1, {**COMPACT, "file.delete.delay.ms": DAY})
+    for name in ("now", "later"):
+        part = store.partition(name, 0)
+        append(part, [b"a", b"a"], [b"1", b"2"], now_ms())
+        append(part, [b"b", b"b"], [b"3", b"4"], now_ms())
+    cli.run("compact", "--no-spark")
+    files = {n: segment_files(store, store.partition(n, 0)) for n in ("now", "later")}
+    assert all(len(f) == 3 for f in files.values())  # two removed, one new
+
+    dry = cli.run("vacuum", "--no-spark", "--dry-run", "--orphan-age", "2h")
+    assert "Would delete:" in dry.stdout
+    assert {n: segment_files(store, store.partition(n, 0)) for n in files} == files
+    listed = cli.json("vacuum", "--no-spark", "--dry-run")
+    assert listed["files_deleted"] == 2
+    assert all("segments/" in f for p in listed["partitions"] for f in p["files"])
+
+    done = cli.json("vacuum", "--no-spark", "--orphan-age", "1h", "--log-retention", "30d")
+    assert done["files_deleted"] == 2
+    assert done["dry_run"] is False
+    now_part = store.partition("now", 0)
+    assert {f"segments/{n}" for n in segment_files(store, now_part)} == {
+        s.path for s in now_part.state().segments
+    }
+    assert segment_files(store, store.partition("later", 0)) == files["later"]  # grace period
+    assert rows(now_part) == [(1, b"a", b"2"), (3, b"b", b"4")]
+
+
+def test_a_failed_partition_exits_1_with_the_errors_listed(
+    local_store: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kstore.retention as retention
+
+    cli = cli_for(local_store)
+    store = open_store(local_store)
+    store.create_topic("events", 2, {"retention.ms": HOUR})
+
+    def broken(*args: Any) -> Any:
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(retention, "retention_partition", broken)
+    result = cli.run("retain", "--no-spark", "-o", "json", code=1)
+    summary = json.loads(result.stdout)
+    assert summary["ok"] is False
+    assert summary["errors"] == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: events-0: OSError: disk on fire",
+        "error: events-1: OSError: disk on fire",
+    ]
+
+
+# -- on the local Spark ---------------------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_retain_on_local_spark(spark: Any, local_store: Target) -> None:
+    cli = cli_for(local_store)
+    store = open_store(local_store)
+    store.create_topic("events", 2, {"retention.ms": HOUR})
+    old_and_new_segments(store, "events", 2)
+    summary = cli.json("retain", "--spark", "local[2]", "--tasks", "2")
+    assert summary["tasks"] == 2
+    assert summary["committed"] == 2
+    for p in range(2):
+        assert store.partition("events", p).state().log_start_offset == 3
+    # The command joined the running session and left it running.
+    assert spark.range(3).count() == 3
+
+
+# -- spark-submit -----------------------------------------------------------------------------------
+
+SECRET = "s3cr3t-value-XYZ"
+TOKEN = "token-value-123456"
+
+
+def test_print_submit_prints_the_job_command_line_without_secrets(tmp_path: Path) -> None:
+    from kstore.retention import SUBMIT_SCRIPT
+
+    options = {
+        "key": "AKIAEXAMPLE",
+        "secret": SECRET,
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:8333", "aws_session_token": TOKEN},
+        "use_listings_cache": False,
+    }
+    result = runner.invoke(
+        app,
+        [
+            "vacuum",
+            "events",
+            "--print-submit",
+            "--spark",
+            "yarn",
+            "--dry-run",
+            "--tasks",
+            "8",
+            "--orphan-age",
+            "2h",
+            "--store",
+            "s3://bucket/ks",
+            *option_args(options),
+        ],
+    )
+    assert result.exit_code == 0, result.stderr
+    command = result.stdout.strip()
+    for secret in ("AKIAEXAMPLE", SECRET, TOKEN):
+        assert secret not in result.stdout
+        assert secret not in result.stderr
+    assert command.startswith("spark-submit --master yarn ")
+    assert SUBMIT_SCRIPT in command
+    assert "--store s3://bucket/ks" in command
+    assert "KSTORE_OPTION_CLIENT_KWARGS__AWS_SESSION_TOKEN" in result.stderr
+
+    # The shell, given the secrets in the environment, hands the job exactly these arguments.
+    fake = tmp_path / "spark-submit"
+    fake.write_text(
+        f'#!/bin/sh\nexec {sys.executable} -c "import json,sys; print(json.dumps(sys.argv[1:]))" "$@"\n'
+    )
+    fake.chmod(0o755)
+    env = {
+        "PATH": f"{tmp_path}:{os.environ['PATH']}",
+        "KSTORE_OPTION_KEY": "AKIAEXAMPLE",
+        "KSTORE_OPTION_SECRET": SECRET,
+        "KSTORE_OPTION_CLIENT_KWARGS__AWS_SESSION_TOKEN": TOKEN,
+    }
+    shell = subprocess.run(
+        ["sh", "-c", command], env=env, capture_output=True, text=True, check=True
+    )
+    argv: list[str] = json.loads(shell.stdout)
+    assert argv[:3] == ["--master", "yarn", SUBMIT_SCRIPT]
+    rest = argv[3:]
+    assert rest[-1] == "vacuum"
+    pairs = [rest[i + 1] for i, word in enumerate(rest) if word == "--option"]
+    assert parse_storage_options(pairs) == options
+    assert rest[rest.index("--topic") + 1] == "events"
+    assert rest[rest.index("--orphan-age-ms") + 1] == str(2 * HOUR)
+    assert rest[rest.index("--tasks") + 1] == "8"
+    assert "--dry-run" in rest
+
+    # The job's own parser accepts them.
+    from kstore.compaction.jobs import base_parser
+
+    parser = base_parser("t", "t")
+    parser.add_argument("command")
+    parser.add_argument("--orphan-age-ms", type=int)
+    parsed = parser.parse_args(rest)
+    assert (parsed.store, parsed.topic, parsed.command) == ("s3://bucket/ks", ["events"], "vacuum")
+
+
+@pytest.mark.parametrize(
+    ("verb", "command"),
+    [("compact", "compact"), ("merge", "merge"), ("retain", "retention"), ("vacuum", "vacuum")],
+)
+def test_print_submit_json_for_each_verb(local_store: Target, verb: str, command: str) -> None:
+    cli = cli_for(local_store)
+    shown = cli.json(verb, "--print-submit")
+    assert shown["command"].startswith("spark-submit ")
+    assert shown["command"].endswith(f" {command}")
+    assert f"--store {local_store[0]}" in shown["command"]
+    assert shown["environment"] == []
+
+
+def test_print_submit_hides_credentials_in_the_url() -> None:
+    result = runner.invoke(
+        app, ["retain", "--print-submit", "--store", "s3://AKIAEXAMPLE:" + SECRET + "@bucket/ks"]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert SECRET not in result.stdout
+    assert "AKIAEXAMPLE" not in result.stdout
+    assert '--store "$KSTORE_STORE"' in result.stdout
+
+
+# -- errors and help ------------------------------------------------------------------------------
+
+
+def test_errors_are_one_line(local_store: Target, memory_store: Target) -> None:
+    cli = cli_for(local_store)
+    open_store(local_store).create_topic("events", 1)
+    assert cli.error("retain", "missing", "--no-spark") == (
+        f"error: topic 'missing' does not exist in '{local_store[0]}'"
+    )
+    assert "--orphan-age 1m is below the minimum of 10m" in cli.error(
+        "vacuum", "--no-spark", "--orphan-age", "1m", code=2
+    )
+    assert "--log-retention 1h is below" in cli.error("vacuum", "--log-retention", "1h", code=2)
+    assert "duration" in cli.error("vacuum", "--no-spark", "--orphan-age", "soon", code=2)
+    assert "exclude" in cli.error("compact", "--no-spark", "--print-submit", code=2)
+    assert "--print-submit" in cli.error("merge", "--spark", "yarn", code=2)
+    assert "--tasks" in cli.error("merge", "--no-spark", "--tasks", "0", code=2)
+    assert "--no-spark" in cli_for(memory_store).error("merge", code=2)
+
+    missing = Cli("job", local_store[0] + "-missing", {})
+    assert "no kstore store" in missing.error("compact", "--no-spark")
+    result = runner.invoke(app, ["merge", "--no-spark"])
+    assert result.exit_code == 2
+    assert "no store given" in result.stderr
+
+
+@pytest.mark.parametrize("verb", ["compact", "merge", "retain", "vacuum"])
+def test_help_has_examples(verb: str) -> None:
+    result = runner.invoke(app, [verb, "--help"])
+    assert result.exit_code == 0
+    assert "Examples:" in result.stdout
+    assert f"kstore {verb} " in result.stdout
+    for flag in ("--no-spark", "--print-submit", "--dry-run", "--spark"):
+        assert flag in result.stdout
+
+
+def test_progress_bar_on_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    progress = cli_jobs._JobProgress("merge")
+    progress.interactive = True
+    with progress:
+        progress.update("[merge] 3 partition(s) of 2 topic(s), in this process")
+        assert progress._bar.tasks[0].total == 3
+        progress.update("[merge] 2/3 t-1: committed")
+        assert progress._bar.tasks[0].completed == 2
+        progress.update("[merge] 1/4 tasks done")
+        assert progress._bar.tasks[0].total == 4
+        print("a summary the job prints")  # dropped: stdout is ours
+    assert "a summary" not in capsys.readouterr().out
