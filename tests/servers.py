@@ -249,7 +249,10 @@ class SeaweedServer(S3Server):
         test; prefixes isolate stores just as well."""
         if self._shared_bucket is None:
             self._shared_bucket = self.create_bucket()
-        return f"s3://{self._shared_bucket}/{prefix}-{uuid.uuid4().hex[:12]}", self.storage_options()
+        return (
+            f"s3://{self._shared_bucket}/{prefix}-{uuid.uuid4().hex[:12]}",
+            self.storage_options(),
+        )
 
     def __init__(self, base_dir: Path | str | None = None, *, startup_timeout: float = 60.0):
         self._shared_bucket: str | None = None
