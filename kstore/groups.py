@@ -764,7 +764,7 @@ def describe_group(store: Store, group_id: str) -> GroupDescription:
             committed = state.offsets.get(tp)
             if committed is None and owner is None:
                 continue
-            end = store.partition(topic, p, meta).state().end_offset
+            end = store.partition_state(topic, p, meta).end_offset
             current = committed.offset if committed else None
             rows[tp] = PartitionLag(
                 topic,

@@ -37,7 +37,8 @@ from kstore.storage import Storage, redact_url
 if TYPE_CHECKING:
     # pyarrow-heavy: imported when a partition is first opened, so that administration
     # (the CLI's topic commands) starts fast.
-    from kstore.partition import Partition, PartitionState
+    from kstore.manifest import PartitionState
+    from kstore.partition import Partition
     from kstore.segments import SegmentCache
 
 STORE_FORMAT_VERSION = 1
@@ -410,11 +411,43 @@ class Store:
         meta = self.topic(name)
         parts = []
         for p in range(meta.partitions):
-            state = self.partition(name, p, meta).state()
-            parts.append(_describe_partition(p, state))
+            parts.append(_describe_partition(p, self.partition_state(name, p, meta)))
         return TopicDescription(meta, parts)
 
     # -- partitions ----------------------------------------------------------------------------
+
+    def partition_state(
+        self, topic: str, partition: int, metadata: TopicMetadata | None = None
+    ) -> PartitionState:
+        """A partition's newest manifest state. Reads only the manifest log, without loading
+        the data libraries (unless this store has already opened the partition for data)."""
+        meta = metadata or self.topic(topic)
+        with self._lock:
+            opened = self._partitions.get((topic, meta.topic_id, partition))
+        if opened is not None:
+            return opened.state()
+        from kstore.manifest import PartitionState
+
+        log = Log(
+            self.storage,
+            f"{self.partition_directory(topic, partition, meta)}/_log",
+            PartitionState,
+            retry=self.retry,
+        )
+        return log.load()
+
+    def partition_directory(self, topic: str, partition: int, metadata: TopicMetadata) -> str:
+        """The partition's directory; UnknownTopicOrPartitionError for a number out of range."""
+        if (
+            not isinstance(partition, int)
+            or isinstance(partition, bool)
+            or not 0 <= partition < metadata.partitions
+        ):
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has partitions 0..{metadata.partitions - 1}; "
+                f"{partition!r} does not exist"
+            )
+        return partition_dir(topic, metadata.topic_id, partition)
 
     def partition(
         self, topic: str, partition: int, metadata: TopicMetadata | None = None

@@ -1,0 +1,391 @@
+"""A partition's manifest, replayed: segments, offsets, producers, transactions.
+
+Pure data and replay rules, with no pyarrow: administration (describing topics and groups)
+reads manifests without paying for the data libraries' import.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+from kstore.errors import (
+    CorruptLogError,
+    DuplicateSequenceError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+)
+from kstore.log import Action, LogState
+
+PRODUCER_EXPIRATION_MS = 86_400_000  # Kafka's producer.id.expiration.ms default: one day
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A live segment as the manifest records it. ``base_offset``..``last_offset`` is the
+    offset range it covers; a sparse segment may hold fewer records than that range."""
+
+    path: str
+    base_offset: int
+    last_offset: int
+    record_count: int
+    min_timestamp_ms: int
+    max_timestamp_ms: int
+    size_bytes: int
+    checksum: str
+    format: str
+    sparse: bool
+    created_ms: int
+    # "<producer id>:<transaction version>" while written by an open transaction; records of
+    # an open transaction are invisible to read_committed readers until its marker commits.
+    transaction: str | None = None
+    # Compaction's tombstone clock (Kafka's deleteHorizonMs, KIP-534): no record tombstone in
+    # this segment below the cleaned point may be dropped before this time, ms.
+    delete_horizon_ms: int | None = None
+
+    def to_action(self, *, open_transaction: bool = True) -> Action:
+        action: Action = {
+            "add": {
+                "path": self.path,
+                "baseOffset": self.base_offset,
+                "lastOffset": self.last_offset,
+                "records": self.record_count,
+                "minTimestamp": self.min_timestamp_ms,
+                "maxTimestamp": self.max_timestamp_ms,
+                "size": self.size_bytes,
+                "checksum": self.checksum,
+                "format": self.format,
+                "sparse": self.sparse,
+                "createdTime": self.created_ms,
+            }
+        }
+        if self.transaction is not None and open_transaction:
+            action["add"]["transaction"] = self.transaction
+        if self.delete_horizon_ms is not None:
+            action["add"]["deleteHorizon"] = self.delete_horizon_ms
+        return action
+
+    @classmethod
+    def from_action(cls, body: dict[str, Any]) -> Segment:
+        seg = cls(
+            path=_str(body, "path"),
+            base_offset=_int(body, "baseOffset"),
+            last_offset=_int(body, "lastOffset"),
+            record_count=_int(body, "records"),
+            min_timestamp_ms=_int(body, "minTimestamp"),
+            max_timestamp_ms=_int(body, "maxTimestamp"),
+            size_bytes=_int(body, "size"),
+            checksum=_str(body, "checksum"),
+            format=_str(body, "format"),
+            sparse=bool(body.get("sparse", False)),
+            created_ms=int(body.get("createdTime", 0)),
+            transaction=body.get("transaction")
+            if isinstance(body.get("transaction"), str)
+            else None,
+            delete_horizon_ms=_optional_int(body, "deleteHorizon"),
+        )
+        if not seg.path.startswith("segments/") or ".." in seg.path or "\\" in seg.path:
+            raise CorruptLogError(f"add: illegal segment path {seg.path!r}")
+        if seg.base_offset < 0 or seg.last_offset < seg.base_offset - 1 or seg.record_count < 0:
+            raise CorruptLogError(f"add {seg.path}: inconsistent offsets/records")
+        if seg.sparse and seg.record_count > seg.last_offset - seg.base_offset + 1:
+            raise CorruptLogError(f"add {seg.path}: more records than offsets in its range")
+        if not seg.sparse and seg.record_count != seg.last_offset - seg.base_offset + 1:
+            raise CorruptLogError(
+                f"add {seg.path}: dense segment record count does not match its offsets"
+            )
+        return seg
+
+
+@dataclass(frozen=True)
+class ProducerEntry:
+    """The last batch a producer committed to this partition (idempotence and fencing)."""
+
+    epoch: int
+    first_sequence: int
+    last_sequence: int
+    base_offset: int
+    last_offset: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    version: int | None  # None when the batch had already been committed (a duplicate)
+    log_append_time_ms: int
+    duplicate: bool = False
+
+
+class PartitionState(LogState):
+    """A partition's replayed manifest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.segments: list[Segment] = []  # sorted by base_offset, non-overlapping
+        self.end_offset = 0  # the next offset to assign (Kafka's log end offset)
+        self.log_start_offset = 0
+        self.producers: dict[str, ProducerEntry] = {}
+        self.txns: dict[str, int] = {}  # app id -> highest committed version
+        self.removed: dict[str, int] = {}  # path -> time removed (for vacuum)
+        self.cleaned_offset = 0  # compaction's cleaner point: below it the log is compacted
+        self._time_index: list[int] | None = None  # running max of segment max timestamps
+        self.open_transactions: dict[str, int] = {}  # "<producer>:<version>" -> first offset
+        self.ended_transactions: dict[str, int] = {}  # producer -> newest version with a marker
+
+    def copy(self) -> PartitionState:
+        clone: PartitionState = super().copy()  # type: ignore[assignment]
+        clone.segments = list(self.segments)
+        clone.producers = dict(self.producers)
+        clone.txns = dict(self.txns)
+        clone.removed = dict(self.removed)
+        clone._time_index = None
+        clone.open_transactions = dict(self.open_transactions)
+        clone.ended_transactions = dict(self.ended_transactions)
+        return clone
+
+    # -- replay --------------------------------------------------------------------------------
+
+    def apply(self, name: str, body: dict[str, Any]) -> None:
+        if name == "add":
+            seg = Segment.from_action(body)
+            if seg.base_offset < self.end_offset and self._overlaps(seg):
+                raise CorruptLogError(f"add {seg.path}: overlaps a live segment")
+            if any(s.path == seg.path for s in self.segments):
+                raise CorruptLogError(f"add {seg.path}: the path is already a live segment")
+            bisect.insort(self.segments, seg, key=lambda s: s.base_offset)
+            self.end_offset = max(self.end_offset, seg.last_offset + 1)
+            if seg.transaction is not None:
+                first = self.open_transactions.get(seg.transaction)
+                self.open_transactions[seg.transaction] = (
+                    seg.base_offset if first is None else min(first, seg.base_offset)
+                )
+            self.removed.pop(seg.path, None)
+        elif name == "remove":
+            path = _str(body, "path")
+            kept = [s for s in self.segments if s.path != path]
+            if len(kept) == len(self.segments):
+                raise CorruptLogError(f"remove {path}: not a live segment")
+            self.segments = kept
+            self.removed[path] = _int(body, "deletionTimestamp")
+        elif name == "logStart":
+            self.log_start_offset = max(self.log_start_offset, _int(body, "offset"))
+        elif name == "endOffset":  # only in checkpoints: the end survives removal of all segments
+            self.end_offset = max(self.end_offset, _int(body, "offset"))
+        elif name == "producer":
+            self.producers[_str(body, "id")] = ProducerEntry(
+                epoch=_int(body, "epoch"),
+                first_sequence=_int(body, "firstSequence"),
+                last_sequence=_int(body, "lastSequence"),
+                base_offset=_int(body, "baseOffset"),
+                last_offset=_int(body, "lastOffset"),
+                timestamp_ms=int(body.get("timestamp", 0)),
+            )
+        elif name == "txn":
+            app = _str(body, "appId")
+            self.txns[app] = max(self.txns.get(app, -1), _int(body, "version"))
+        elif name == "txnMarker":
+            # Ends a transaction: its records become visible (commit) or were removed in the
+            # same commit (abort). The marker's epoch fences older instances of the producer.
+            key = f"{_str(body, 'producerId')}:{_int(body, 'version')}"
+            self.open_transactions.pop(key, None)
+            pid, epoch = _str(body, "producerId"), _int(body, "epoch")
+            self.ended_transactions[pid] = max(
+                self.ended_transactions.get(pid, -1), _int(body, "version")
+            )
+            entry = self.producers.get(pid)
+            if entry is None or entry.epoch < epoch:
+                self.producers[pid] = ProducerEntry(
+                    epoch, -1, -1, -1, -1, int(body.get("timestamp", 0))
+                )
+        elif name == "txnEnded":  # only in checkpoints: the newest ended transaction per producer
+            pid = _str(body, "producerId")
+            self.ended_transactions[pid] = max(
+                self.ended_transactions.get(pid, -1), _int(body, "version")
+            )
+        elif name == "cleaned":
+            self.cleaned_offset = max(self.cleaned_offset, _int(body, "offset"))
+        elif name == "tombstone":  # only in checkpoints: a removed file awaiting vacuum
+            self.removed[_str(body, "path")] = _int(body, "deletionTimestamp")
+        elif name == "vacuumed":  # removed files now deleted from storage: forget them
+            paths = body.get("paths")
+            if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+                raise CorruptLogError(f"field 'paths' must be a list of strings, got {paths!r}")
+            for path in paths:
+                self.removed.pop(path, None)
+        else:
+            super().apply(name, body)
+
+    def _overlaps(self, seg: Segment) -> bool:
+        i = bisect.bisect_right(self.segments, seg.base_offset, key=lambda s: s.base_offset)
+        if i > 0 and self.segments[i - 1].last_offset >= seg.base_offset:
+            return True
+        return i < len(self.segments) and self.segments[i].base_offset <= seg.last_offset
+
+    def checkpoint_actions(self) -> list[Action]:
+        actions = super().checkpoint_actions()
+        actions.append({"endOffset": {"offset": self.end_offset}})
+        actions.append({"logStart": {"offset": self.log_start_offset}})
+        if self.cleaned_offset:
+            actions.append({"cleaned": {"offset": self.cleaned_offset}})
+        actions.extend(
+            s.to_action(open_transaction=s.transaction in self.open_transactions)
+            for s in self.segments
+        )
+        # Producer entries expire as in Kafka (producer.id.expiration.ms): without it, every
+        # producer instance that ever wrote here would stay in every checkpoint. Judged by the
+        # state's own last commit time, so the checkpoint of a version is deterministic.
+        horizon = (self.last_commit_ms or 0) - PRODUCER_EXPIRATION_MS
+        for pid, p in sorted(self.producers.items()):
+            if p.timestamp_ms < horizon:
+                continue
+            actions.append(
+                {
+                    "producer": {
+                        "id": pid,
+                        "epoch": p.epoch,
+                        "firstSequence": p.first_sequence,
+                        "lastSequence": p.last_sequence,
+                        "baseOffset": p.base_offset,
+                        "lastOffset": p.last_offset,
+                        "timestamp": p.timestamp_ms,
+                    }
+                }
+            )
+        for pid, version in sorted(self.ended_transactions.items()):
+            actions.append({"txnEnded": {"producerId": pid, "version": version}})
+        for app, version in sorted(self.txns.items()):
+            actions.append({"txn": {"appId": app, "version": version}})
+        for path, when in sorted(self.removed.items()):
+            actions.append({"tombstone": {"path": path, "deletionTimestamp": when}})
+        return actions
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Below this offset no record belongs to an open transaction (Kafka's LSO):
+        read_committed readers stop here."""
+        if not self.open_transactions:
+            return self.end_offset
+        return min(self.end_offset, *self.open_transactions.values())
+
+    @property
+    def start_offset(self) -> int:
+        """The first offset a reader may ask for (Kafka's log start offset)."""
+        return self.log_start_offset
+
+    def segment_index_for(self, offset: int) -> int:
+        """Index of the first live segment that may hold ``offset`` or anything after it."""
+        i = bisect.bisect_right(self.segments, offset, key=lambda s: s.base_offset) - 1
+        if i >= 0 and self.segments[i].last_offset >= offset:
+            return i
+        return i + 1
+
+    def segments_for_time(self, timestamp_ms: int) -> int:
+        """Index of the first segment that has a record at or after ``timestamp_ms``.
+
+        Timestamps are not monotonic across segments (CreateTime), but the running maximum of
+        each segment's newest timestamp is, and it first reaches ``timestamp_ms`` exactly at
+        the first segment holding such a record: a binary search over it is exact.
+        """
+        if self._time_index is None:
+            running, index = -(1 << 62), []
+            for seg in self.segments:
+                running = max(running, seg.max_timestamp_ms)
+                index.append(running)
+            self._time_index = index
+        return bisect.bisect_left(self._time_index, timestamp_ms)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size_bytes for s in self.segments)
+
+    @property
+    def record_count(self) -> int:
+        return sum(s.record_count for s in self.segments)
+
+
+@dataclass
+class ProducerBatch:
+    """Idempotence data a producer attaches to one partition commit."""
+
+    producer_id: str
+    epoch: int
+    first_sequence: int
+    last_sequence: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.first_sequence <= self.last_sequence:
+            raise ValueError(
+                f"bad producer sequence range {self.first_sequence}..{self.last_sequence}"
+            )
+
+    def check(self, state: PartitionState) -> ProducerEntry | None:
+        """None if this batch is new and in order; the committed entry if it is the last
+        batch already committed (a retried or ambiguous commit); raises otherwise."""
+        entry = state.producers.get(self.producer_id)
+        if entry is None:
+            return None
+        if self.epoch < entry.epoch:
+            raise ProducerFencedError(
+                f"producer {self.producer_id} epoch {self.epoch} is fenced by epoch {entry.epoch}"
+            )
+        if self.epoch > entry.epoch:
+            return None  # a new instance; sequences restart
+        if (
+            self.first_sequence == entry.first_sequence
+            and self.last_sequence == entry.last_sequence
+        ):
+            return entry
+        if self.first_sequence <= entry.last_sequence:
+            raise DuplicateSequenceError(
+                f"producer {self.producer_id}: sequence {self.first_sequence} was already committed "
+                f"(last {entry.last_sequence})"
+            )
+        if self.first_sequence != entry.last_sequence + 1:
+            raise OutOfOrderSequenceError(
+                f"producer {self.producer_id}: sequence {self.first_sequence} does not follow "
+                f"{entry.last_sequence}"
+            )
+        return None
+
+    def action(self, base_offset: int, last_offset: int, now_ms: int) -> Action:
+        return {
+            "producer": {
+                **self.extra,  # first: never replaces the fields idempotence relies on
+                "id": self.producer_id,
+                "epoch": self.epoch,
+                "firstSequence": self.first_sequence,
+                "lastSequence": self.last_sequence,
+                "baseOffset": base_offset,
+                "lastOffset": last_offset,
+                "timestamp": now_ms,
+            }
+        }
+
+
+def _str(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str):
+        raise CorruptLogError(f"field {name!r} must be a string, got {value!r}")
+    return value
+
+
+def _optional_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise CorruptLogError(f"field {name!r} must be an integer, got {value!r}")
+    return value
+
+
+def _int(body: dict[str, Any], name: str) -> int:
+    value = body.get(name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise CorruptLogError(f"field {name!r} must be an integer, got {value!r}")
+    return value
