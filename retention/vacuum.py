@@ -40,7 +40,7 @@ from typing import Any
 from kstore.compaction.jobs import PartitionResult, WorkItem, name_time_ms, now_ms
 
 from kstore.errors import InvalidConfigurationError
-from kstore.layout import TOPICS, topic_data_dir, topic_log_dir
+from kstore.layout import TOPICS, partition_dir, topic_data_dir, topic_log_dir
 from kstore.log import LAST_CHECKPOINT, Action, Log, checkpoint_file, parse_log_file_name
 from kstore.names import validate_topic_name
 from kstore.partition import STALE_STATE_S, PartitionState
@@ -95,6 +95,35 @@ def old_log_files(
     )
 
 
+SPARK_PENDING = "spark/pending"  # the Spark sink's write intents (spark_ext/pending.py)
+INTENT_PROTECTION_MS = 7 * 24 * 3600 * 1000
+
+
+def _written_by_running_spark_jobs(storage: Any, partition_directory: str, now: int) -> set[str]:
+    """Segment paths (relative to the partition) that a Spark sink task has written and its
+    driver has not yet committed or cleaned up. A long micro-batch may hold its files for
+    longer than the orphan age; they are not orphans while their intent is recorded (and
+    younger than a week: a crashed driver's stale intents stop protecting after that).
+    Read as plain JSON: the jobs must not import the Spark extension's module to read them."""
+    protected: set[str] = set()
+    for info in storage.list_dir(SPARK_PENDING):
+        if not info.name.endswith(".json") or (
+            info.mtime_ms is not None and now - info.mtime_ms > INTENT_PROTECTION_MS
+        ):
+            continue
+        data = storage.read_if_exists(f"{SPARK_PENDING}/{info.name}")
+        try:
+            for item in json.loads(data) if data else []:
+                directory = partition_dir(
+                    str(item["topic"]), str(item["topicId"]), int(item["partition"])
+                )
+                if directory == partition_directory:
+                    protected.add(str(item["path"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # malformed: protects nothing (vacuum errs on the side of keeping files)
+    return protected
+
+
 def vacuum_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> PartitionResult:
     """The vacuum job's per-partition function (runs on an executor)."""
     part = item.open(store)
@@ -131,9 +160,15 @@ def vacuum_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> P
         if info is not None:
             doomed[path] = info.size
     live = {s.path for s in state.segments}
+    intended = _written_by_running_spark_jobs(storage, part.directory, now)
     for info in segment_files:
         path = f"segments/{info.name}"
-        if path in live or path in state.removed or info.name in ("", ".", ".."):
+        if (
+            path in live
+            or path in state.removed
+            or path in intended
+            or info.name in ("", ".", "..")
+        ):
             continue
         written = _age_reference(info)
         if written is not None and now - written > orphan_age:

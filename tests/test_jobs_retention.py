@@ -447,3 +447,27 @@ def test_the_command_line_runs_without_spark(
     assert retention_main(["--store", url + "-missing", "--local"]) == 2
     assert retention_main(["--store", url, "--local", "vacuum", "--orphan-age-ms", "1"]) == 2
     assert "orphan_age_ms" in capsys.readouterr().err
+
+
+def test_vacuum_keeps_files_a_running_spark_batch_has_not_committed_yet(
+    local_store: Target,
+) -> None:
+    """A long Spark micro-batch holds written files for longer than the orphan age: while its
+    write intent is recorded they are not orphans (the driver commits them at the end)."""
+    import json
+
+    store = open_store(local_store)
+    meta = store.create_topic("t", 1)
+    part = store.partition("t", 0)
+    append(part, [b"a"], [b"1"], now_ms())
+    clock = now_ms() + 2 * HOUR
+    in_flight, orphan = orphan_name(now_ms() - 1000), orphan_name(now_ms() - 2000)
+    for name in (in_flight, orphan):
+        store.storage.put_if_absent(f"{part.directory}/{name}", b"written, not yet committed")
+    intent = [{"topic": "t", "topicId": meta.topic_id, "partition": 0, "path": in_flight}]
+    store.storage.put(
+        "spark/pending/stream-abc-00000000000000000007.1.json", json.dumps(intent).encode()
+    )
+    done = vacuum(None, *local_store, verbose=False, now_ms=clock)
+    assert done.files == [f"{part.directory}/{orphan}"]  # the one no intent names
+    assert in_flight.removeprefix("segments/") in segment_files(store, part)
