@@ -30,7 +30,7 @@ from kstore.errors import (
     KStoreError,
 )
 from kstore.layout import partition_dir
-from kstore.partition import Partition
+from kstore.partition import Partition, PartitionState
 from kstore.storage import redact_url
 from kstore.store import Store
 
@@ -98,6 +98,22 @@ class PartitionResult:
     bytes_deleted: int = 0
     files: list[str] = field(default_factory=list)  # vacuum: their paths, relative to the root
     elapsed_s: float = 0.0
+
+    @classmethod
+    def starting(cls, item: WorkItem, operation: str, state: PartitionState) -> PartitionResult:
+        """The row for a job about to work on ``item``, with the partition as it is now."""
+        return cls(
+            item.topic,
+            item.partition,
+            operation,
+            segments_scanned=len(state.segments),
+            bytes_before=state.size_bytes,
+            bytes_after=state.size_bytes,
+            records_before=state.record_count,
+            records_after=state.record_count,
+            log_start_offset=state.log_start_offset,
+            cleaned_offset=state.cleaned_offset,
+        )
 
     @property
     def records_dropped(self) -> int:

@@ -90,18 +90,7 @@ def merge_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> Pa
     part = item.open(store)
     state = part.state()
     now = now_ms(options)
-    result = PartitionResult(
-        item.topic,
-        item.partition,
-        OPERATION,
-        segments_scanned=len(state.segments),
-        bytes_before=state.size_bytes,
-        bytes_after=state.size_bytes,
-        records_before=state.record_count,
-        records_after=state.record_count,
-        log_start_offset=state.log_start_offset,
-        cleaned_offset=state.cleaned_offset,
-    )
+    result = PartitionResult.starting(item, OPERATION, state)
     groups = plan_merge(state, item.config)
     if not groups:
         result.reason = "no small segments to merge"

@@ -136,18 +136,7 @@ def vacuum_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> P
     segment_files = storage.list_dir(segments_dir)
     log_files = storage.list_dir(log_dir)
     state = part.state()
-    result = PartitionResult(
-        item.topic,
-        item.partition,
-        OPERATION,
-        segments_scanned=len(state.segments),
-        bytes_before=state.size_bytes,
-        bytes_after=state.size_bytes,
-        records_before=state.record_count,
-        records_after=state.record_count,
-        log_start_offset=state.log_start_offset,
-        cleaned_offset=state.cleaned_offset,
-    )
+    result = PartitionResult.starting(item, OPERATION, state)
     if state.version < 0 and not segment_files and not log_files:
         result.reason = "no data"
         return result
