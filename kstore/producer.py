@@ -55,12 +55,13 @@ from kstore.transactions import TransactionLogState, check_epoch, finish_transac
 log = logging.getLogger(__name__)
 _now = time.time
 
+RESERVE_CHUNK_BYTES = 1024 * 1024  # buffer_memory is reserved this much at a time
 RECORD_OVERHEAD_BYTES = 70  # Kafka's per-record batch overhead, for size accounting
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "acks": 1,
     "linger_ms": 5,
-    "batch_size": 4 * 1024 * 1024,  # bytes per topic batch before it is sent without lingering
+    "batch_size": 16 * 1024 * 1024,  # bytes per topic batch before it is sent without lingering
     "buffer_memory": 64 * 1024 * 1024,
     "max_block_ms": 60_000,
     "max_request_size": 1_048_576,
@@ -185,6 +186,8 @@ class _Batch:
         self.partitions: dict[int, int] = {}
         self.nbytes = 0
         self.reserved = 0  # bytes of buffer_memory held by this batch until it completes
+        self.mark = 0  # nbytes at which send() must reserve more or seal the batch
+        self.limit = 0  # the largest record send()'s fast path may add (0: take the general path)
         self.table: pa.Table | None = None  # set instead of the lists by send_batch()
         self.explicit_partition: int | None = None
         self.done = threading.Event()
@@ -349,7 +352,6 @@ class Producer:
         self._key_serializer: Callable[[Any], bytes] | None = cfg["key_serializer"]
         self._value_serializer: Callable[[Any], bytes] | None = cfg["value_serializer"]
         self._serializing = self._key_serializer is not None or self._value_serializer is not None
-        self._limits: dict[str, int] = {}  # topic -> largest record accepted (fast path)
         self._partitioner = get_partitioner(cfg["partitioner"])
         self._sticky = StickyPartitioner()
         self.store = store if isinstance(store, Store) else Store(store, cfg["storage_options"])
@@ -425,20 +427,19 @@ class Producer:
             and (key is None or key.__class__ is bytes)
         ):
             size = RECORD_OVERHEAD_BYTES + len(value) + (0 if key is None else len(key))
-            limit = self._limits.get(topic)
-            if limit is not None and size <= limit:
-                with self._lock:
-                    batch = self._open.get(topic)
-                    if batch is None:
-                        batch = self._new_batch(topic, size)
+            with self._lock:
+                batch = self._open.get(topic)
+                # An open batch means a known topic, a usable producer and, if transactional,
+                # an open transaction: checked when the batch was opened (the general path).
+                if batch is not None and size <= batch.limit:
                     index = len(batch.values)
                     batch.values.append(value)
                     batch.keys.append(key)
                     batch.timestamps.append(_now())
                     batch.nbytes += size
-                    if batch.nbytes >= self._batch_size:
-                        self._seal(topic)
-                return FutureRecordMetadata((batch, index))
+                    if batch.nbytes >= batch.mark:
+                        self._grow_or_seal(topic, batch)
+                    return FutureRecordMetadata((batch, index))
         return self._send(topic, value, key, headers, partition, timestamp_ms)
 
     def _send(
@@ -493,6 +494,7 @@ class Producer:
             batch = self._open.get(topic)
             if batch is None:
                 batch = self._new_batch(topic, size)
+                batch.limit = info.record_limit
             index = len(batch.values)
             batch.values.append(value)
             batch.keys.append(key)
@@ -502,29 +504,45 @@ class Producer:
             if partition != NO_PARTITION:
                 batch.partitions[index] = partition
             batch.nbytes += size
-            if batch.nbytes >= self._batch_size:
-                self._seal(topic)
+            if batch.nbytes >= batch.mark:
+                self._grow_or_seal(topic, batch)
         return FutureRecordMetadata((batch, index))
 
     def _new_batch(self, topic: str, size: int) -> _Batch:
         """Open a batch for ``topic`` (lock held). Checks that happen once per batch rather
-        than once per record live here: usability, transactions, and buffer space, which is
-        reserved a whole batch at a time (as Kafka's buffer pool allocates batch-sized
-        buffers), so buffer_memory can be exceeded by at most one batch per topic."""
+        than once per record live here: usability and transactions. Buffer space is reserved
+        a chunk at a time (as Kafka's buffer pool hands out buffers), so send() pays for
+        buffer accounting once per chunk, not once per record."""
         if not self._usable:
             self._raise_unusable()
         if self._transactional_id is not None and self._txn is None:
             raise IllegalStateError(
                 "a transactional producer sends inside a transaction: call begin_transaction() first"
             )
-        reserve = max(size, min(self._batch_size, self._buffer_memory))
-        if self._buffered + reserve > self._buffer_memory:
-            self._wait_for_space(reserve)
-        batch = self._open[topic] = _Batch(topic, time.monotonic())
-        batch.reserved = reserve
-        self._buffered += reserve
+        batch = _Batch(topic, time.monotonic())
+        self._reserve(batch, size)
+        self._open[topic] = batch
         self._wakeup.notify()
         return batch
+
+    def _reserve(self, batch: _Batch, needed: int) -> None:
+        """Reserve another chunk of buffer_memory for ``batch`` (lock held; may block)."""
+        chunk = max(needed, min(RESERVE_CHUNK_BYTES, self._batch_size, self._buffer_memory))
+        if self._buffered + chunk > self._buffer_memory:
+            self._wait_for_space(chunk)
+        batch.reserved += chunk
+        self._buffered += chunk
+        batch.mark = min(batch.reserved, self._batch_size)
+
+    def _grow_or_seal(self, topic: str, batch: _Batch) -> None:
+        """The batch reached its reservation: reserve more if it is not full and the buffer
+        has room now, else send it (never block here: this batch is open, and waiting for
+        space hands open batches to the sender)."""
+        chunk = max(batch.nbytes - batch.reserved, min(RESERVE_CHUNK_BYTES, self._batch_size))
+        if batch.nbytes >= self._batch_size or self._buffered + chunk > self._buffer_memory:
+            self._seal(topic)
+        else:
+            self._reserve(batch, chunk)
 
     def _seal(self, topic: str) -> None:
         """Hand a full batch to the sender (lock held)."""
@@ -673,7 +691,6 @@ class Producer:
             log_append_time=effective["message.timestamp.type"] == "LogAppendTime",
         )
         self._topics[topic] = info
-        self._limits[topic] = info.record_limit
         return info
 
     def _run(self) -> None:
