@@ -183,6 +183,9 @@ class _Batch:
         self.values: list[bytes | None] = []
         self.timestamps: list[float] = []  # seconds since the epoch
         self.headers: dict[int, list[tuple[str, bytes]]] = {}
+        self.add_key = self.keys.append
+        self.add_value = self.values.append
+        self.add_timestamp = self.timestamps.append
         self.partitions: dict[int, int] = {}
         self.nbytes = 0
         self.reserved = 0  # bytes of buffer_memory held by this batch until it completes
@@ -433,9 +436,9 @@ class Producer:
                 # an open transaction: checked when the batch was opened (the general path).
                 if batch is not None and size <= batch.limit:
                     index = len(batch.values)
-                    batch.values.append(value)
-                    batch.keys.append(key)
-                    batch.timestamps.append(_now())
+                    batch.add_value(value)  # bound methods: one lookup fewer per column
+                    batch.add_key(key)
+                    batch.add_timestamp(_now())
                     batch.nbytes += size
                     if batch.nbytes >= batch.mark:
                         self._grow_or_seal(topic, batch)
