@@ -432,6 +432,16 @@ def too_old_to_commit(paths: Iterable[str]) -> bool:
 # -- command line -------------------------------------------------------------------------------
 
 
+def command_line(run: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None) -> int:
+    """Run a job's command line: a kstore error (bad store, topic, option) is one clear
+    line and exit status 2, not a traceback."""
+    try:
+        return run(argv)
+    except KStoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
 def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument(

@@ -9,20 +9,15 @@ from kstore.compaction import merge_segments, run_compaction
 from kstore.compaction.jobs import (
     Summary,
     base_parser,
+    command_line,
     get_spark,
     parse_storage_options,
     report,
 )
 
-from kstore.errors import KStoreError
-
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        return _main(argv)
-    except KStoreError as exc:  # a clear message, not a traceback: bad store, topic, option
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return command_line(_main, argv)
 
 
 def _main(argv: Sequence[str] | None) -> int:
