@@ -14,7 +14,12 @@ the other raises :class:`FileExistsError`, and no reader ever sees a half-writte
 - memory: a process-wide lock around check-then-write (tests and single-process use only).
 
 Any other fsspec filesystem has no known atomic create; writing to it is refused with
-:class:`UnsafeStorageError` unless the user opts in with ``allow_unsafe_writes=True``.
+:class:`UnsafeStorageError` unless the user opts in with ``allow_unsafe_writes=True``, or unless
+the filesystem declares one: a filesystem (typically a wrapper around one of the above, such as
+the tests' fault-injecting one) whose ``kstore_atomic_create`` attribute names one of the kinds
+above promises that ``pipe_file(path, data, mode="create")`` is an atomic put-if-absent of that
+kind, raising :class:`FileExistsError` (or an S3 412) when the path exists. Its ``ls`` must report
+modification times (leases are judged by them).
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from kstore.errors import InvalidStoreError, StorageError, UnsafeStorageError
 _LOCAL_PROTOCOLS = ("file", "local")
 _S3_PROTOCOLS = ("s3", "s3a")
 _MEMORY_LOCK = threading.Lock()
+# The kinds a filesystem may declare in ``kstore_atomic_create`` (see the module docstring).
+ATOMIC_CREATE_KINDS = ("link", "if-none-match", "lock")
 _SECRET_WORDS = ("secret", "password", "token", "key", "credential", "session")
 
 
@@ -154,7 +161,19 @@ class Storage:
             return "if-none-match"
         if self.protocol == "memory":
             return "lock"
-        return None
+        return self.declared_atomic_create
+
+    @property
+    def declared_atomic_create(self) -> str | None:
+        """The put-if-absent kind a filesystem of another protocol declares (a wrapper that
+        forwards to one of the built-in kinds), or None."""
+        if self.is_local or self.protocol in _S3_PROTOCOLS or self.protocol == "memory":
+            return None
+        declared = getattr(self._fs_cls, "kstore_atomic_create", None)
+        if declared is None:
+            return None
+        kind = getattr(self.fs, "kstore_atomic_create", None)  # may depend on the instance
+        return kind if kind in ATOMIC_CREATE_KINDS else None
 
     def check_writable(self) -> None:
         if self.atomic_create is None and not self.allow_unsafe_writes:
@@ -288,7 +307,7 @@ class Storage:
             )
         if self.is_local:
             self._local_put(rel, data, durable=durable, exclusive=True)
-        elif self.protocol in _S3_PROTOCOLS:
+        elif self.protocol in _S3_PROTOCOLS or self.declared_atomic_create is not None:
             try:
                 self.fs.pipe_file(self.full_path(rel), data, mode="create")
             except FileExistsError:
