@@ -73,7 +73,10 @@ DEFAULT_CONFIG: dict[str, Any] = {
 
 
 def _sizes(column: pa.Array) -> list[int]:
-    """Serialized sizes of a binary column, -1 for nulls (Kafka's convention), vectorised."""
+    """Serialized sizes of a binary column, -1 for nulls (Kafka's convention), vectorised.
+    Typed keys and values have no serialized form: -1 throughout."""
+    if not (pa.types.is_binary(column.type) or pa.types.is_string(column.type)):
+        return [-1] * len(column)
     lengths = pc.fill_null(pc.binary_length(column), -1)
     return lengths.to_numpy(zero_copy_only=False).tolist()  # type: ignore[no-any-return]
 
@@ -649,7 +652,12 @@ class Consumer:
             n = batch.num_rows
             key_col, value_col, header_col = batch.column(0), batch.column(1), batch.column(3)
             keys = key_col.to_pylist()
-            values = value_col.to_pylist()
+            # Typed values come back as dicts (maps too, rather than lists of pairs).
+            values = (
+                value_col.to_pylist(maps_as_pydicts="strict")
+                if pa.types.is_struct(value_col.type)
+                else value_col.to_pylist()
+            )
             stamps = (
                 batch.column(2).cast(pa.int64()).to_numpy(zero_copy_only=False) // 1000
             ).tolist()

@@ -34,8 +34,11 @@ from kstore.storage import Storage
 
 log = logging.getLogger(__name__)
 
-READER_VERSION = 1  # highest minReaderVersion this code can read
-WRITER_VERSION = 1  # highest minWriterVersion this code can write
+READER_VERSION = 2  # highest minReaderVersion this code can read
+WRITER_VERSION = 2  # highest minWriterVersion this code can write
+# Version 2 adds typed topics (PROTOCOL.md 25); only the logs of typed topics require it, so
+# every other log stays readable by version-1 readers.
+TYPED_TOPICS_VERSION = 2
 LAST_CHECKPOINT = "_last_checkpoint"
 MAX_LOG_FILE_BYTES = 256 * 1024 * 1024  # a limit on everything: refuse absurd files early
 
@@ -528,8 +531,9 @@ def check_writer_version(state: LogState) -> None:
         )
 
 
-def protocol_action() -> Action:
-    return {"protocol": {"minReaderVersion": READER_VERSION, "minWriterVersion": WRITER_VERSION}}
+def protocol_action(version: int = 1) -> Action:
+    """The protocol a new log starts at: the lowest version its content needs."""
+    return {"protocol": {"minReaderVersion": version, "minWriterVersion": version}}
 
 
 def _split(actions: Sequence[Action]) -> list[tuple[str, dict[str, Any]]]:

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from kstore.errors import (
     ConcurrentModificationError,
     CorruptLogError,
+    InvalidRecordError,
     OffsetOutOfRangeError,
 )
 from kstore.log import Action, CommitResult, Log, RetryPolicy, protocol_action
@@ -27,8 +28,10 @@ from kstore.manifest import ProducerBatch as ProducerBatch
 from kstore.manifest import ProducerEntry as ProducerEntry
 from kstore.manifest import Segment as Segment
 from kstore.segments import (
+    BINARY,
     FORMAT_ARROW,
     TIMESTAMP_TYPE,
+    Layout,
     SegmentCache,
     SegmentFile,
     decode_segment,
@@ -53,8 +56,12 @@ class Partition:
         checkpoint_interval: int = 100,
         cache: SegmentCache | None = None,
         retry: RetryPolicy | None = None,
+        layout: Layout = BINARY,
     ) -> None:
         self.storage = storage
+        # What the segments hold (binary, or a typed topic's columns); the store moves it to a
+        # newer schema version when it sees one (never back: readers project older data).
+        self.layout = layout
         self.topic = topic
         self.partition = partition
         self.directory = directory
@@ -114,8 +121,28 @@ class Partition:
         fmt: str = FORMAT_ARROW,
     ) -> SegmentFile:
         """Write records to a new, not yet committed segment file (phase one of an append)."""
+        layout = self.layout
+        if layout.typed and isinstance(table, pa.Table) and "value" in table.column_names:
+            value = table.column("value")
+            if value.type != layout.value:
+                # Built under an older schema version (a writer's cached metadata): stored as
+                # the newest one this partition knows, which can read it.
+                from kstore.schema import IncompatibleSchemaError, project
+
+                try:
+                    projected = project(value, layout.value)
+                except IncompatibleSchemaError as exc:
+                    raise InvalidRecordError(f"{self.topic}-{self.partition}: {exc}") from None
+                index = table.schema.get_field_index("value")
+                table = table.set_column(index, layout.record_schema.field("value"), projected)
         return write_segment(
-            self.storage, self.directory, table, compression=compression, durable=durable, fmt=fmt
+            self.storage,
+            self.directory,
+            table,
+            compression=compression,
+            durable=durable,
+            fmt=fmt,
+            layout=layout,
         )
 
     def append(
@@ -306,7 +333,7 @@ class Partition:
         missing = [
             s
             for s in segments
-            if self.cache.get(f"{self.directory}/{_cache_key(s, columns)}") is None
+            if self.cache.get(f"{self.directory}/{_cache_key(s, columns, self.layout)}") is None
         ]
         if len(missing) < 2:
             return
@@ -320,7 +347,8 @@ class Partition:
         self, seg: Segment, columns: list[str] | None = None, *, data: bytes | None = None
     ) -> pa.Table:
         """A live segment's records (READ_SCHEMA), verified against its checksum."""
-        key = _cache_key(seg, columns)
+        layout = self.layout
+        key = _cache_key(seg, columns, layout)
         cached = self.cache.get(f"{self.directory}/{key}")
         if cached is not None:
             return cached
@@ -336,6 +364,7 @@ class Partition:
             base_offset=seg.base_offset,
             record_count=seg.record_count,
             columns=columns,
+            layout=layout,
         )
         if seg.sparse and table.num_rows:
             offsets = table.column("offset") if "offset" in table.column_names else None
@@ -443,8 +472,10 @@ class Partition:
 STALE_STATE_S = 24 * 3600.0
 
 
-def _cache_key(seg: Segment, columns: list[str] | None) -> str:
-    return seg.path if columns is None else f"{seg.path}|{','.join(columns)}"
+def _cache_key(seg: Segment, columns: list[str] | None, layout: Layout) -> str:
+    # Decoded tables depend on the schema version they were projected onto.
+    key = seg.path if not layout.typed else f"{seg.path}@{layout.schema_id}"
+    return key if columns is None else f"{key}|{','.join(columns)}"
 
 
 def _search(offsets: pa.ChunkedArray | pa.Array, value: int) -> int:

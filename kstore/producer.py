@@ -48,7 +48,15 @@ from kstore.names import validate_topic_name
 from kstore.partition import ProducerBatch
 from kstore.partitioner import NO_PARTITION, StickyPartitioner, get_partitioner
 from kstore.records import ConsumerGroupMetadata, OffsetAndMetadata, RecordMetadata, TopicPartition
-from kstore.segments import HEADERS_TYPE, RECORD_SCHEMA, TIMESTAMP_TYPE, SegmentFile
+from kstore.schema import Validator, key_bytes, type_name, validator
+from kstore.segments import (
+    BINARY,
+    HEADERS_TYPE,
+    TIMESTAMP_TYPE,
+    Layout,
+    SegmentFile,
+    layout_of,
+)
 from kstore.store import Store, TopicMetadata
 from kstore.transactions import TransactionLogState, check_epoch, finish_transaction
 
@@ -193,6 +201,8 @@ class _Batch:
         self.limit = 0  # the largest record send()'s fast path may add (0: take the general path)
         self.table: pa.Table | None = None  # set instead of the lists by send_batch()
         self.explicit_partition: int | None = None
+        self.key_type: str | None = None  # a typed topic's key type, hashed as Kafka would
+        self.typed = False
         self.done = threading.Event()
         self.partition_of: np.ndarray[Any, Any] = np.zeros(0, np.int32)
         self.offset_of: np.ndarray[Any, Any] = np.zeros(0, np.int64)
@@ -221,7 +231,7 @@ class _Batch:
         if error is not None:
             raise error
         partition = int(self.partition_of[index])
-        if self.table is not None:
+        if self.table is not None or self.typed:
             key_size = value_size = -1
         else:
             key, value = self.keys[index], self.values[index]
@@ -288,6 +298,10 @@ class _TopicInfo:
     record_limit: int  # the smaller of max.message.bytes and max_request_size
     compression: str
     log_append_time: bool
+    layout: Layout = BINARY
+    # Typed topics: checks and normalizes a value (a dict, dataclass, pydantic model), and a key.
+    check_value: Validator | None = None
+    check_key: Validator | None = None
 
 
 class Producer:
@@ -454,19 +468,32 @@ class Producer:
         partition: int | None,
         timestamp_ms: int | None,
     ) -> FutureRecordMetadata:
-        if self._key_serializer is not None and key is not None:
-            key = self._key_serializer(key)
-        if self._value_serializer is not None and value is not None:
-            value = self._value_serializer(value)
-        if value.__class__ is not bytes and value is not None:
-            value = _as_bytes(value, "value")
-        if key.__class__ is not bytes and key is not None:
-            key = _as_bytes(key, "key")
-        size = (
-            RECORD_OVERHEAD_BYTES
-            + (len(value) if value is not None else 0)
-            + (len(key) if key is not None else 0)
-        )
+        info = self._topics.get(topic)
+        if info is None:
+            info = self._topic_info(topic)
+        size = RECORD_OVERHEAD_BYTES
+        if info.check_value is not None:
+            # A typed topic: the value is validated against the schema (serializers are for
+            # binary topics); a None value is a tombstone as ever.
+            if value is not None:
+                value, value_size = info.check_value(value, "")
+                size += value_size
+        else:
+            if self._value_serializer is not None and value is not None:
+                value = self._value_serializer(value)
+            if value.__class__ is not bytes and value is not None:
+                value = _as_bytes(value, "value")
+            size += len(value) if value is not None else 0
+        if info.check_key is not None:
+            if key is not None:
+                key, key_size = info.check_key(key, "key")
+                size += key_size
+        else:
+            if self._key_serializer is not None and key is not None:
+                key = self._key_serializer(key)
+            if key.__class__ is not bytes and key is not None:
+                key = _as_bytes(key, "key")
+            size += len(key) if key is not None else 0
         if headers is not None:
             headers = _check_headers(headers)
             size += sum(len(k) + len(v) for k, v in headers)
@@ -478,9 +505,6 @@ class Producer:
             raise InvalidRecordError(
                 f"timestamp_ms must be a non-negative integer, got {timestamp_ms!r}"
             )
-        info = self._topics.get(topic)
-        if info is None:
-            info = self._topic_info(topic)
         if partition is None:
             partition = NO_PARTITION
         elif partition.__class__ is not int or not 0 <= partition < info.metadata.partitions:
@@ -497,7 +521,8 @@ class Producer:
             batch = self._open.get(topic)
             if batch is None:
                 batch = self._new_batch(topic, size)
-                batch.limit = info.record_limit
+                # send()'s fast path takes bytes as they are, so typed topics never use it.
+                batch.limit = 0 if info.layout.typed else info.record_limit
             index = len(batch.values)
             batch.values.append(value)
             batch.keys.append(key)
@@ -523,6 +548,10 @@ class Producer:
                 "a transactional producer sends inside a transaction: call begin_transaction() first"
             )
         batch = _Batch(topic, time.monotonic())
+        info = self._topics.get(topic)
+        if info is not None and info.layout.typed:
+            batch.typed = True
+            batch.key_type = info.metadata.schema.key_declared  # type: ignore[union-attr]
         self._reserve(batch, size)
         self._open[topic] = batch
         self._wakeup.notify()
@@ -569,6 +598,9 @@ class Producer:
         batch = _Batch(topic, time.monotonic())
         batch.table = table
         batch.nbytes = size
+        if info.layout.typed:
+            batch.typed = True
+            batch.key_type = info.metadata.schema.key_declared  # type: ignore[union-attr]
         with self._lock:
             if not self._usable:
                 self._raise_unusable()
@@ -692,7 +724,13 @@ class Producer:
             record_limit=min(int(effective["max.message.bytes"]), self.config["max_request_size"]),
             compression=compression,
             log_append_time=effective["message.timestamp.type"] == "LogAppendTime",
+            layout=layout_of(meta),
         )
+        schema = meta.schema
+        if schema is not None:
+            info.check_value = validator(schema.value, schema.value_nulls)
+            if schema.key is not None:
+                info.check_key = validator(schema.key)
         self._topics[topic] = info
         return info
 
@@ -737,7 +775,7 @@ class Producer:
     def _deliver_batch(self, batch: _Batch) -> None:
         info = self._topic_info(batch.topic)
         n_parts = info.metadata.partitions
-        table = batch.table if batch.table is not None else _build_table(batch)
+        table = batch.table if batch.table is not None else _build_table(batch, info.layout)
         if info.log_append_time:
             now_us = int(time.time() * 1_000_000)
             table = table.set_column(
@@ -797,7 +835,10 @@ class Producer:
         elif batch.partitions:
             explicit = np.full(len(batch.values), NO_PARTITION, np.int32)
             explicit[list(batch.partitions)] = list(batch.partitions.values())
-        parts = np.array(self._partitioner.partition_batch(table.column("key"), n_parts), np.int32)
+        keys = table.column("key")
+        if batch.key_type is not None:
+            keys = key_bytes(keys, batch.key_type)  # hashed as Kafka's serializer writes them
+        parts = np.array(self._partitioner.partition_batch(keys, n_parts), np.int32)
         if explicit is not None:
             parts = np.where(explicit != NO_PARTITION, explicit, parts).astype(np.int32)
         unkeyed = parts == NO_PARTITION
@@ -1196,10 +1237,14 @@ def _check_headers(headers: Iterable[Any]) -> list[tuple[str, bytes]]:
     return out
 
 
-def _build_table(batch: _Batch) -> pa.Table:
+def _build_table(batch: _Batch, layout: Layout) -> pa.Table:
     n = len(batch.values)
-    keys = pa.array(batch.keys, pa.binary())
-    values = pa.array(batch.values, pa.binary())
+    try:
+        keys = pa.array(batch.keys, layout.key)
+        values = pa.array(batch.values, layout.value)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        # Values were validated when sent; this means the topic's schema changed under them.
+        raise InvalidRecordError(f"records do not match the topic's schema: {exc}") from None
     micros = np.round(np.array(batch.timestamps, np.float64) * 1_000_000).astype(np.int64)
     timestamps = pa.array(micros).cast(TIMESTAMP_TYPE)
     if batch.headers:
@@ -1213,7 +1258,7 @@ def _build_table(batch: _Batch) -> pa.Table:
         )
     else:
         headers = pa.nulls(n, HEADERS_TYPE)
-    return pa.Table.from_arrays([keys, values, timestamps, headers], schema=RECORD_SCHEMA)
+    return pa.Table.from_arrays([keys, values, timestamps, headers], schema=layout.record_schema)
 
 
 def _to_table(data: Any) -> pa.Table:
@@ -1228,18 +1273,34 @@ def _to_table(data: Any) -> pa.Table:
     )
 
 
+RECORD_COLUMNS = ("key", "headers", "timestamp", "partition")
+
+
 def _conform_batch(table: pa.Table, info: _TopicInfo, partition: int | None) -> pa.Table:
-    if "value" not in table.column_names:
-        raise InvalidRecordError(f"send_batch needs a 'value' column; got {table.column_names}")
+    layout = info.layout
     allowed = {"key", "value", "headers", "timestamp", "partition"}
-    extra = set(table.column_names) - allowed
-    if extra:
-        raise InvalidRecordError(
-            f"send_batch: unexpected columns {sorted(extra)}; allowed {sorted(allowed)}"
-        )
-    n = table.num_rows
     cols: dict[str, pa.ChunkedArray | pa.Array] = {}
-    for name, typ in (("key", pa.binary()), ("value", pa.binary())):
+    if layout.typed:
+        cols["value"] = _typed_values(table, info)
+    else:
+        if "value" not in table.column_names:
+            raise InvalidRecordError(f"send_batch needs a 'value' column; got {table.column_names}")
+        extra = set(table.column_names) - allowed
+        if extra:
+            raise InvalidRecordError(
+                f"send_batch: unexpected columns {sorted(extra)}; allowed {sorted(allowed)}"
+            )
+    n = table.num_rows
+    for name, typ in (("key", layout.key), ("value", pa.binary())):
+        if name in cols:
+            continue
+        if name == "key" and layout.key != pa.binary():
+            cols[name] = (
+                _cast_column(table.column(name), typ, "key")
+                if name in table.column_names
+                else pa.nulls(n, typ)
+            )
+            continue
         if name in table.column_names:
             col = table.column(name)
             if col.type in (pa.string(), pa.large_string()) or not (
@@ -1283,7 +1344,9 @@ def _conform_batch(table: pa.Table, info: _TopicInfo, partition: int | None) -> 
             ) from None
     else:
         cols["headers"] = pa.nulls(n, HEADERS_TYPE)
-    out = pa.Table.from_arrays([cols[f.name] for f in RECORD_SCHEMA], schema=RECORD_SCHEMA)
+    out = pa.Table.from_arrays(
+        [cols[f.name] for f in layout.record_schema], schema=layout.record_schema
+    )
     n_parts = info.metadata.partitions
     part_col: Any = None
     if partition is not None:
@@ -1304,11 +1367,136 @@ def _conform_batch(table: pa.Table, info: _TopicInfo, partition: int | None) -> 
     return out
 
 
+def _cast_column(column: Any, to: pa.DataType, name: str) -> Any:
+    try:
+        return pc.cast(column, to, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise InvalidRecordError(
+            f"send_batch: column {name!r} has type {column.type}, which does not convert to "
+            f"{type_name(to)}: {exc}"
+        ) from None
+
+
+def _typed_values(table: pa.Table, info: _TopicInfo) -> pa.ChunkedArray:
+    """The value struct of a typed topic's batch: either a ``value`` struct column or the
+    schema's fields as top-level columns (then no row is a tombstone). Fields are matched by
+    name and converted safely (an overflow is an error); missing nullable fields are null."""
+    schema = info.metadata.schema
+    assert schema is not None
+    names = set(table.column_names)
+    if "value" in names:
+        extra = names - {"value", *RECORD_COLUMNS}
+        value = table.column("value")
+        if not pa.types.is_struct(value.type):
+            raise InvalidRecordError(
+                f"send_batch: topic {info.metadata.name!r} is typed; its 'value' column must be "
+                f"a struct of {schema.ddl()}, got {value.type}"
+            )
+        present = {f.name: i for i, f in enumerate(value.type)}
+
+        def column(name: str) -> Any:
+            return pc.struct_field(value, [present[name]])
+
+        mask = pc.is_null(value) if value.null_count else None
+    else:
+        extra = names - {f.name for f in schema.value} - set(RECORD_COLUMNS)
+        present = dict.fromkeys(names, 0)
+
+        def column(name: str) -> Any:
+            return table.column(name)
+
+        mask = None
+        if not names & {f.name for f in schema.value}:
+            raise InvalidRecordError(
+                f"send_batch: topic {info.metadata.name!r} is typed; give a 'value' struct "
+                f"column or the columns {', '.join(schema.field_names())}"
+            )
+    if extra:
+        raise InvalidRecordError(
+            f"send_batch: unexpected columns {sorted(extra)}; the value schema of "
+            f"{info.metadata.name!r} is {schema.ddl()}"
+        )
+    if "value" in names:
+        unknown = sorted(set(present) - set(schema.field_names()))
+        if unknown:
+            raise InvalidRecordError(
+                f"send_batch: unknown field 'value.{unknown[0]}'; the schema is {schema.ddl()}"
+            )
+    n = table.num_rows
+    children = []
+    for declared in schema.value:
+        nullable = schema.value_nulls.get(declared.name, (True, {}))[0]
+        if declared.name in present:
+            child = _cast_column(column(declared.name), declared.type, f"value.{declared.name}")
+        elif nullable:
+            child = pa.nulls(n, declared.type)
+        else:
+            raise InvalidRecordError(
+                f"send_batch: field 'value.{declared.name}' is required (declared NOT NULL) and "
+                "has no column"
+            )
+        if isinstance(child, pa.ChunkedArray):
+            child = child.combine_chunks()
+        _check_required(
+            child, schema.value_nulls.get(declared.name, (True, {})), f"value.{declared.name}", mask
+        )
+        children.append(child)
+    mask_array = mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask
+    struct = pa.StructArray.from_arrays(children, fields=list(schema.value), mask=mask_array)
+    return pa.chunked_array([struct], type=schema.value)
+
+
+def _check_required(array: Any, declared: tuple[bool, Any], path: str, parent_null: Any) -> None:
+    """NOT NULL fields hold no null where their parent (the record's value) is not null."""
+    nullable, children = declared
+    if not nullable and array.null_count:
+        nulls = pc.is_null(array)
+        if parent_null is not None:
+            nulls = pc.and_(nulls, pc.invert(parent_null))
+        if pc.any(nulls).as_py():
+            row = pc.index(nulls, True).as_py()
+            raise InvalidRecordError(
+                f"send_batch: field {path!r} is declared NOT NULL but row {row} is null"
+            )
+    if pa.types.is_struct(array.type):
+        own_null = pc.is_null(array) if array.null_count else parent_null
+        if parent_null is not None and own_null is not parent_null:
+            own_null = pc.or_(own_null, parent_null)
+        for i, f in enumerate(array.type):
+            _check_required(
+                array.field(i), children.get(f.name, (True, {})), f"{path}.{f.name}", own_null
+            )
+
+
+def _value_sizes(column: Any) -> np.ndarray[Any, Any]:
+    """Each record's value size in bytes: exact for binary values; for a typed value, the
+    fixed widths plus string and binary lengths, nested columns at their average width."""
+    rows = len(column)
+    if not pa.types.is_struct(column.type):
+        lengths = pc.binary_length(column).to_numpy(zero_copy_only=False)
+        return np.nan_to_num(lengths.astype(np.float64), nan=0).astype(np.int64)
+    sizes = np.zeros(rows, np.int64)
+    for i, f in enumerate(column.type):
+        child = pc.struct_field(column, [i])
+        if pa.types.is_string(f.type) or pa.types.is_binary(f.type):
+            lengths = pc.binary_length(child).to_numpy(zero_copy_only=False)
+            sizes += np.nan_to_num(lengths.astype(np.float64), nan=0).astype(np.int64)
+        elif pa.types.is_nested(f.type):
+            sizes += child.nbytes // max(rows, 1)
+        else:
+            sizes += max(f.type.bit_width // 8, 1)
+    return sizes
+
+
 def _check_batch_record_sizes(table: pa.Table, limit: int, topic: str) -> None:
     sizes = np.zeros(table.num_rows, np.int64) + RECORD_OVERHEAD_BYTES
-    for name in ("key", "value"):
-        lengths = pc.binary_length(table.column(name)).to_numpy(zero_copy_only=False)
+    sizes += _value_sizes(table.column("value"))
+    key = table.column("key")
+    if pa.types.is_binary(key.type) or pa.types.is_string(key.type):
+        lengths = pc.binary_length(key).to_numpy(zero_copy_only=False)
         sizes += np.nan_to_num(lengths.astype(np.float64), nan=0).astype(np.int64)
+    else:
+        sizes += key.type.bit_width // 8
     if sizes.size and int(sizes.max()) > limit:
         index = int(sizes.argmax())
         raise RecordTooLargeError(

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import crc32c
@@ -43,6 +44,49 @@ RECORD_SCHEMA = pa.schema(
 OFFSET_FIELD = pa.field("offset", pa.int64())
 # What readers get back, and what sparse and Parquet segments store.
 READ_SCHEMA = RECORD_SCHEMA.append(OFFSET_FIELD)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a partition's segments hold: binary keys and values, or a typed topic's key type
+    and value struct (PROTOCOL.md 25). ``schema_id`` is 0 for binary topics."""
+
+    key: pa.DataType = pa.binary()  # noqa: RUF009 - immutable Arrow types
+    value: pa.DataType = pa.binary()  # noqa: RUF009
+    schema_id: int = 0
+
+    @property
+    def typed(self) -> bool:
+        return self.schema_id > 0
+
+    @cached_property
+    def record_schema(self) -> pa.Schema:
+        if not self.typed:
+            return RECORD_SCHEMA
+        return pa.schema(
+            [
+                pa.field("key", self.key),
+                pa.field("value", self.value),
+                pa.field("timestamp", TIMESTAMP_TYPE),
+                pa.field("headers", HEADERS_TYPE),
+            ]
+        )
+
+    @cached_property
+    def read_schema(self) -> pa.Schema:
+        return self.record_schema.append(OFFSET_FIELD)
+
+
+BINARY = Layout()
+
+
+def layout_of(metadata: Any) -> Layout:
+    """The layout of a topic's current schema (a TopicMetadata)."""
+    schema = metadata.schema
+    if schema is None:
+        return BINARY
+    return Layout(key=schema.key_type, value=schema.value, schema_id=schema.id)
+
 
 FORMAT_ARROW = "arrow"
 FORMAT_PARQUET = "parquet"
@@ -133,6 +177,7 @@ def write_segment(
     durable: bool = True,
     fmt: str = FORMAT_ARROW,
     parquet_row_group_size: int = 1 << 20,
+    layout: Layout = BINARY,
 ) -> SegmentFile:
     """Write ``table`` as a new segment under a unique name.
 
@@ -142,7 +187,7 @@ def write_segment(
     sparse = "offset" in table.column_names or fmt == FORMAT_PARQUET
     if table.num_rows == 0:
         raise InvalidRecordError("a segment needs at least one record")
-    table = conform(table, READ_SCHEMA if sparse else RECORD_SCHEMA)
+    table = conform(table, layout.read_schema if sparse else layout.record_schema)
     first_offset = last_offset = None
     if sparse:
         offsets = table.column("offset").to_numpy()
@@ -197,8 +242,11 @@ def decode_segment(
     base_offset: int,
     record_count: int,
     columns: list[str] | None = None,
+    layout: Layout = BINARY,
 ) -> pa.Table:
-    """Verify and decode a segment's bytes into a table with READ_SCHEMA (or ``columns`` of it)."""
+    """Verify and decode a segment's bytes into a table with the layout's read schema (or
+    ``columns`` of it). A typed segment written under another schema version is projected
+    onto the layout's (fields matched by name, missing ones null)."""
     if expected_checksum is not None:
         algorithm, _, _ = expected_checksum.partition(":")
         if algorithm != CHECKSUM_ALGORITHM:
@@ -224,9 +272,9 @@ def decode_segment(
             raise CorruptRecordError(f"{where}: unknown segment format {fmt!r}")
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
         raise CorruptRecordError(f"{where}: cannot decode segment ({exc})") from None
-    expected_schema = READ_SCHEMA if sparse else RECORD_SCHEMA
+    expected_schema = layout.read_schema if sparse else layout.record_schema
     if not file_schema.equals(expected_schema):
-        raise CorruptRecordError(f"{where}: unexpected segment schema {file_schema}")
+        table = _adapt(table, file_schema, expected_schema, layout, where)
     if table.num_rows != record_count:
         raise CorruptRecordError(
             f"{where}: holds {table.num_rows} records, the manifest says {record_count}"
@@ -242,8 +290,34 @@ def decode_segment(
             offsets if isinstance(offsets, pa.ChunkedArray) else pa.chunked_array([offsets])
         )
         names.append("offset")
-    schema = pa.schema([READ_SCHEMA.field(n) for n in names])
+    schema = pa.schema([layout.read_schema.field(n) for n in names])
     return pa.Table.from_arrays(out_cols, schema=schema).combine_chunks()
+
+
+def _adapt(
+    table: pa.Table, file_schema: pa.Schema, expected: pa.Schema, layout: Layout, where: str
+) -> pa.Table:
+    """A typed segment written under another schema version, as the layout's schema. Every
+    column but ``value`` must match exactly; anything else is a corrupt segment."""
+    from kstore.schema import IncompatibleSchemaError, project
+
+    problem = f"{where}: unexpected segment schema {file_schema}"
+    if not layout.typed or file_schema.names != expected.names:
+        raise CorruptRecordError(problem)
+    for field in expected:
+        if field.name != "value" and not file_schema.field(field.name).equals(field):
+            raise CorruptRecordError(problem)
+    if "value" not in table.column_names:
+        return table
+    stored = file_schema.field("value").type
+    if not pa.types.is_struct(stored):
+        raise CorruptRecordError(problem)
+    try:
+        value = project(table.column("value"), layout.value)
+    except IncompatibleSchemaError as exc:
+        raise CorruptRecordError(f"{where}: {exc}") from None
+    index = table.schema.get_field_index("value")
+    return table.set_column(index, expected.field("value"), value)
 
 
 class SegmentCache:

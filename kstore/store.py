@@ -16,6 +16,7 @@ from kstore import __version__
 from kstore import config as topic_config
 from kstore.errors import (
     CorruptLogError,
+    InvalidConfigurationError,
     InvalidPartitionsError,
     KStoreError,
     StoreNotFoundError,
@@ -30,7 +31,7 @@ from kstore.layout import (
     topic_data_dir,
     topic_log_dir,
 )
-from kstore.log import Action, Log, LogState, RetryPolicy, protocol_action
+from kstore.log import TYPED_TOPICS_VERSION, Action, Log, LogState, RetryPolicy, protocol_action
 from kstore.names import validate_topic_name
 from kstore.storage import Storage, redact_url
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     # (the CLI's topic commands) starts fast.
     from kstore.manifest import PartitionState
     from kstore.partition import Partition
+    from kstore.schema import TopicSchema
     from kstore.segments import SegmentCache
 
 STORE_FORMAT_VERSION = 1
@@ -53,10 +55,37 @@ class TopicMetadata:
     config: dict[str, Any]  # explicitly set values only
     created_ms: int
     version: int  # topic log version this was read at
+    # Typed topics: every schema the topic has had, oldest first (PROTOCOL.md 25), as stored.
+    schemas: tuple[dict[str, Any], ...] = ()
 
     @property
     def effective_config(self) -> dict[str, Any]:
         return topic_config.effective(self.config)
+
+    @property
+    def typed(self) -> bool:
+        return bool(self.schemas)
+
+    @property
+    def schema(self) -> TopicSchema | None:
+        """The current schema of a typed topic (None for a binary topic)."""
+        history = self.schema_history
+        return history[-1] if history else None
+
+    @property
+    def schema_history(self) -> tuple[TopicSchema, ...]:
+        if not self.schemas:
+            return ()
+        cached: tuple[TopicSchema, ...] | None = self.__dict__.get("_history")
+        if cached is None:
+            from kstore.schema import SchemaError, read_history
+
+            try:
+                cached = read_history(list(self.schemas), f"topic {self.name!r}")
+            except SchemaError as exc:
+                raise CorruptLogError(f"metaData: {exc}") from None
+            object.__setattr__(self, "_history", cached)
+        return cached
 
 
 @dataclass(frozen=True)
@@ -116,6 +145,12 @@ class TopicState(LogState):
                 raise CorruptLogError(
                     f"metaData: partition count {body['partitions']!r} is out of range"
                 )
+            if "schemas" in body and (
+                not isinstance(body["schemas"], list)
+                or not body["schemas"]
+                or not all(isinstance(e, dict) for e in body["schemas"])
+            ):
+                raise CorruptLogError("metaData: 'schemas' must be a non-empty list of objects")
             self.metadata = body
             self.deleted = False
         elif name == "delete":
@@ -144,6 +179,7 @@ class TopicState(LogState):
             config=topic_config.read_config(m["config"]),
             created_ms=m["createdTime"],
             version=self.version,
+            schemas=tuple(m.get("schemas", ())),
         )
 
 
@@ -290,25 +326,48 @@ class Store:
     # -- administration ------------------------------------------------------------------------
 
     def create_topic(
-        self, name: str, partitions: int = 1, config: Mapping[str, Any] | None = None
+        self,
+        name: str,
+        partitions: int = 1,
+        config: Mapping[str, Any] | None = None,
+        *,
+        value_schema: Any = None,
+        key_schema: Any = None,
     ) -> TopicMetadata:
         """Create a topic. Of concurrent creators of one name exactly one succeeds; the
-        others get TopicAlreadyExistsError."""
+        others get TopicAlreadyExistsError.
+
+        ``value_schema`` makes a typed topic (an Arrow schema, a Spark StructType or its JSON,
+        or a DDL string such as ``"user STRING NOT NULL, amount DOUBLE"``): values are then
+        stored as typed columns. ``key_schema`` types the key too (one primitive type, e.g.
+        ``"string"`` or ``"long"``)."""
         validate_topic_name(name)
         _check_partitions(partitions)
         explicit = topic_config.validate_config(config or {})
-        metadata = {
+        now = int(time.time() * 1000)
+        metadata: dict[str, Any] = {
             "name": name,
             "id": uuid.uuid4().hex,
             "partitions": partitions,
             "config": explicit,
-            "createdTime": int(time.time() * 1000),
+            "createdTime": now,
         }
+        if value_schema is not None:
+            from kstore.schema import new_schema_entry
+
+            metadata["schemas"] = [new_schema_entry(value_schema, key_schema, 1, now)]
+        elif key_schema is not None:
+            raise InvalidConfigurationError(
+                "key_schema needs a value_schema: only typed topics have typed keys"
+            )
 
         def build(state: TopicState) -> list[Action]:
             if state.metadata is not None and not state.deleted:
                 raise TopicAlreadyExistsError(f"topic {name!r} already exists")
             actions: list[Action] = [protocol_action()] if state.version < 0 else []
+            if "schemas" in metadata and state.min_reader_version < TYPED_TOPICS_VERSION:
+                # Readers that predate typed topics must refuse this topic, not misread it.
+                actions.append(protocol_action(TYPED_TOPICS_VERSION))
             return [*actions, {"metaData": metadata}]
 
         log = self._topic_log(name)
@@ -371,6 +430,41 @@ class Store:
             return {**raw, "config": merged}
 
         return self._change_metadata(name, "ALTER CONFIG", change)
+
+    def alter_topic_schema(
+        self, name: str, value_schema: Any, key_schema: Any = None
+    ) -> TopicMetadata:
+        """Evolve a typed topic's schema (PROTOCOL.md 25): add nullable fields, widen numbers,
+        relax NOT NULL. Anything else raises IncompatibleSchemaError naming the field, and
+        changes nothing. Records already written are read with the new schema (fields they
+        lack are null)."""
+        from kstore.schema import (
+            MAX_SCHEMA_VERSIONS,
+            SchemaError,
+            TopicSchema,
+            check_evolution,
+            new_schema_entry,
+        )
+
+        def change(raw: dict[str, Any], current: TopicMetadata) -> dict[str, Any]:
+            history = current.schema_history
+            if not history:
+                raise SchemaError(
+                    f"topic {name!r} is a binary (untyped) topic; a schema can only be given "
+                    "when a topic is created"
+                )
+            latest = history[-1]
+            key = key_schema if key_schema is not None else latest.key_declared
+            entry = new_schema_entry(value_schema, key, latest.id + 1, int(time.time() * 1000))
+            proposed = TopicSchema.from_entry(entry, "schema")
+            check_evolution(latest, proposed)
+            if proposed.value_declared == latest.value_declared:
+                raise SchemaError(f"topic {name!r}: the schema is unchanged")
+            if len(history) >= MAX_SCHEMA_VERSIONS:
+                raise SchemaError(f"topic {name!r} has {len(history)} schema versions, the limit")
+            return {**raw, "schemas": [*raw["schemas"], entry]}
+
+        return self._change_metadata(name, "ALTER SCHEMA", change)
 
     def add_partitions(self, name: str, total: int) -> TopicMetadata:
         """Grow the topic to ``total`` partitions (Kafka allows no shrinking)."""
@@ -465,10 +559,13 @@ class Store:
         key = (topic, meta.topic_id, partition)
         with self._lock:
             existing = self._partitions.get(key)
-            if existing is not None:
-                return existing
+        if existing is not None:
+            if meta.schemas and meta.schemas[-1].get("id", 0) > existing.layout.schema_id:
+                self._adopt_layout(existing, meta)
+            return existing
         interval = int(meta.effective_config["checkpoint.interval"])
         from kstore.partition import Partition
+        from kstore.segments import layout_of
 
         created = Partition(
             self.storage,
@@ -478,9 +575,19 @@ class Store:
             checkpoint_interval=interval,
             cache=self.segment_cache,
             retry=self.retry,
+            layout=layout_of(meta),
         )
         with self._lock:
             return self._partitions.setdefault(key, created)
+
+    def _adopt_layout(self, part: Partition, meta: TopicMetadata) -> None:
+        """Move a shared partition object to a newer schema version (never back)."""
+        from kstore.segments import layout_of
+
+        layout = layout_of(meta)
+        with self._lock:
+            if layout.schema_id > part.layout.schema_id:
+                part.layout = layout
 
 
 def _check_partitions(count: object) -> None:
