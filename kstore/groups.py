@@ -40,7 +40,7 @@ from kstore.errors import (
 )
 from kstore.layout import GROUPS, group_log_dir, group_members_dir
 from kstore.log import Action, CommitResult, Log, LogState, RetryPolicy, protocol_action
-from kstore.names import validate_group_id
+from kstore.names import validate_group_id, validate_topic_name
 from kstore.records import OffsetAndMetadata, TopicPartition
 
 if TYPE_CHECKING:
@@ -169,8 +169,9 @@ class GroupState(LogState):
             when = int(body.get("time", 0))
             for item in body["offsets"]:
                 tp = TopicPartition(str(item["topic"]), int(item["partition"]))
+                metadata = item.get("metadata")
                 self.offsets[tp] = OffsetAndMetadata(
-                    int(item["offset"]), str(item.get("metadata", ""))
+                    int(item["offset"]), "" if metadata is None else str(metadata)
                 )
                 self.offset_times[tp] = when
             txn = body.get("transaction")
@@ -291,6 +292,47 @@ def _assignment_body(
         },
         "partitions": dict(sorted(partitions.items())),
     }
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _checked_offsets(
+    offsets: Mapping[TopicPartition, OffsetAndMetadata],
+) -> dict[TopicPartition, OffsetAndMetadata]:
+    """``offsets`` with every key and value checked (names, partition numbers, offsets,
+    metadata); None metadata becomes "" as in Kafka. Raises ValueError naming the culprit."""
+    if not isinstance(offsets, Mapping):
+        raise ValueError(
+            f"offsets must be a mapping of TopicPartition to OffsetAndMetadata, got "
+            f"{type(offsets).__name__}"
+        )
+    out: dict[TopicPartition, OffsetAndMetadata] = {}
+    for tp, om in offsets.items():
+        if not isinstance(tp, tuple) or len(tp) != 2:
+            raise ValueError(f"offsets: key {tp!r} is not a TopicPartition")
+        topic = validate_topic_name(tp[0])
+        if not _is_int(tp[1]) or tp[1] < 0:
+            raise ValueError(
+                f"offsets: partition of {topic!r} must be a non-negative integer, got {tp[1]!r}"
+            )
+        if not isinstance(om, OffsetAndMetadata):
+            raise ValueError(f"offsets: value for {topic}-{tp[1]} is not an OffsetAndMetadata")
+        if not _is_int(om.offset) or om.offset < 0:
+            raise ValueError(
+                f"offset for {TopicPartition(topic, tp[1])} must be a non-negative integer, "
+                f"got {om.offset!r}"
+            )
+        if om.metadata is not None and not isinstance(om.metadata, str):
+            raise ValueError(
+                f"offsets: metadata for {topic}-{tp[1]} must be a string, got "
+                f"{type(om.metadata).__name__}"
+            )
+        out[TopicPartition(topic, tp[1])] = OffsetAndMetadata(
+            om.offset, om.metadata or "", om.leader_epoch
+        )
+    return out
 
 
 def _lease_name(member_id: str) -> str:
@@ -541,6 +583,9 @@ class Group:
         ``transaction`` = (transactional id, version, producer epoch) makes this commit the
         decision of that producer transaction: refused for a fenced epoch, a no-op if that
         version is already committed."""
+        # Checked before anything is written: an entry with an illegal topic name or a bad
+        # partition would stay in the group log for good and break every later describe.
+        checked = _checked_offsets(offsets)
         items = [
             {
                 "topic": tp.topic,
@@ -548,13 +593,8 @@ class Group:
                 "offset": om.offset,
                 "metadata": om.metadata,
             }
-            for tp, om in sorted(offsets.items())
+            for tp, om in sorted(checked.items())
         ]
-        for tp, om in offsets.items():
-            if not isinstance(om.offset, int) or om.offset < 0:
-                raise ValueError(
-                    f"offset for {tp} must be a non-negative integer, got {om.offset!r}"
-                )
 
         def build(state: GroupState) -> list[Action] | None:
             now = _now_ms()
@@ -588,7 +628,7 @@ class Group:
                 releasing = {tp for tp, m in state.pending_release.items() if m == member_id}
                 awaiting = {tp for tp, m in state.pending_release.items() if m != member_id}
                 allowed = (set(state.assignment.get(member_id, [])) - awaiting) | releasing
-                foreign = sorted(tp for tp in offsets if tp not in allowed)
+                foreign = sorted(tp for tp in checked if tp not in allowed)
                 if foreign or generation > state.generation:
                     raise CommitFailedError(
                         f"group {self.group_id!r}: commit from member {member_id} (generation "
@@ -821,6 +861,25 @@ def reset_offsets(
         raise ValueError(
             "choose exactly one of to_earliest, to_latest, to_offset, to_datetime, shift_by, by_duration"
         )
+    for name, value in (
+        ("to_offset", to_offset),
+        ("to_datetime_ms", to_datetime_ms),
+        ("shift_by", shift_by),
+        ("by_duration_ms", by_duration_ms),
+    ):
+        if value is not None and not _is_int(value):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        if value is not None and name != "shift_by" and value < 0:
+            raise ValueError(f"{name} must not be negative, got {value!r}")
+    # One topic name given as a string is that topic, not its characters.
+    topic_list = [topics] if isinstance(topics, str) else list(topics)
+    for topic in topic_list:
+        validate_topic_name(topic)
+    wanted = set(partitions) if partitions is not None else None
+    if wanted is not None:
+        for p in wanted:
+            if not _is_int(p) or p < 0:
+                raise ValueError(f"partition must be a non-negative integer, got {p!r}")
     group = Group(store, group_id)
     state = group.state()
     live = group.live_members(state)
@@ -828,10 +887,17 @@ def reset_offsets(
         raise IllegalStateError(
             f"group {group_id!r} has {len(live)} live member(s); offsets can only be reset while it is inactive"
         )
-    wanted = set(partitions) if partitions is not None else None
+    metas = {topic: store.topic(topic) for topic in topic_list}
+    if wanted is not None:
+        for topic, meta in metas.items():
+            missing = sorted(p for p in wanted if p >= meta.partitions)
+            if missing:
+                raise UnknownTopicOrPartitionError(
+                    f"topic {topic!r} has partitions 0..{meta.partitions - 1}; "
+                    f"partition {missing[0]} does not exist"
+                )
     plan: dict[TopicPartition, int] = {}
-    for topic in topics:
-        meta = store.topic(topic)
+    for topic, meta in metas.items():
         for p in range(meta.partitions):
             if wanted is not None and p not in wanted:
                 continue

@@ -22,6 +22,7 @@ from typing import Any
 
 from kstore.compaction.jobs import PartitionResult, Summary, open_store, policies, run_job
 
+from kstore.errors import InvalidConfigurationError
 from kstore.store import Store
 
 from .deletion import RetentionPlan, plan_retention, retention_partition
@@ -55,6 +56,23 @@ __all__ = [
 SUBMIT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
 
 
+def _checked_arguments(
+    topics: Sequence[str] | None, tasks: int | None, now_ms: int | None
+) -> list[str] | None:
+    """The job's arguments checked before any work: a bad one is a clear error, never a
+    TypeError half way through a run. One topic name given as a string is that topic."""
+    for name, value, minimum in (("tasks", tasks, 1), ("now_ms", now_ms, 0)):
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < minimum
+        ):
+            raise InvalidConfigurationError(
+                f"{name} must be an integer >= {minimum}, got {value!r}"
+            )
+    if topics is None:
+        return None
+    return [topics] if isinstance(topics, str) else list(topics)
+
+
 def run_retention(
     spark: Any,
     store_url: str | Store,
@@ -70,6 +88,7 @@ def run_retention(
     ``cleanup.policy`` includes ``delete`` (or of ``topics``): one Spark task per group of
     partitions, or in this process when ``spark`` is None. Reads manifests only. Prints
     progress and the summary unless ``verbose`` is False; ``now_ms`` fixes the clock (tests)."""
+    topics = _checked_arguments(topics, tasks, now_ms)
     return run_job(
         "retention",
         retention_partition,
@@ -102,6 +121,7 @@ def vacuum(
     ``orphan_age_ms`` (at least 10 minutes), log versions older than the newest checkpoint
     past ``log_retention_ms`` (at least 2 days), and data of stale topic incarnations. ``dry_run`` lists what
     would go (``summary.files``) and deletes nothing."""
+    topics = _checked_arguments(topics, tasks, now_ms)
     check_ages(orphan_age_ms, log_retention_ms)
     options = {
         "now_ms": now_ms,

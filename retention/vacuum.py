@@ -58,6 +58,9 @@ _TOPIC_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def check_ages(orphan_age_ms: int, log_retention_ms: int) -> None:
+    for name, value in (("orphan_age_ms", orphan_age_ms), ("log_retention_ms", log_retention_ms)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidConfigurationError(f"{name} must be an integer (ms), got {value!r}")
     if orphan_age_ms < MIN_ORPHAN_AGE_MS:
         raise InvalidConfigurationError(
             f"orphan_age_ms {orphan_age_ms} is below {MIN_ORPHAN_AGE_MS}: a file that young may "
