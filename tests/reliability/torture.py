@@ -1,0 +1,556 @@
+"""The torture driver: many clients, maintenance jobs, a Spark copy, faults, crashes and
+restarts at once on one store, then the history checker over everything that happened.
+
+:func:`run_torture` runs, for ``duration_s`` seconds (with seed ``seed``, printed first):
+
+- producer threads of this process and producer processes (idempotent, ``acks=all``);
+- a transactional producer process (commits and aborts; it keeps its transactional id across
+  restarts, so each new instance finishes the transaction its killed predecessor left open);
+- group-member processes of one consumer group (``read_committed``, committing after every
+  poll), SIGKILLed, SIGSTOPped past their session timeout and resumed (zombies), restarted;
+- compaction, merging, retention and vacuum in a thread, in this process (``spark=None``);
+- optionally a Spark Structured Streaming copy of ``events`` into ``copy`` (format
+  ``kstore``), a driver process SIGKILLed and restarted from its checkpoint;
+- every client over the fault-injecting filesystem (``faultfs``): failed, ambiguous, delayed
+  and torn writes, failed and delayed reads, and ``os._exit`` crashes of worker processes at
+  named points of the commit protocol;
+- optionally a storage restart (SeaweedFS stopped and started) mid-run.
+
+Then it stops everything, finishes the transactions killed producers left open, scans every
+partition with faults off (``read_committed`` and ``read_uncommitted``), reads every version of
+the group log, and checks the whole history. The random choices of the driver (what to kill and
+when, fault decisions) derive from the seed; thread and process timing does not, so a replay
+with the same seed repeats the same schedule of disturbances, not the same interleaving.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kstore.consumer import Consumer
+from kstore.groups import Group
+from kstore.producer import Producer
+from kstore.records import TopicPartition
+from kstore.store import Store
+from tests.reliability import faultfs
+from tests.reliability.history import Recorder, Result, check, load_events
+from tests.reliability.worker import (
+    COPY_TOPIC,
+    GROUP,
+    TOPICS,
+    produce_loop,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def fault_rules(rate: float) -> list[dict[str, Any]]:
+    """The faults of a run, ``rate`` being the probability of a failed or ambiguous write."""
+    return [
+        {"op": "create", "kind": "fail", "p": rate},
+        {"op": "create", "kind": "ambiguous", "p": rate},
+        {"op": "create", "kind": "truncate", "p": rate, "path": r"/segments/"},
+        {"op": "put", "kind": "truncate", "p": rate, "path": r"_last_checkpoint$"},
+        {"op": "put", "kind": "fail", "p": rate / 2},
+        {"op": "put", "kind": "ambiguous", "p": rate / 2},
+        {"op": "create", "kind": "delay", "p": rate, "delay_s": 0.1},
+        {"op": "read", "kind": "delay", "p": rate / 2, "delay_s": 0.05},
+        {"op": "read", "kind": "fail", "p": rate / 10},
+        {"op": "list", "kind": "fail", "p": rate / 10},
+        {"op": "delete", "kind": "fail", "p": rate},
+        {"op": "delete", "kind": "ambiguous", "p": rate},
+    ]
+
+
+# Crash points of worker processes; each process crashes at one of them with probability p
+# per passage (a few per minute across the run).
+CRASHES = [
+    {"point": "segment-written", "p": 0.004},
+    {"point": "commit-landed", "p": 0.004},
+    {"point": "before-commit", "p": 0.002},
+    {"point": "checkpoint-write", "p": 0.05},
+]
+
+SPARK_DRIVER = """
+import json, os, sys, warnings
+warnings.simplefilter("ignore")
+os.environ["PYSPARK_PYTHON"] = sys.executable
+from pyspark.sql import SparkSession
+from kstore.spark_ext import register
+
+url, options, checkpoint = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+         .config("spark.sql.shuffle.partitions", "1").config("spark.driver.memory", "512m")
+         .getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+register(spark)
+store = {"store": url, "storageOptions": json.dumps(options)}
+query = (
+    spark.readStream.format("kstore").options(**store)
+    .option("subscribe", "events").option("startingOffsets", "earliest")
+    .option("failOnDataLoss", "false")
+    .option("maxOffsetsPerTrigger", "2000").load()
+    .selectExpr("key", "value")
+    .writeStream.format("kstore").options(**store).option("topic", "copy")
+    .option("checkpointLocation", checkpoint)
+    .trigger(processingTime="200 milliseconds").start()
+)
+query.awaitTermination()
+"""
+
+
+@dataclass
+class TortureConfig:
+    url: str
+    storage_options: dict[str, Any]
+    workdir: str
+    duration_s: float = 30.0
+    seed: int | None = None
+    backend: str = "local"
+    thread_producers: int = 1
+    process_producers: int = 2
+    txn_producers: int = 1
+    consumers: int = 2
+    fault_rate: float = 0.02
+    crashes: bool = True
+    maintenance: bool = True
+    spark: bool = False
+    # Stops and starts the storage (SeaweedFS) once mid-run; None: no storage restart.
+    restart_storage: Callable[[], None] | None = None
+    storage_restarts: int = 1  # how many times, at random moments
+    log: Callable[[str], None] = print
+
+
+@dataclass
+class TortureStats:
+    seed: int
+    backend: str
+    duration_s: float = 0.0
+    sends: int = 0
+    acks: int = 0
+    reads: int = 0
+    offset_commits: int = 0
+    transactions: dict[str, int] = field(default_factory=dict)
+    maintenance_runs: int = 0
+    maintenance_errors: int = 0  # job runs that raised
+    maintenance: dict[str, int] = field(default_factory=dict)  # partition outcomes by job
+    client_errors: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
+    kills: int = 0
+    stops: int = 0
+    restarts: int = 0
+    spark_kills: int = 0
+    storage_restarts: int = 0
+    final_records: int = 0
+    copy_records: int = 0  # records the Spark copy wrote (final scan)
+    anomalies: int = 0
+
+    def operations(self) -> int:
+        return self.sends + self.reads + self.offset_commits + self.maintenance_runs
+
+    def describe(self) -> str:
+        injected = sum(v for k, v in self.faults.items() if not k.startswith("crash:"))
+        crashes = {k: v for k, v in self.faults.items() if k.startswith("crash:")}
+        return (
+            f"seed {self.seed}, backend {self.backend}, {self.duration_s:.0f} s: "
+            f"{self.operations()} operations ({self.sends} records sent, {self.acks} "
+            f"acknowledged, {self.reads} records read by the group, {self.offset_commits} offset "
+            f"commits, {self.maintenance_runs} maintenance job runs ({self.maintenance_errors} "
+            f"raised; partition outcomes {dict(sorted(self.maintenance.items()))})), transactions {self.transactions}, "
+            f"{injected} faults injected {self.faults}, {sum(crashes.values())} injected "
+            f"crashes, {self.kills} SIGKILLs of clients, {self.stops} SIGSTOPs, "
+            f"{self.restarts} client restarts, {self.spark_kills} Spark driver kills, "
+            f"{self.storage_restarts} storage restarts; {self.final_records} records in the "
+            f"final scan ({self.copy_records} in the Spark copy); {self.anomalies} anomalies"
+        )
+
+
+@dataclass
+class _Proc:
+    role: str
+    name: str
+    config: dict[str, Any]
+    process: subprocess.Popen[bytes]
+    stopped: bool = False
+
+
+class Torture:
+    def __init__(self, config: TortureConfig) -> None:
+        self.config = config
+        self.seed = (
+            config.seed if config.seed is not None else random.SystemRandom().randrange(10**9)
+        )
+        self.rng = random.Random(self.seed)
+        self.stats = TortureStats(seed=self.seed, backend=config.backend)
+        self.work = Path(config.workdir)
+        self.history_dir = self.work / "history"
+        self.history_dir.mkdir(parents=True, exist_ok=True)
+        self.events_path = str(self.work / "faults.jsonl")
+        self.stop_event = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.procs: list[_Proc] = []
+        self.spark: subprocess.Popen[bytes] | None = None
+        self.counter = 0
+        self.error_samples: list[str] = []
+        self.spark_restarted_at: int | None = None
+        self.log = config.log
+
+    # -- set-up ----------------------------------------------------------------------------------
+
+    def faulty(self, seed: int, *, crashes: bool) -> tuple[str, dict[str, Any]]:
+        return faultfs.wrap_url(
+            self.config.url,
+            self.config.storage_options,
+            faults=fault_rules(self.config.fault_rate),
+            crashes=CRASHES if crashes and self.config.crashes else (),
+            seed=seed,
+            events_path=self.events_path,
+        )
+
+    def recorder(self, name: str) -> Recorder:
+        return Recorder(str(self.history_dir / f"{name}.jsonl"))
+
+    def setup(self) -> Store:
+        store = Store(self.config.url, self.config.storage_options)
+        record = self.recorder("driver")
+        for name, partitions, topic_config in [*TOPICS, COPY_TOPIC]:
+            store.create_topic(name, partitions, config=topic_config)
+            record(
+                "topic",
+                topic=name,
+                compacted="compact" in str(topic_config.get("cleanup.policy", "")),
+                derived=name == COPY_TOPIC[0],
+            )
+        return store
+
+    # -- clients -----------------------------------------------------------------------------------
+
+    def next_name(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}-{uuid.uuid4().hex[:6]}"
+
+    def start_process(self, role: str, extra: dict[str, Any] | None = None) -> _Proc:
+        name = self.next_name({"producer": "p", "txn": "x", "consumer": "c"}[role])
+        url, options = self.faulty(self.rng.randrange(10**9), crashes=role != "consumer")
+        config = {
+            "url": url,
+            "options": options,
+            "name": name,
+            "history": str(self.history_dir / f"{name}.jsonl"),
+            "seed": self.rng.randrange(10**9),
+            **(extra or {}),
+        }
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.reliability.worker", role, json.dumps(config)],
+            cwd=str(REPO),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.work / f"{name}.stderr", "wb"),  # noqa: SIM115 - the child owns it
+        )
+        proc = _Proc(role, name, config, process)
+        self.procs.append(proc)
+        return proc
+
+    def start_thread_producer(self, i: int) -> None:
+        name = self.next_name("t")
+        url, options = self.faulty(self.rng.randrange(10**9), crashes=False)
+        store = Store(url, options, create=False)
+        record = self.recorder(name)
+        rng = random.Random(self.rng.randrange(10**9))
+        thread = threading.Thread(
+            target=produce_loop,
+            args=(store, name, record, rng, self.stop_event.is_set),
+            name=f"torture-{name}",
+            daemon=True,
+        )
+        thread.start()
+        self.threads.append(thread)
+
+    def maintenance_loop(self) -> None:
+        from kstore.compaction import merge_segments, run_compaction
+        from kstore.retention import MIN_ORPHAN_AGE_MS, run_retention, vacuum
+
+        url, options = self.faulty(self.rng.randrange(10**9), crashes=False)
+        store = Store(url, options, create=False)
+        rng = random.Random(self.rng.randrange(10**9))
+        jobs: list[Callable[[], Any]] = [
+            lambda: run_compaction(None, store, verbose=False),
+            lambda: merge_segments(None, store, verbose=False),
+            lambda: run_retention(None, store, verbose=False),
+            lambda: vacuum(None, store, verbose=False, orphan_age_ms=MIN_ORPHAN_AGE_MS),
+        ]
+        while not self.stop_event.is_set():
+            job = rng.choice(jobs)
+            try:
+                summary = job()
+                for result in summary.partitions:
+                    what = f"{result.operation}:{result.outcome}"
+                    self.stats.maintenance[what] = self.stats.maintenance.get(what, 0) + 1
+                    if result.outcome == "error" and len(self.error_samples) < 20:
+                        self.error_samples.append(f"{what} {result.reason[:160]}")
+            except Exception as exc:
+                self.stats.maintenance_errors += 1
+                if len(self.error_samples) < 20:
+                    self.error_samples.append(f"maintenance: {type(exc).__name__}: {exc}"[:200])
+            self.stats.maintenance_runs += 1
+            self.stop_event.wait(rng.uniform(0.1, 0.6))
+
+    def start_spark(self) -> None:
+        script = self.work / "spark_driver.py"
+        script.write_text(SPARK_DRIVER)
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
+        self.spark = subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                self.config.url,
+                json.dumps(self.config.storage_options),
+                str(self.work / "spark-checkpoint"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.work / "spark.stderr", "ab"),  # noqa: SIM115 - the child owns it
+            env=env,
+            start_new_session=True,  # the kill takes the JVM with it
+        )
+
+    def copy_end(self) -> int:
+        """How many records the Spark copy holds (its partitions' end offsets)."""
+        store = Store(self.config.url, self.config.storage_options, create=False)
+        return sum(
+            store.partition(COPY_TOPIC[0], p).state().end_offset for p in range(COPY_TOPIC[1])
+        )
+
+    def kill_spark(self) -> None:
+        if self.spark is not None and self.spark.poll() is None:
+            os.killpg(self.spark.pid, signal.SIGKILL)
+            self.spark.wait(30)
+
+    # -- disturbances ------------------------------------------------------------------------------
+
+    def disturb(self) -> None:
+        """One random disturbance: kill, stop (and later resume) or restart a client."""
+        live = [p for p in self.procs if p.process.poll() is None]
+        roll = self.rng.random()
+        if live and roll < 0.55:
+            victim = self.rng.choice(live)
+            if victim.stopped:
+                victim.process.send_signal(signal.SIGCONT)
+                victim.stopped = False
+            victim.process.send_signal(signal.SIGKILL)
+            victim.process.wait(30)
+            self.stats.kills += 1
+        elif live and roll < 0.75:
+            consumers = [p for p in live if p.role == "consumer" and not p.stopped]
+            if consumers:
+                victim = self.rng.choice(consumers)
+                victim.process.send_signal(signal.SIGSTOP)  # a zombie: expelled while asleep
+                victim.stopped = True
+                self.stats.stops += 1
+
+    def resume_stopped(self) -> None:
+        for p in self.procs:
+            if p.stopped and self.rng.random() < 0.5:
+                p.process.send_signal(signal.SIGCONT)
+                p.stopped = False
+
+    def replace_dead(self) -> None:
+        """Restart every worker process that died (killed, or crashed by faultfs)."""
+        for p in list(self.procs):
+            if p.process.poll() is None:
+                continue
+            self.procs.remove(p)
+            extra = {"tid": p.config["tid"]} if p.role == "txn" else None
+            self.start_process(p.role, extra)
+            self.stats.restarts += 1
+
+    # -- the run -----------------------------------------------------------------------------------
+
+    def run(self) -> tuple[TortureStats, Result]:
+        c = self.config
+        self.log(
+            f"torture: seed {self.seed} backend {c.backend} duration {c.duration_s:.0f} s "
+            f"(replay with seed={self.seed})"
+        )
+        faultfs.register()
+        quiet_logs()
+        store = self.setup()
+        started = time.monotonic()
+        try:
+            for i in range(c.thread_producers):
+                self.start_thread_producer(i)
+            for _ in range(c.process_producers):
+                self.start_process("producer")
+            for i in range(c.txn_producers):
+                self.start_process("txn", {"tid": f"torture-txn-{i}"})
+            for _ in range(c.consumers):
+                self.start_process("consumer")
+            if c.maintenance:
+                thread = threading.Thread(target=self.maintenance_loop, daemon=True)
+                thread.start()
+                self.threads.append(thread)
+            if c.spark:
+                self.start_spark()
+            # The Spark driver is killed at set moments (its JVM takes ~15 s to start on a
+            # small machine: random kills would leave it no time to copy anything).
+            spark_kills = (
+                [
+                    started + c.duration_s * f
+                    for f in ((0.45,) if c.duration_s < 120 else (0.3, 0.6, 0.8))
+                ]
+                if c.spark
+                else []
+            )
+            restarts = (
+                sorted(
+                    started + c.duration_s * self.rng.uniform(0.2, 0.7)
+                    for _ in range(c.storage_restarts)
+                )
+                if c.restart_storage is not None
+                else []
+            )
+            while time.monotonic() - started < c.duration_s:
+                time.sleep(self.rng.uniform(0.5, 2.5))
+                self.disturb()
+                self.resume_stopped()
+                self.replace_dead()
+                if spark_kills and time.monotonic() >= spark_kills[0]:
+                    spark_kills.pop(0)
+                    self.kill_spark()
+                    self.stats.spark_kills += 1
+                    self.spark_restarted_at = self.copy_end()
+                    self.start_spark()
+                if restarts and time.monotonic() >= restarts[0]:
+                    restarts.pop(0)
+                    self.log("torture: restarting the storage")
+                    assert c.restart_storage is not None
+                    c.restart_storage()
+                    self.stats.storage_restarts += 1
+            if c.spark and self.spark_restarted_at is not None:
+                # Let the restarted query copy something before it is killed for good.
+                deadline = time.monotonic() + 60
+                while self.copy_end() <= self.spark_restarted_at and time.monotonic() < deadline:
+                    time.sleep(1)
+        finally:
+            self.stats.duration_s = time.monotonic() - started
+            self.shut_down()
+        self.finish(store)
+        return self.finish_check()
+
+    def shut_down(self) -> None:
+        self.stop_event.set()
+        for p in self.procs:
+            if p.process.poll() is None:
+                if p.stopped:
+                    p.process.send_signal(signal.SIGCONT)
+                p.process.send_signal(signal.SIGKILL)
+            p.process.wait(30)
+        self.kill_spark()
+        for thread in self.threads:
+            thread.join(timeout=180)
+            if thread.is_alive():
+                self.log(f"torture: thread {thread.name} did not stop")
+
+    def finish(self, store: Store) -> None:
+        """With faults off: finish open transactions, scan every partition, read the group log."""
+        record = self.recorder("final")
+        store = Store(self.config.url, self.config.storage_options, create=False)
+        for i in range(self.config.txn_producers):
+            Producer(store, transactional_id=f"torture-txn-{i}").close()  # finishes a dead txn
+        for name, partitions, _ in [*TOPICS, COPY_TOPIC]:
+            for p in range(partitions):
+                tp = TopicPartition(name, p)
+                state = store.partition(name, p).state()
+                record(
+                    "bounds",
+                    topic=name,
+                    partition=p,
+                    log_start=state.log_start_offset,
+                    end=state.end_offset,
+                )
+                for iso in ("read_committed", "read_uncommitted"):
+                    consumer = Consumer(store=store, isolation_level=iso, max_poll_records=5000)
+                    consumer.assign([tp])
+                    consumer.seek_to_beginning(tp)
+                    end = consumer.end_offsets([tp])[tp]
+                    while consumer.position(tp) < end:
+                        for records in consumer.poll(timeout_ms=500).values():
+                            for r in records:
+                                record(
+                                    "read",
+                                    reader="final",
+                                    **{"pass": f"final-{iso}"},
+                                    iso="rc" if iso == "read_committed" else "ru",
+                                    final=True,
+                                    topic=name,
+                                    partition=p,
+                                    offset=r.offset,
+                                    value=None if r.value is None else r.value.decode(),
+                                )
+                    consumer.close()
+        group = Group(store, GROUP)
+        version = 0
+        while True:
+            commit = group.log.read_commit(version)
+            if commit is None:
+                break
+            _, actions = commit
+            record(
+                "group_commit",
+                group=GROUP,
+                version=version,
+                actions=[{name: body} for name, body in actions],
+            )
+            version += 1
+        record.close()
+
+    def finish_check(self) -> tuple[TortureStats, Result]:
+        events = load_events(str(self.history_dir))
+        result = check(events)
+        s = self.stats
+        s.sends = result.summary.sent
+        s.acks = result.summary.acked
+        s.reads = result.summary.reads
+        s.final_records = result.summary.final_records
+        s.transactions = result.summary.transactions
+        s.copy_records = sum(
+            1
+            for e in events
+            if e["ev"] == "read"
+            and e.get("final")
+            and e.get("iso") == "rc"
+            and e["topic"] == COPY_TOPIC[0]
+        )
+        s.offset_commits = sum(1 for e in events if e["ev"] == "offset_commit")
+        s.client_errors = sum(1 for e in events if e["ev"] == "error")
+        s.faults = faultfs.fault_counts(faultfs.read_events(self.events_path))
+        s.anomalies = len(result.anomalies)
+        return s, result
+
+
+def quiet_logs() -> None:
+    """kstore logs every retried commit at WARNING: thousands of lines under injected faults."""
+    logging.getLogger("kstore").setLevel(logging.ERROR)
+
+
+def run_torture(config: TortureConfig) -> tuple[TortureStats, Result]:
+    """Run one torture run (see the module docstring); the caller asserts on the result."""
+    return Torture(config).run()
+
+
+def clean(workdir: str) -> None:
+    shutil.rmtree(workdir, ignore_errors=True)
