@@ -299,7 +299,10 @@ class Partition:
                 return None  # already ended here, and no older epoch left to fence
             now = int(time.time() * 1000)
             actions: list[Action] = []
-            if not commit:
+            if not commit and key in state.open_transactions:
+                # Only an open transaction's segments go: a state replayed from version 0
+                # keeps the tag on segments whose transaction already committed, and a later
+                # marker (a newer epoch fencing this producer) must never remove those.
                 actions.extend(
                     {"remove": {"path": seg.path, "deletionTimestamp": now}}
                     for seg in state.segments

@@ -814,7 +814,12 @@ def _run_main(main: Any, argv: list[str]) -> tuple[int | str | None, str]:
         (compaction_main, [], 2, "--store"),
         (compaction_main, ["explode"], 2, "invalid choice: 'explode'"),
         (compaction_main, ["--tasks", "x"], 2, "invalid int value: 'x'"),
-        (compaction_main, ["--option", "noequals"], "--option expects KEY=VALUE, got 'noequals'", ""),
+        (
+            compaction_main,
+            ["--option", "noequals"],
+            "--option expects KEY=VALUE, got 'noequals'",
+            "",
+        ),
         (compaction_main, ["--topic", "../x"], 2, "invalid topic name '../x'"),
         (compaction_main, ["--topic", "nope"], 2, "'nope' does not exist"),
         (retention_main, ["vacuum", "--orphan-age-ms", "5"], 2, "orphan_age_ms 5 is below"),
