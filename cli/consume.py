@@ -25,6 +25,7 @@ from kstore.cli.common import (
 )
 from kstore.cli.produce import unescape
 from kstore.cli.timeparse import parse_datetime_ms
+from kstore.cli.typed import dumps, to_json
 
 if TYPE_CHECKING:
     from kstore.consumer import Consumer
@@ -45,10 +46,14 @@ class RecordFormat(enum.StrEnum):
     hex = "hex"
 
 
-def _encoded(data: bytes | None, prefix: str, out: dict[str, Any]) -> None:
-    """``out[prefix]`` = the bytes as a UTF-8 string (or null); base64 when not UTF-8."""
+def _encoded(data: Any, prefix: str, out: dict[str, Any]) -> None:
+    """``out[prefix]`` = the bytes as a UTF-8 string (or null); base64 when not UTF-8. A typed
+    topic's value (a dict) and typed key (str, int, float) are written as JSON values."""
     if data is None:
         out[prefix] = None
+        return
+    if not isinstance(data, bytes):
+        out[prefix] = to_json(data)
         return
     try:
         out[prefix] = data.decode("utf-8")
@@ -101,9 +106,12 @@ class Formatter:
         self.separator = separator
         self.null = null_text
 
-    def _bytes(self, data: bytes | None) -> bytes:
+    def _bytes(self, data: Any) -> bytes:
         if data is None:
             return self.null
+        if not isinstance(data, bytes):
+            # A typed topic: a value prints as a JSON object, a typed key as its text.
+            data = data.encode() if isinstance(data, str) else dumps(data).encode()
         return data.hex().encode() if self.fmt is RecordFormat.hex else data
 
     def format(self, record: ConsumerRecord) -> bytes:

@@ -36,6 +36,7 @@ from kstore.cli.common import (
     store_from,
 )
 from kstore.cli.timeparse import parse_datetime_ms
+from kstore.cli.typed import TypedInput, TypedInputError, loads
 
 
 class Acks(enum.StrEnum):
@@ -55,8 +56,8 @@ class InputError(ValueError):
 
 @dataclass
 class InputRecord:
-    value: bytes | None
-    key: bytes | None = None
+    value: Any  # bytes, or on a typed topic a dict of field values (None: a tombstone)
+    key: Any = None  # bytes, or on a typed topic with a typed key: str, int or float
     headers: list[tuple[str, bytes]] | None = None
     partition: int | None = None
     timestamp_ms: int | None = None
@@ -179,9 +180,11 @@ def _json_headers(obj: Any) -> list[tuple[str, bytes]] | None:
     return out
 
 
-def parse_json_record(line: bytes) -> InputRecord:
+def parse_json_record(line: bytes, typed: TypedInput | None = None) -> InputRecord:
+    """One JSON-lines record. On a typed topic (``typed``) the ``value`` is a JSON object of
+    the schema's fields and a typed ``key`` is a JSON string or number."""
     try:
-        obj = json.loads(line)
+        obj = json.loads(line) if typed is None else loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"not valid JSON ({exc})") from None
     if not isinstance(obj, dict):
@@ -207,13 +210,37 @@ def parse_json_record(line: bytes) -> InputRecord:
         raise InputError(
             f"timestamp must be epoch milliseconds or an ISO 8601 string, got {stamp!r}"
         )
+    value: Any
+    key: Any
+    if typed is None:
+        value = _json_bytes(obj["value"], obj.get("value_encoding"), "value")
+        key = _json_bytes(obj.get("key"), obj.get("key_encoding"), "key")
+    else:
+        if obj.get("value_encoding") is not None:
+            raise InputError("value_encoding does not apply to a typed topic's values")
+        value = typed.value_from_json(obj["value"])
+        key = (
+            typed.key_from_json(obj.get("key"), obj.get("key_encoding"))
+            if typed.key_type is not None
+            else _json_bytes(obj.get("key"), obj.get("key_encoding"), "key")
+        )
     return InputRecord(
-        value=_json_bytes(obj["value"], obj.get("value_encoding"), "value"),
-        key=_json_bytes(obj.get("key"), obj.get("key_encoding"), "key"),
+        value=value,
+        key=key,
         headers=_json_headers(obj.get("headers")),
         partition=partition,
         timestamp_ms=timestamp_ms,
     )
+
+
+def _typed_text(record: InputRecord, typed: TypedInput) -> InputRecord:
+    """A text-mode line on a typed topic: the value part is a JSON object, a typed key is
+    parsed as its type."""
+    if record.value is not None:
+        record.value = typed.value_from_text(record.value)
+    if record.key is not None and typed.key_type is not None:
+        record.key = typed.key_from_text(record.key)
+    return record
 
 
 @dataclass
@@ -367,6 +394,10 @@ def produce(
 ) -> None:
     """Write records read line by line from stdin (or --file) to a topic.
 
+    On a typed topic each value is a JSON object of the schema's fields (dates and times in
+    ISO 8601, decimals as strings or numbers, binary in base64), validated before it is sent:
+    a line that does not fit stops the input, naming the line and the field.
+
     Ends at end of input (Ctrl-D on a terminal) or on Ctrl-C, after delivering every record
     read. A summary goes to stderr (with -o json: a JSON object to stdout).
     """
@@ -401,6 +432,7 @@ def produce(
         raise UnknownTopicOrPartitionError(
             f"topic {topic!r} has partitions 0..{meta.partitions - 1}; {partition} does not exist"
         )
+    typed = TypedInput(meta.schema) if meta.schema is not None else None
     acks_value: int | str = "all" if acks is Acks.all else int(acks.value)
     stream: IO[bytes] = open(file, "rb") if file is not None else sys.stdin.buffer  # noqa: SIM115
     if file is None and sys.stdin.isatty():
@@ -415,11 +447,12 @@ def produce(
                 if input_format is InputFormat.json and not line.strip():
                     continue
                 try:
-                    record = (
-                        parse_json_record(line)
-                        if input_format is InputFormat.json
-                        else parser.parse(line)
-                    )
+                    if input_format is InputFormat.json:
+                        record = parse_json_record(line, typed)
+                    else:
+                        record = parser.parse(line)
+                        if typed is not None:
+                            record = _typed_text(record, typed)
                     future = producer.send(
                         topic,
                         value=record.value,
@@ -428,8 +461,8 @@ def produce(
                         partition=partition if partition is not None else record.partition,
                         timestamp_ms=record.timestamp_ms,
                     )
-                except (InputError, KStoreError) as exc:
-                    detail = str(exc) if isinstance(exc, InputError) else error_message(exc)
+                except (InputError, TypedInputError, KStoreError) as exc:
+                    detail = str(exc) if not isinstance(exc, KStoreError) else error_message(exc)
                     failure = f"line {number}: {detail}"
                     break
                 future.add_callback(delivery.ok).add_errback(delivery.error)

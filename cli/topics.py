@@ -38,6 +38,52 @@ app = typer.Typer(
 )
 
 TopicArg = Annotated[str, typer.Argument(metavar="TOPIC", help="Topic name.", show_default=False)]
+ValueSchemaOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--value-schema",
+        metavar="SCHEMA",
+        help="Make a typed topic: the value schema as DDL ('id BIGINT NOT NULL, name STRING') "
+        "or Spark JSON; @FILE reads it from a file.",
+        show_default=False,
+    ),
+]
+KeySchemaOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--key-schema",
+        metavar="TYPE",
+        help="Type the key (with --value-schema): string, long, integer, short, double, float "
+        "or binary.",
+        show_default=False,
+    ),
+]
+
+
+def _schema_text(value: str, what: str) -> str:
+    """A schema option's text; ``@path`` reads the file."""
+    if not value.startswith("@"):
+        return value
+    try:
+        with open(value[1:], encoding="utf-8") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise UsageError(f"{what}: cannot read {value[1:]!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{what}: {value[1:]!r} is not UTF-8 text") from None
+
+
+def _schema_json(meta: TopicMetadata) -> dict[str, Any] | None:
+    schema = meta.schema
+    if schema is None:
+        return None
+    return {
+        "id": schema.id,
+        "created_ms": schema.created_ms,
+        "key": schema.key_declared or "binary",
+        "value": schema.ddl(),
+        "value_json": schema.value_declared,
+    }
 
 
 def _parse_configs(items: list[str] | None, what: str) -> dict[str, str]:
@@ -57,6 +103,7 @@ def _metadata_json(meta: TopicMetadata) -> dict[str, Any]:
         "partitions": meta.partitions,
         "config": dict(meta.config),
         "created_ms": meta.created_ms,
+        "schema": _schema_json(meta),
     }
 
 
@@ -64,6 +111,8 @@ def _metadata_json(meta: TopicMetadata) -> dict[str, Any]:
     epilog="Examples:\n\n"
     "  kstore topics create orders --partitions 3 --store s3://bucket/ks\n\n"
     "  kstore topics create users -c cleanup.policy=compact -c retention.ms=-1\n\n"
+    "  kstore topics create users --value-schema 'id BIGINT NOT NULL, name STRING' "
+    "--key-schema long\n\n"
     "Creates the store itself (its marker file) when the URL holds none yet.",
 )
 def create(
@@ -84,19 +133,30 @@ def create(
     if_not_exists: Annotated[
         bool, typer.Option("--if-not-exists", help="Succeed without change when the topic exists.")
     ] = False,
+    value_schema: ValueSchemaOpt = None,
+    key_schema: KeySchemaOpt = None,
     store: StoreOpt = None,
     option: OptionOpt = None,
     config_file: ConfigFileOpt = None,
     output: OutputOpt = OutputFormat.table,
     debug: DebugOpt = False,
 ) -> None:
-    """Create a topic (and the store, if the URL holds none yet)."""
+    """Create a topic (and the store, if the URL holds none yet).
+
+    With --value-schema the topic is typed: values are records of the declared fields,
+    validated when written and stored column by column.
+    """
     from kstore.errors import TopicAlreadyExistsError
 
     configs = _parse_configs(config, "--config")
+    if key_schema is not None and value_schema is None:
+        raise UsageError("--key-schema needs --value-schema: only typed topics have typed keys")
+    declared = _schema_text(value_schema, "--value-schema") if value_schema is not None else None
     handle = store_from(ctx, store, option, config_file, create=True)
     try:
-        meta = handle.create_topic(topic, partitions, configs)
+        meta = handle.create_topic(
+            topic, partitions, configs, value_schema=declared, key_schema=key_schema
+        )
         created = True
     except TopicAlreadyExistsError:
         if not if_not_exists:
@@ -106,7 +166,8 @@ def create(
     if output is OutputFormat.json:
         print_json({**_metadata_json(meta), "created": created})
     elif created:
-        note(f"Created topic {meta.name!r} with {meta.partitions} partition(s).")
+        typed = f" typed {meta.schema.ddl()}" if meta.schema is not None else ""
+        note(f"Created{typed} topic {meta.name!r} with {meta.partitions} partition(s).")
     else:
         note(f"Topic {meta.name!r} already exists; nothing changed.")
 
@@ -234,6 +295,12 @@ def _print_description(desc: TopicDescription) -> None:
     )
     numeric = ["PARTITION", "LOG-START", "LOG-END", "RECORDS", "SEGMENTS", "BYTES"]
     write_out(title + "\n")
+    schema = meta.schema
+    if schema is not None:
+        write_out(
+            f"Schema: version {schema.id}  Key: {schema.key_declared or 'binary'}  "
+            f"Value: {schema.ddl()}\n"
+        )
     table = new_table(*numeric, "OLDEST", "NEWEST", right=numeric)
     for p in parts:
         table.add_row(
@@ -376,3 +443,90 @@ def add_partitions(
         print_json({**_metadata_json(meta), "previous_partitions": before})
         return
     note(f"Topic {topic!r} now has {meta.partitions} partitions (was {before}).")
+
+
+@app.command(
+    "alter-schema",
+    epilog="Examples:\n\n"
+    "  kstore topics alter-schema users --value-schema 'id BIGINT NOT NULL, name STRING, "
+    "email STRING'\n\n"
+    "Allowed: adding nullable fields (also inside structs), widening numbers (byte, short, "
+    "int, long; int and float to double; wider decimals), dropping NOT NULL. Anything else is "
+    "refused, naming the field, and changes nothing.",
+)
+def alter_schema(
+    ctx: typer.Context,
+    topic: TopicArg,
+    value_schema: Annotated[
+        str,
+        typer.Option(
+            "--value-schema",
+            metavar="SCHEMA",
+            help="The new value schema, whole (DDL or Spark JSON; @FILE reads a file).",
+            show_default=False,
+        ),
+    ],
+    key_schema: KeySchemaOpt = None,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Evolve a typed topic's schema; records already written read with the new one."""
+    declared = _schema_text(value_schema, "--value-schema")
+    handle = store_from(ctx, store, option, config_file)
+    meta = handle.alter_topic_schema(topic, declared, key_schema)
+    if output is OutputFormat.json:
+        print_json(_metadata_json(meta))
+        return
+    schema = meta.schema
+    assert schema is not None
+    note(f"Topic {topic!r} schema is now version {schema.id}: {schema.ddl()}")
+
+
+@app.command(
+    "schema",
+    epilog="Examples:\n\n  kstore topics schema users\n\n"
+    "  kstore topics schema users -o json | jq -r '.[-1].value'",
+)
+def schema_history(
+    ctx: typer.Context,
+    topic: TopicArg,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Show a typed topic's schema history: version, time, key type and value schema (DDL)."""
+    from kstore.schema import describe as describe_history
+
+    handle = store_from(ctx, store, option, config_file)
+    meta = handle.topic(topic)
+    rows = describe_history(meta.schema_history)
+    if output is OutputFormat.json:
+        print_json(
+            [
+                {
+                    "id": row["id"],
+                    "created_ms": row["createdTime"],
+                    "key": row["key"],
+                    "value": row["value"],
+                }
+                for row in rows
+            ]
+        )
+        return
+    if not rows:
+        note(f"Topic {topic!r} is a binary (untyped) topic: it has no schema.")
+        return
+    table = new_table("VERSION", "CREATED", "KEY", "VALUE", right=["VERSION"])
+    for row in rows:
+        table.add_row(
+            text(row["id"]),
+            text(ms_to_iso(row["createdTime"])),
+            text(row["key"]),
+            text(row["value"]),
+        )
+    print_table(table)
