@@ -300,6 +300,14 @@ def test_zombie_commit_accepted() -> None:
     assert check(events).ok
 
 
+def test_a_client_refused_a_corrupt_or_missing_file() -> None:
+    error = "MissingSegmentError: topics/t/x/0/segments/1-a.arrow is missing"
+    events = [*good_history(), ev("error", who="c1", error=error)]
+    assert kinds_of(events) == {"corruption-seen"}
+    events[-1]["error"] = "StorageError: injected failure before read of x"
+    assert check(events).ok
+
+
 def test_every_kind_is_covered_by_a_test_here() -> None:
     source = Path(__file__).read_text()
     for kind in ANOMALY_KINDS:

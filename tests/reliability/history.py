@@ -33,7 +33,13 @@ compaction-lost-latest the latest record of a key in a compacted topic is gone (
 fenced-commit          a group log holds an offset commit its member was not allowed to make
                        (not a member, a newer generation, or a partition it did not own) (7)
 zombie-commit-accepted a member known to be expelled was told its offset commit succeeded (7)
+corruption-seen        a client or job was refused a file as corrupt or missing (a half-written
+                       commit or segment, or a file deleted under a reader) (3, 6)
 =====================  ======================================================================
+
+Clients record their errors (``error`` events, ``"<ErrorType>: <message>"``); those that are
+expected under injected faults (``StorageError``, conflicts, fencing, commit failures) are not
+anomalies, but a refusal of a file as corrupt or missing is.
 """
 
 from __future__ import annotations
@@ -65,6 +71,14 @@ ANOMALY_KINDS = (
     "compaction-lost-latest",
     "fenced-commit",
     "zombie-commit-accepted",
+    "corruption-seen",
+)
+# Errors that mean a reader met a half-written, corrupt or prematurely deleted file.
+CORRUPTION_ERRORS = (
+    "CorruptLogError",
+    "MissingSegmentError",
+    "CorruptRecordError",
+    "UnsupportedFormatVersionError",
 )
 
 
@@ -225,6 +239,7 @@ class _Checker:
         self.check_compaction()
         self.check_group_logs()
         self.check_zombies()
+        self.check_errors()
         return Result(self.anomalies, self.summary)
 
     def observations(self) -> Iterator[Event]:
@@ -510,5 +525,15 @@ class _Checker:
                     "zombie-commit-accepted",
                     f"group {e['group']}: member {e['member']}, expelled, was told its offset "
                     "commit succeeded",
+                    [e],
+                )
+
+    def check_errors(self) -> None:
+        for e in self.by["error"]:
+            error = str(e.get("error", ""))
+            if error.split(":", 1)[0].strip() in CORRUPTION_ERRORS:
+                self.add(
+                    "corruption-seen",
+                    f"{e.get('who', '?')} was refused a file: {error[:300]}",
                     [e],
                 )

@@ -186,6 +186,7 @@ class _Proc:
     config: dict[str, Any]
     process: subprocess.Popen[bytes]
     stopped: bool = False
+    started: float = field(default_factory=time.monotonic)
 
 
 class Torture:
@@ -288,6 +289,7 @@ class Torture:
         url, options = self.faulty(self.rng.randrange(10**9), crashes=False)
         store = Store(url, options, create=False)
         rng = random.Random(self.rng.randrange(10**9))
+        record = self.recorder("maintenance")
         jobs: list[Callable[[], Any]] = [
             lambda: run_compaction(None, store, verbose=False),
             lambda: merge_segments(None, store, verbose=False),
@@ -301,9 +303,12 @@ class Torture:
                 for result in summary.partitions:
                     what = f"{result.operation}:{result.outcome}"
                     self.stats.maintenance[what] = self.stats.maintenance.get(what, 0) + 1
-                    if result.outcome == "error" and len(self.error_samples) < 20:
-                        self.error_samples.append(f"{what} {result.reason[:160]}")
+                    if result.outcome == "error":
+                        record("error", who=f"maintenance-{what}", error=result.reason[:500])
+                        if len(self.error_samples) < 20:
+                            self.error_samples.append(f"{what} {result.reason[:160]}")
             except Exception as exc:
+                record("error", who="maintenance", error=f"{type(exc).__name__}: {exc}"[:500])
                 self.stats.maintenance_errors += 1
                 if len(self.error_samples) < 20:
                     self.error_samples.append(f"maintenance: {type(exc).__name__}: {exc}"[:200])
@@ -344,9 +349,11 @@ class Torture:
 
     def disturb(self) -> None:
         """One random disturbance: kill, stop (and later resume) or restart a client."""
-        live = [p for p in self.procs if p.process.poll() is None]
+        # Only processes that have had time to start (imports, store, group join) are victims.
+        now = time.monotonic()
+        live = [p for p in self.procs if p.process.poll() is None and now - p.started > 4.0]
         roll = self.rng.random()
-        if live and roll < 0.55:
+        if live and roll < 0.4:
             victim = self.rng.choice(live)
             if victim.stopped:
                 victim.process.send_signal(signal.SIGCONT)
@@ -354,7 +361,7 @@ class Torture:
             victim.process.send_signal(signal.SIGKILL)
             victim.process.wait(30)
             self.stats.kills += 1
-        elif live and roll < 0.75:
+        elif live and roll < 0.55:
             consumers = [p for p in live if p.role == "consumer" and not p.stopped]
             if consumers:
                 victim = self.rng.choice(consumers)
@@ -424,7 +431,7 @@ class Torture:
                 else []
             )
             while time.monotonic() - started < c.duration_s:
-                time.sleep(self.rng.uniform(0.5, 2.5))
+                time.sleep(self.rng.uniform(1.0, 3.0))
                 self.disturb()
                 self.resume_stopped()
                 self.replace_dead()
