@@ -23,6 +23,7 @@ changes: a join, a leave, an expiry, a new generation, an offset commit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -39,7 +40,15 @@ from kstore.errors import (
     UnknownTopicOrPartitionError,
 )
 from kstore.layout import GROUPS, group_log_dir, group_members_dir
-from kstore.log import Action, CommitResult, Log, LogState, RetryPolicy, protocol_action
+from kstore.log import (
+    Action,
+    CommitResult,
+    Log,
+    LogState,
+    RetryPolicy,
+    check_writer_version,
+    protocol_action,
+)
 from kstore.names import validate_group_id, validate_topic_name
 from kstore.records import OffsetAndMetadata, TopicPartition
 
@@ -496,6 +505,10 @@ class Group:
     def join(self, member: Member) -> GroupState:
         """Add (or, for a static member, replace) a member and rebalance if needed."""
 
+        # A log that cannot be read or written here is refused before the lease exists: a
+        # failed join must leave nothing behind.
+        before = self.state().members
+        check_writer_version(self.state())
         self.write_lease(member.member_id)  # before the join: a member always has a lease
 
         def build(state: GroupState) -> list[Action]:
@@ -511,8 +524,12 @@ class Group:
                 return [{"join": body}]  # same partitions, same generation: no rebalance
             return self.plan(state, live, [{"join": body}])
 
-        before = self.state().members
-        self._commit(build, "JOIN GROUP")
+        try:
+            self._commit(build, "JOIN GROUP")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.drop_lease(member.member_id)
+            raise
         if member.instance_id is not None:  # a static member replaced its old id: drop that lease
             for old_id, old in before.items():
                 if old.instance_id == member.instance_id and old_id != member.member_id:

@@ -177,7 +177,7 @@ def decode_commit(
         raise CorruptLogError(f"{where}: first line must be commitInfo")
     info = actions[0][1]
     expected = info.get("actions")
-    if not isinstance(expected, int) or expected != len(actions) - 1:
+    if not isinstance(expected, int) or isinstance(expected, bool) or expected != len(actions) - 1:
         raise CorruptLogError(
             f"{where}: commitInfo announces {expected!r} actions but {len(actions) - 1} follow "
             "(truncated or altered file)"
@@ -363,7 +363,8 @@ class Log(Generic[S]):
         if data is None:
             return None
         info, actions = decode_commit(data, where)
-        if info.get("checkpointVersion") != version:
+        header = info.get("checkpointVersion")
+        if not isinstance(header, int) or isinstance(header, bool) or header != version:
             raise CorruptLogError(
                 f"{where}: checkpoint header names version {info.get('checkpointVersion')!r}"
             )

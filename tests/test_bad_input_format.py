@@ -1,0 +1,472 @@
+"""Malformed, truncated and future-version files (invariant 8), beyond tests/test_bad_input.py:
+the `_last_checkpoint` hint, checkpoints, group logs, producer logs, truncated Arrow and
+Parquet segments, logs whose early versions are gone, and names that are not part of a store.
+
+A corrupt file is reported with its path, and nothing is written or "repaired" (the store is
+compared byte for byte); a hint that cannot be used is ignored, never trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from kstore import Consumer, Producer, Store
+from kstore.errors import CorruptLogError, CorruptRecordError, UnsupportedFormatVersionError
+from kstore.groups import Group, describe_group, list_groups
+from kstore.layout import group_log_dir, producer_log_dir, topic_log_dir
+from kstore.log import LAST_CHECKPOINT, checkpoint_file, encode_commit, version_file
+from kstore.records import OffsetAndMetadata, TopicPartition
+from tests.badinput import open_store, quick_store, refused, snapshot
+from tests.conftest import StoreTarget
+
+__all__ = ["quick_store"]  # the fixture, imported for pytest
+
+FUTURE_READER = {"protocol": {"minReaderVersion": 99, "minWriterVersion": 99}}
+FUTURE_WRITER = {"protocol": {"minReaderVersion": 1, "minWriterVersion": 99}}
+INFO = {"timestamp": 1, "operation": "UPGRADE", "commitId": "f" * 32}
+
+
+def values(store: Store, topic: str = "t") -> list[bytes]:
+    part = store.partition(topic, 0)
+    batches = list(part.read(part.state().start_offset))
+    return [] if not batches else pa.Table.from_batches(batches).column("value").to_pylist()
+
+
+def checkpointed_topic(target: StoreTarget) -> tuple[Store, str]:
+    """Topic "t" with a checkpoint every 2 commits and 5 commits: checkpoints at 2 and 4."""
+    store = open_store(target)
+    store.create_topic("t", 1, {"checkpoint.interval": 2})
+    with Producer(store, linger_ms=0) as p:
+        for i in range(5):
+            p.send("t", b"v%d" % i).get(10)
+    log_dir = store.partition("t", 0).log.directory
+    assert store.storage.read(f"{log_dir}/{LAST_CHECKPOINT}") == b'{"version": 4}'
+    return store, log_dir
+
+
+EXPECTED = [b"v%d" % i for i in range(5)]
+
+# --- the _last_checkpoint hint ------------------------------------------------------------------
+
+BAD_HINTS = {
+    "not-json": b"version 4",
+    "truncated": b'{"versi',
+    "empty": b"",
+    "list": b"[4]",
+    "string-version": b'{"version": "4"}',
+    "bool-version": b'{"version": true}',
+    "negative": b'{"version": -1}',
+    "float": b'{"version": 4.0}',
+    "missing-checkpoint": b'{"version": 3}',
+    "beyond-the-log": b'{"version": 999999}',
+    "not-utf8": b'\xff{"version": 4}',
+    "nul": b'{"version": 4}\x00',
+    "unknown-fields": b'{"version": 2, "size": 17, "future": {"x": 1}}',
+}
+
+
+@pytest.mark.parametrize("hint", list(BAD_HINTS.values()), ids=list(BAD_HINTS))
+def test_an_unusable_last_checkpoint_hint_is_ignored(quick_store: StoreTarget, hint: bytes) -> None:
+    store, log_dir = checkpointed_topic(quick_store)
+    store.storage.put(f"{log_dir}/{LAST_CHECKPOINT}", hint)
+    before = snapshot(store.storage)
+    fresh = open_store(quick_store)
+    assert fresh.partition("t", 0).state().version == 4
+    assert values(fresh) == EXPECTED
+    assert snapshot(store.storage) == before
+
+
+def test_a_hint_to_a_corrupt_checkpoint_is_a_corrupt_log(quick_store: StoreTarget) -> None:
+    store, log_dir = checkpointed_topic(quick_store)
+    path = f"{log_dir}/{checkpoint_file(4)}"
+    good = store.storage.read(path)
+    store.storage.put(path, good[: len(good) // 2])
+    refused(
+        store.storage,
+        lambda: open_store(quick_store).partition("t", 0).state(),
+        CorruptLogError,
+        checkpoint_file(4),
+        "truncated",
+    )
+
+
+@pytest.mark.parametrize(
+    ("header", "fragment"),
+    [
+        ({"checkpointVersion": 2}, "checkpoint header names version 2"),
+        ({"checkpointVersion": "4"}, "checkpoint header names version '4'"),
+        ({}, "checkpoint header names version None"),
+    ],
+    ids=["other-version", "string", "missing"],
+)
+def test_a_checkpoint_whose_header_disagrees_is_a_corrupt_log(
+    quick_store: StoreTarget, header: dict[str, Any], fragment: str
+) -> None:
+    store, log_dir = checkpointed_topic(quick_store)
+    state = store.partition("t", 0).state()
+    store.storage.put(
+        f"{log_dir}/{checkpoint_file(4)}", encode_commit(state.checkpoint_actions(), header)
+    )
+    refused(
+        store.storage,
+        lambda: open_store(quick_store).partition("t", 0).state(),
+        CorruptLogError,
+        checkpoint_file(4),
+        fragment,
+    )
+
+
+def test_a_boolean_checkpoint_version_is_not_version_1(quick_store: StoreTarget) -> None:
+    """Regression: True == 1 in Python, so a header `"checkpointVersion": true` passed for
+    checkpoint 1 (and `"actions": true` for a commit of one action)."""
+    store = open_store(quick_store)
+    store.create_topic("t", 1)
+    part = store.partition("t", 0)
+    with Producer(store, linger_ms=0) as p:
+        for i in range(2):
+            p.send("t", b"v%d" % i).get(10)
+    state = part.log.load_version(1)
+    store.storage.put(
+        f"{part.log.directory}/{checkpoint_file(1)}",
+        encode_commit(state.checkpoint_actions(), {"checkpointVersion": True}),
+    )
+    refused(
+        store.storage,
+        lambda: open_store(quick_store).partition("t", 0).state(),
+        CorruptLogError,
+        "checkpoint header names version True",
+    )
+    store.storage.delete([f"{part.log.directory}/{checkpoint_file(1)}"])
+    path = f"{part.log.directory}/{version_file(1)}"
+    lines = store.storage.read(path).split(b"\n")
+    info = json.loads(lines[0])
+    info["commitInfo"]["actions"] = True
+    lines = [json.dumps(info).encode(), lines[1], b""]  # one action, announced as `true`
+    store.storage.put(path, b"\n".join(lines))
+    refused(
+        store.storage,
+        lambda: open_store(quick_store).partition("t", 0).state(),
+        CorruptLogError,
+        "commitInfo announces True actions",
+    )
+
+
+def test_a_checkpoint_requiring_a_newer_reader_is_refused(quick_store: StoreTarget) -> None:
+    store, log_dir = checkpointed_topic(quick_store)
+    state = store.partition("t", 0).state()
+    actions = [FUTURE_READER, *state.checkpoint_actions()[1:]]
+    store.storage.put(
+        f"{log_dir}/{checkpoint_file(4)}", encode_commit(actions, {"checkpointVersion": 4})
+    )
+    refused(
+        store.storage,
+        lambda: open_store(quick_store).partition("t", 0).state(),
+        UnsupportedFormatVersionError,
+        checkpoint_file(4),
+        "reader version 99",
+    )
+
+
+def test_unknown_fields_and_actions_are_ignored(quick_store: StoreTarget) -> None:
+    store, log_dir = checkpointed_topic(quick_store)
+    state = store.partition("t", 0).state()
+    actions = []
+    for action in state.checkpoint_actions():
+        ((name, body),) = action.items()
+        actions.append({name: {**body, "zzFuture": [1, {"a": None}]}})
+    actions.append({"futureAction": {"anything": True}})
+    store.storage.put(
+        f"{log_dir}/{checkpoint_file(4)}",
+        encode_commit(actions, {"checkpointVersion": 4, "futureInfo": 1}),
+    )
+    store.storage.put(f"{log_dir}/{LAST_CHECKPOINT}", b'{"version": 4, "zzFuture": 1}')
+    fresh = open_store(quick_store)
+    assert values(fresh) == EXPECTED
+    with Producer(fresh, linger_ms=0) as p:  # and a current writer carries on
+        assert p.send("t", b"v5").get(10).offset == 5
+
+
+def test_a_log_whose_early_versions_are_gone_is_a_corrupt_log(quick_store: StoreTarget) -> None:
+    store, log_dir = checkpointed_topic(quick_store)
+    store.storage.delete(
+        [
+            f"{log_dir}/{name}"
+            for name in (
+                version_file(0),
+                version_file(1),
+                checkpoint_file(2),
+                checkpoint_file(4),
+                LAST_CHECKPOINT,
+            )
+        ]
+    )
+    refused(
+        store.storage,
+        lambda: open_store(quick_store).partition("t", 0).state(),
+        CorruptLogError,
+        "versions before 2 are gone",
+    )
+    refused(
+        store.storage,
+        lambda: open_store(quick_store).partition("t", 0).log.load_version(1),
+        CorruptLogError,
+        "version 1 is not available",
+    )
+
+
+# --- segments ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty", "header-only", "other-segment"])
+def test_truncated_and_swapped_arrow_segments_are_corrupt_records(
+    quick_store: StoreTarget, how: str
+) -> None:
+    store = open_store(quick_store)
+    store.create_topic("t", 1)
+    with Producer(store, linger_ms=0) as p:
+        for i in range(3):
+            p.send("t", b"value-%d" % i).get(10)
+    part = store.partition("t", 0)
+    segs = part.state().segments
+    path = f"{part.directory}/{segs[1].path}"
+    data = store.storage.read(path)
+    bad = {
+        "truncated": data[: len(data) - 7],
+        "empty": b"",
+        "header-only": data[:8],
+        "other-segment": store.storage.read(f"{part.directory}/{segs[0].path}"),
+    }[how]
+    store.storage.put(path, bad)
+    before = snapshot(store.storage)
+    fresh = open_store(quick_store)
+    with pytest.raises(CorruptRecordError, match=re.escape(segs[1].path)):
+        list(fresh.partition("t", 0).read(0))
+    consumer = Consumer(store=fresh, auto_offset_reset="earliest")
+    consumer.assign([TopicPartition("t", 0)])
+    consumer.seek(TopicPartition("t", 0), 1)
+    with pytest.raises(CorruptRecordError, match=re.escape(segs[1].path)):
+        consumer.poll(timeout_ms=1000)
+    consumer.close()
+    assert snapshot(store.storage) == before
+    intact = next(open_store(quick_store).partition("t", 0).read(0, max_records=1))
+    assert intact.column("value").to_pylist() == [b"value-0"]  # what is intact stays readable
+
+
+# --- group logs --------------------------------------------------------------------------------
+
+
+def _group_with_offsets(target: StoreTarget) -> Store:
+    store = open_store(target)
+    store.create_topic("t", 1)
+    group = Group(store, "g")
+    for offset in (1, 2):
+        group.commit_offsets(
+            {TopicPartition("t", 0): OffsetAndMetadata(offset)}, member_id=None, generation=-1
+        )
+    return store
+
+
+GROUP_MALFORMATIONS = {
+    "truncated": lambda good: good[: len(good) // 2],
+    "no-final-newline": lambda good: good[:-1],
+    "not-json": lambda good: b"not json\n",
+    "offset-not-int": lambda good: good.replace(b'"offset":2', b'"offset":"two"'),
+    "offsets-not-list": lambda good: re.sub(rb'"offsets":\[.*\]', b'"offsets":5', good),
+    "join-without-member": lambda good: encode_commit([{"join": {"topics": ["t"]}}], INFO),
+    "assignment-bad-members": lambda good: encode_commit(
+        [{"assignment": {"generation": 1, "members": [1, 2]}}], INFO
+    ),
+}
+
+
+@pytest.mark.parametrize("make", list(GROUP_MALFORMATIONS.values()), ids=list(GROUP_MALFORMATIONS))
+def test_a_malformed_group_log_is_a_corrupt_log(quick_store: StoreTarget, make: Any) -> None:
+    store = _group_with_offsets(quick_store)
+    path = f"{group_log_dir('g')}/{version_file(1)}"
+    store.storage.put(path, make(store.storage.read(path)))
+    where = f"groups/g/_log/{version_file(1)}"
+    s = store.storage
+    refused(s, lambda: Group(open_store(quick_store), "g").state(), CorruptLogError, where)
+    refused(s, lambda: describe_group(open_store(quick_store), "g"), CorruptLogError, where)
+    refused(
+        s,
+        lambda: Consumer("t", store=open_store(quick_store), group_id="g"),
+        CorruptLogError,
+        where,
+    )
+    refused(s, lambda: list_groups(open_store(quick_store)), CorruptLogError, where)
+
+
+def test_a_group_log_from_the_future_is_refused(quick_store: StoreTarget) -> None:
+    """Regression (also for the malformed group logs above): a consumer joining a group whose
+    log it could not read or write left its lease file behind."""
+    store = _group_with_offsets(quick_store)
+    store.storage.put_if_absent(
+        f"{group_log_dir('g')}/{version_file(2)}", encode_commit([FUTURE_READER], INFO)
+    )
+    refused(
+        store.storage,
+        lambda: describe_group(open_store(quick_store), "g"),
+        UnsupportedFormatVersionError,
+        "reader version 99",
+    )
+    store.storage.put(
+        f"{group_log_dir('g')}/{version_file(2)}", encode_commit([FUTURE_WRITER], INFO)
+    )
+    assert describe_group(open_store(quick_store), "g").partitions[0].current_offset == 2
+    refused(
+        store.storage,
+        lambda: Group(open_store(quick_store), "g").commit_offsets(
+            {TopicPartition("t", 0): OffsetAndMetadata(3)}, member_id=None, generation=-1
+        ),
+        UnsupportedFormatVersionError,
+        "writer version 99",
+    )
+    refused(
+        store.storage,
+        lambda: Consumer("t", store=open_store(quick_store), group_id="g"),
+        UnsupportedFormatVersionError,
+        "writer version 99",
+    )
+
+
+# --- producer logs -----------------------------------------------------------------------------
+
+
+def _producer_log(target: StoreTarget) -> Store:
+    store = open_store(target)
+    store.create_topic("t", 1)
+    with Producer(store, transactional_id="app") as p:
+        p.begin_transaction()
+        p.send("t", b"x")
+        p.commit_transaction()
+    return store
+
+
+PRODUCER_MALFORMATIONS = {
+    "truncated": lambda good: good[: len(good) // 2],
+    "not-utf8": lambda good: b"\xff" + good,
+    "epoch-not-int": lambda good: encode_commit(
+        [{"producerEpoch": {"epoch": "one", "producerId": "p", "transactionalId": "app"}}], INFO
+    ),
+    "partitions-not-pairs": lambda good: encode_commit(
+        [{"txnPartitions": {"version": 0, "epoch": 0, "partitions": [["t"]]}}], INFO
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "make", list(PRODUCER_MALFORMATIONS.values()), ids=list(PRODUCER_MALFORMATIONS)
+)
+def test_a_malformed_producer_log_is_a_corrupt_log(quick_store: StoreTarget, make: Any) -> None:
+    store = _producer_log(quick_store)
+    path = f"{producer_log_dir('app')}/{version_file(1)}"
+    store.storage.put(path, make(store.storage.read(path)))
+    refused(
+        store.storage,
+        lambda: Producer(open_store(quick_store), transactional_id="app"),
+        CorruptLogError,
+        f"{producer_log_dir('app')}/{version_file(1)}",
+    )
+
+
+@pytest.mark.parametrize(
+    ("protocol", "fragment"),
+    [(FUTURE_READER, "reader version 99"), (FUTURE_WRITER, "writer version 99")],
+    ids=["reader", "writer"],
+)
+def test_a_producer_log_from_the_future_is_refused(
+    quick_store: StoreTarget, protocol: dict[str, Any], fragment: str
+) -> None:
+    store = _producer_log(quick_store)
+    n = 0
+    while store.storage.exists(f"{producer_log_dir('app')}/{version_file(n)}"):
+        n += 1
+    store.storage.put_if_absent(
+        f"{producer_log_dir('app')}/{version_file(n)}", encode_commit([protocol], INFO)
+    )
+    refused(
+        store.storage,
+        lambda: Producer(open_store(quick_store), transactional_id="app"),
+        UnsupportedFormatVersionError,
+        fragment,
+    )
+
+
+# --- topic logs --------------------------------------------------------------------------------
+
+
+def test_a_topic_log_requiring_a_newer_writer_is_read_but_not_altered(
+    quick_store: StoreTarget,
+) -> None:
+    store = open_store(quick_store)
+    store.create_topic("t", 1)
+    store.storage.put_if_absent(
+        f"{topic_log_dir('t')}/{version_file(1)}", encode_commit([FUTURE_WRITER], INFO)
+    )
+    fresh = open_store(quick_store)
+    assert fresh.topic("t").partitions == 1
+    s = store.storage
+    for call in (
+        lambda: fresh.alter_topic_config("t", set={"retention.ms": 5}),
+        lambda: fresh.add_partitions("t", 2),
+        lambda: fresh.delete_topic("t"),
+    ):
+        refused(s, call, UnsupportedFormatVersionError, "writer version 99")
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"name": "t", "id": "../../x", "partitions": 1, "config": {}, "createdTime": 0}, "32 hex"),
+        ({"name": "t", "id": "A" * 32, "partitions": 1, "config": {}, "createdTime": 0}, "32 hex"),
+        ({"name": "t", "id": "a" * 32, "partitions": 0, "config": {}, "createdTime": 0}, "range"),
+        ({"name": "t", "id": "a" * 32, "partitions": True, "config": {}, "createdTime": 0}, "int"),
+        ({"name": "t", "id": "a" * 32, "partitions": 1, "config": [], "createdTime": 0}, "dict"),
+    ],
+    ids=["traversal-id", "upper-hex-id", "zero-partitions", "bool-partitions", "config-list"],
+)
+def test_a_malformed_topic_metadata_is_a_corrupt_log(
+    quick_store: StoreTarget, body: dict[str, Any], fragment: str
+) -> None:
+    store = open_store(quick_store)
+    store.create_topic("t", 1)
+    store.storage.put_if_absent(
+        f"{topic_log_dir('t')}/{version_file(1)}", encode_commit([{"metaData": body}], INFO)
+    )
+    refused(
+        store.storage,
+        lambda: open_store(quick_store).topic("t"),
+        CorruptLogError,
+        f"topics/t/_log/{version_file(1)}",
+        fragment,
+    )
+
+
+# --- names that are not part of a store --------------------------------------------------------
+
+
+def test_entries_with_illegal_names_are_ignored(quick_store: StoreTarget) -> None:
+    store = _group_with_offsets(quick_store)
+    for junk in (
+        "topics/bad name/_log/00000000000000000000.json",
+        "topics/caf\u00e9/_log/00000000000000000000.json",
+        "groups/a b/_log/00000000000000000000.json",
+        "producers/not-a-hash/_log/00000000000000000000.json",
+        "junk-at-root.txt",
+        f"{topic_log_dir('t')}/0000.json",
+        f"{topic_log_dir('t')}/{version_file(9)}.tmp",
+        f"{group_log_dir('g')}/notes.txt",
+    ):
+        store.storage.put(junk, b"{}")
+    before = snapshot(store.storage)
+    fresh = open_store(quick_store)
+    assert fresh.list_topics() == ["t"]
+    assert list_groups(fresh) == ["g"]
+    assert describe_group(fresh, "g").partitions[0].current_offset == 2
+    assert snapshot(store.storage) == before
