@@ -109,10 +109,13 @@ class Formatter:
     def _bytes(self, data: Any) -> bytes:
         if data is None:
             return self.null
-        if not isinstance(data, bytes):
+        raw: bytes
+        if isinstance(data, bytes):
+            raw = data
+        else:
             # A typed topic: a value prints as a JSON object, a typed key as its text.
-            data = data.encode() if isinstance(data, str) else dumps(data).encode()
-        return data.hex().encode() if self.fmt is RecordFormat.hex else data
+            raw = data.encode() if isinstance(data, str) else dumps(data).encode()
+        return raw.hex().encode() if self.fmt is RecordFormat.hex else raw
 
     def format(self, record: ConsumerRecord) -> bytes:
         if self.fmt is RecordFormat.json:
