@@ -759,3 +759,22 @@ def test_topic_metadata_of_typed_and_binary_topics(mem: Store) -> None:
     again = mem.create_topic("json", 1, value_schema=spark_json)
     assert again.schema is not None
     assert again.schema.ddl() == "a BIGINT NOT NULL"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: send_batch sizes nested fields (arrays, maps, structs) at the batch's average "
+    "width (kstore/producer.py _value_sizes), so one oversized record among small ones passes "
+    "max.message.bytes, which send() refuses for the same record",
+)
+def test_send_batch_enforces_max_message_bytes_per_record_in_nested_fields(mem: Store) -> None:
+    mem.create_topic("t", 1, {"max.message.bytes": 10_000}, value_schema="tags ARRAY<STRING>")
+    producer = Producer(mem)
+    with pytest.raises(RecordTooLargeError):
+        producer.send("t", value={"tags": ["x" * 50_000]})
+    try:
+        with pytest.raises(RecordTooLargeError):
+            producer.send_batch("t", pa.table({"tags": [["x" * 50_000]] + [["a"]] * 99}))
+    finally:
+        producer.close()
+    assert read_all(mem, "t") == []
