@@ -21,7 +21,9 @@ def _problem(name: object) -> str | None:
         return f"is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}"
     if not _LEGAL.fullmatch(name):
         bad = sorted({c for c in name if not _LEGAL.fullmatch(c)})
-        shown = ", ".join(repr(c) for c in bad[:5])
+        # ascii(): a homoglyph, a zero-width or a direction character shows as its escape,
+        # so the message names the culprit unambiguously (a fullwidth full stop is not a '.').
+        shown = ", ".join(ascii(c) for c in bad[:5])
         return f"contains illegal characters ({shown}); allowed are ASCII letters, digits, '.', '_' and '-'"
     return None
 
