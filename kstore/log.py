@@ -496,7 +496,17 @@ class Log(Generic[S]):
                     )
                 time.sleep(self.retry.backoff(unknown_attempts + 3))
                 continue
-            return _commit_id_of(existing) == commit_id
+            if _commit_id_of(existing) != commit_id:
+                return False
+            if existing != payload:
+                # Our commit id, but not our bytes: a torn or damaged copy of this very commit
+                # (its first line survived). Readers will refuse it; so must the writer, rather
+                # than acknowledge records that no reader can see.
+                raise CorruptLogError(
+                    f"{self.describe(version)}: holds a damaged copy of this commit "
+                    f"({len(existing)} of {len(payload)} bytes)"
+                )
+            return True
 
     def _maybe_checkpoint(self, state: S) -> None:
         if state.version <= 0 or state.version % self.checkpoint_interval:

@@ -205,3 +205,28 @@ def test_urls_keep_their_scheme_and_hide_credentials() -> None:
     assert storage.url == "s3://AKIDEXAMPLE:s3cr3t@bucket/prefix"
     assert "s3cr3t" not in storage.display_url
     assert "s3cr3t" not in repr(storage)
+
+
+def test_a_torn_copy_of_the_writers_own_commit_is_not_acknowledged(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    """Found by the fault-injection suite: a commit whose write was torn (first line intact,
+    so the commit id matched) and reported failed was read back, taken as landed and
+    acknowledged, although every reader refuses the version as corrupt. The writer now compares
+    the whole file with what it sent."""
+    from kstore.errors import CorruptLogError
+    from tests.reliability import faultfs
+
+    base = local_store[0]
+    kstore.Store(base).create_topic("t", 1)
+    Producer(kstore.Store(base), acks="all").send("t", value=b"a").get(timeout=30)
+    url, options = faultfs.wrap_url(
+        base, faults=[{"op": "create", "kind": "truncate", "path": r"/_log/0+1\.json$"}]
+    )
+    producer = Producer(kstore.Store(url, options, create=False), acks="all", retries=0)
+    future = producer.send("t", value=b"b")
+    with pytest.raises(CorruptLogError, match=r"0+1\.json.*damaged copy of this commit"):
+        future.get(timeout=30)
+    producer.close()
+    with pytest.raises(CorruptLogError, match=r"0+1\.json"):
+        kstore.Store(base, create=False).partition("t", 0).state()

@@ -1,0 +1,163 @@
+"""The fault-injecting filesystem (tests/reliability/faultfs.py) and the Storage hook that lets a
+store run over it: the target's put-if-absent semantics are kept, faults do what they say, and
+kstore survives each kind of fault without losing or duplicating a record. (A torn commit
+file: tests/test_regressions.py.)"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from typing import Any
+
+import pytest
+
+from kstore import Producer, Store
+from kstore.errors import StorageError
+from kstore.storage import Storage
+from tests.conftest import StoreTarget
+from tests.reliability import faultfs
+
+
+def values(store: Store, topic: str, partition: int = 0) -> list[bytes]:
+    part = store.partition(topic, partition)
+    return [
+        r["value"] for batch in part.read(part.state().log_start_offset) for r in batch.to_pylist()
+    ]
+
+
+@pytest.fixture(params=["memory", "local", pytest.param("seaweed", marks=pytest.mark.s3)])
+def target(request: pytest.FixtureRequest) -> StoreTarget:
+    fixture = {
+        "memory": "memory_store_url",
+        "local": "local_store_url",
+        "seaweed": "seaweed_bucket_url",
+    }[request.param]
+    url, options = request.getfixturevalue(fixture)
+    return StoreTarget(request.param, url, options)
+
+
+def test_a_store_over_faultfs_keeps_the_targets_put_if_absent(target: StoreTarget) -> None:
+    url, options = faultfs.wrap_url(target.url, target.storage_options)
+    storage = Storage(url, options)
+    assert (
+        storage.atomic_create
+        == {
+            "memory": "lock",
+            "local": "link",
+            "seaweed": "if-none-match",
+        }[target.name]
+    )
+    storage.check_writable()  # no UnsafeStorageError: the wrapper declares its kind
+    winners: list[int] = []
+    lost: list[int] = []
+
+    def race(i: int) -> None:
+        try:
+            Storage(url, options).put_if_absent("race/0.json", b"%d" % i)
+            winners.append(i)
+        except FileExistsError:
+            lost.append(i)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(winners) == 1
+    assert len(lost) == 7
+    assert storage.read("race/0.json") == b"%d" % winners[0]
+    # The same bytes through the unwrapped store: the wrapper adds nothing to the layout.
+    assert Storage(target.url, target.storage_options).read("race/0.json") == b"%d" % winners[0]
+    # Picklable (Spark ships it), and rebuilt with the same hook.
+    clone = pickle.loads(pickle.dumps(storage))
+    assert clone.atomic_create == storage.atomic_create
+    assert clone.read("race/0.json") == b"%d" % winners[0]
+
+
+def test_a_store_over_faultfs_works_end_to_end(target: StoreTarget) -> None:
+    url, options = faultfs.wrap_url(target.url, target.storage_options)
+    store = Store(url, options)
+    store.create_topic("t", 1)
+    producer = Producer(store, acks="all", linger_ms=1)
+    for i in range(20):
+        producer.send("t", value=b"%d" % i)
+    producer.flush()
+    producer.close()
+    assert values(Store(target.url, target.storage_options, create=False), "t") == [
+        b"%d" % i for i in range(20)
+    ]
+
+
+def test_an_unknown_filesystem_without_the_hook_is_still_refused() -> None:
+    from kstore.errors import UnsafeStorageError
+
+    with pytest.raises(UnsafeStorageError):
+        Storage("ftp://example.invalid/x").check_writable()
+
+
+def test_messages_name_no_credentials(seaweed_bucket_url: Any) -> None:
+    url, options = seaweed_bucket_url
+    wrapped, wrapped_options = faultfs.wrap_url(
+        url, options, faults=[{"op": "read", "kind": "fail"}]
+    )
+    storage = Storage(wrapped, wrapped_options)
+    with pytest.raises(StorageError) as info:
+        storage.read("anything")
+    for secret in (
+        options.get("secret"),
+        options.get("key"),
+        options.get("client_kwargs", {}).get("aws_secret_access_key"),
+    ):
+        if secret:
+            assert secret not in str(info.value)
+    assert "secret" not in repr(storage).lower()
+
+
+@pytest.mark.parametrize("kind", ["fail", "ambiguous", "delay"])
+def test_every_commit_failing_once_neither_loses_nor_duplicates(
+    local_store_url: Any, kind: str
+) -> None:
+    """Each log version's first write fails before landing, lands but reports failure
+    (ambiguous), or is delayed: every acknowledged record is there exactly once, in order."""
+    base, _ = local_store_url
+    Store(base).create_topic("t", 1)
+    url, options = faultfs.wrap_url(
+        base, faults=[{"op": "create", "kind": kind, "p": 0.5, "path": r"/_log/\d+\.json$"}], seed=3
+    )
+    store = Store(url, options, create=False)
+    for idempotent in (True, False):
+        producer = Producer(store, acks="all", linger_ms=0, enable_idempotence=idempotent)
+        offsets = [  # one commit per record
+            producer.send("t", value=b"%d-%d" % (idempotent, i)).get(timeout=60).offset
+            for i in range(40)
+        ]
+        producer.close()
+        assert offsets == sorted(offsets)
+    assert faultfs.wrapper_of(store.storage).counts().get(kind, 0) > 5
+    expected = [b"%d-%d" % (flag, i) for flag in (1, 0) for i in range(40)]
+    assert values(Store(base, create=False), "t") == expected
+
+
+def test_a_torn_last_checkpoint_hint_is_ignored(local_store_url: Any) -> None:
+    base, _ = local_store_url
+    Store(base).create_topic("t", 1, config={"checkpoint.interval": 2})
+    url, options = faultfs.wrap_url(
+        base, faults=[{"op": "put", "kind": "truncate", "path": "_last_checkpoint$"}]
+    )
+    store = Store(url, options, create=False)
+    producer = Producer(store, acks="all", linger_ms=0)
+    for i in range(7):
+        producer.send("t", value=b"%d" % i).get(timeout=30)
+    producer.close()
+    assert faultfs.wrapper_of(store.storage).counts()["truncate"] >= 1
+    hint = Storage(base).read(f"{store.partition('t', 0).log.directory}/_last_checkpoint")
+    with pytest.raises(ValueError):
+        __import__("json").loads(hint)  # really torn
+    assert values(Store(base, create=False), "t") == [b"%d" % i for i in range(7)]
+
+
+def test_rules_are_validated() -> None:
+    with pytest.raises(ValueError, match="unknown fault kind"):
+        _ = Storage(*faultfs.wrap_url("memory://x/y", faults=[{"op": "read", "kind": "bad"}])).fs
+    with pytest.raises(ValueError, match="unknown crash point"):
+        faultfs.Crash.of({"point": "nowhere"})
