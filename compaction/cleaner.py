@@ -265,6 +265,7 @@ class _Cleaner:
                     pa.concat_tables(tables),
                     compression=self.compression,
                     fmt=FORMAT_PARQUET,
+                    layout=self.part.layout,
                 )
             new_c = self.plan.new_cleaned_offset if last else None
             if not _replace(self.part, group, written, horizon, self.now, OPERATION, new_c):

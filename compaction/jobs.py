@@ -31,6 +31,7 @@ from kstore.errors import (
 )
 from kstore.layout import partition_dir
 from kstore.partition import Partition, PartitionState
+from kstore.segments import BINARY, Layout, layout_of
 from kstore.storage import redact_url
 from kstore.store import Store
 
@@ -57,6 +58,7 @@ class WorkItem:
     topic_id: str
     partition: int
     config: dict[str, Any]  # the topic's effective config
+    layout: Layout = BINARY  # what the segments hold: binary, or a typed topic's columns
 
     def open(self, store: Store) -> Partition:
         return Partition(
@@ -67,6 +69,7 @@ class WorkItem:
             checkpoint_interval=int(self.config["checkpoint.interval"]),
             cache=store.segment_cache,
             retry=store.retry,
+            layout=self.layout,
         )
 
 
@@ -255,7 +258,10 @@ def plan_items(
         config = meta.effective_config
         if not wanted(config):
             continue
-        items.extend(WorkItem(name, meta.topic_id, p, config) for p in range(meta.partitions))
+        layout = layout_of(meta)
+        items.extend(
+            WorkItem(name, meta.topic_id, p, config, layout) for p in range(meta.partitions)
+        )
     return items
 
 

@@ -109,6 +109,7 @@ def merge_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> Pa
             pa.concat_tables(tables),
             compression=codec,
             fmt=FORMAT_PARQUET,
+            layout=part.layout,
         )
         first_seen = delete_horizon(now, int(item.config["delete.retention.ms"]))
         horizon = _horizon(group, tables, state.cleaned_offset, first_seen)

@@ -48,7 +48,14 @@ from kstore.names import validate_topic_name
 from kstore.partition import ProducerBatch
 from kstore.partitioner import NO_PARTITION, StickyPartitioner, get_partitioner
 from kstore.records import ConsumerGroupMetadata, OffsetAndMetadata, RecordMetadata, TopicPartition
-from kstore.schema import Validator, key_bytes, type_name, validator
+from kstore.schema import (
+    Validator,
+    cast_column,
+    conform_values,
+    key_bytes,
+    record_sizes,
+    validator,
+)
 from kstore.segments import (
     BINARY,
     HEADERS_TYPE,
@@ -1296,7 +1303,7 @@ def _conform_batch(table: pa.Table, info: _TopicInfo, partition: int | None) -> 
             continue
         if name == "key" and layout.key != pa.binary():
             cols[name] = (
-                _cast_column(table.column(name), typ, "key")
+                cast_column(table.column(name), typ, "send_batch: column 'key'")
                 if name in table.column_names
                 else pa.nulls(n, typ)
             )
@@ -1367,136 +1374,38 @@ def _conform_batch(table: pa.Table, info: _TopicInfo, partition: int | None) -> 
     return out
 
 
-def _cast_column(column: Any, to: pa.DataType, name: str) -> Any:
-    try:
-        return pc.cast(column, to, safe=True)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-        raise InvalidRecordError(
-            f"send_batch: column {name!r} has type {column.type}, which does not convert to "
-            f"{type_name(to)}: {exc}"
-        ) from None
-
-
-def _typed_values(table: pa.Table, info: _TopicInfo) -> pa.ChunkedArray:
+def _typed_values(table: pa.Table, info: _TopicInfo) -> pa.Array:
     """The value struct of a typed topic's batch: either a ``value`` struct column or the
-    schema's fields as top-level columns (then no row is a tombstone). Fields are matched by
-    name and converted safely (an overflow is an error); missing nullable fields are null."""
+    schema's fields as top-level columns (then no row is a tombstone)."""
     schema = info.metadata.schema
     assert schema is not None
     names = set(table.column_names)
     if "value" in names:
         extra = names - {"value", *RECORD_COLUMNS}
-        value = table.column("value")
-        if not pa.types.is_struct(value.type):
-            raise InvalidRecordError(
-                f"send_batch: topic {info.metadata.name!r} is typed; its 'value' column must be "
-                f"a struct of {schema.ddl()}, got {value.type}"
-            )
-        present = {f.name: i for i, f in enumerate(value.type)}
-
-        def column(name: str) -> Any:
-            return pc.struct_field(value, [present[name]])
-
-        mask = pc.is_null(value) if value.null_count else None
+        value: Any = table.column("value")
     else:
-        extra = names - {f.name for f in schema.value} - set(RECORD_COLUMNS)
-        present = dict.fromkeys(names, 0)
-
-        def column(name: str) -> Any:
-            return table.column(name)
-
-        mask = None
-        if not names & {f.name for f in schema.value}:
+        fields = [n for n in table.column_names if n not in RECORD_COLUMNS]
+        extra = set(fields) - set(schema.field_names())
+        if not set(fields) & set(schema.field_names()):
             raise InvalidRecordError(
                 f"send_batch: topic {info.metadata.name!r} is typed; give a 'value' struct "
                 f"column or the columns {', '.join(schema.field_names())}"
+            )
+        value = None
+        if not extra:
+            value = pa.StructArray.from_arrays(
+                [table.column(n).combine_chunks() for n in fields], names=fields
             )
     if extra:
         raise InvalidRecordError(
             f"send_batch: unexpected columns {sorted(extra)}; the value schema of "
             f"{info.metadata.name!r} is {schema.ddl()}"
         )
-    if "value" in names:
-        unknown = sorted(set(present) - set(schema.field_names()))
-        if unknown:
-            raise InvalidRecordError(
-                f"send_batch: unknown field 'value.{unknown[0]}'; the schema is {schema.ddl()}"
-            )
-    n = table.num_rows
-    children = []
-    for declared in schema.value:
-        nullable = schema.value_nulls.get(declared.name, (True, {}))[0]
-        if declared.name in present:
-            child = _cast_column(column(declared.name), declared.type, f"value.{declared.name}")
-        elif nullable:
-            child = pa.nulls(n, declared.type)
-        else:
-            raise InvalidRecordError(
-                f"send_batch: field 'value.{declared.name}' is required (declared NOT NULL) and "
-                "has no column"
-            )
-        if isinstance(child, pa.ChunkedArray):
-            child = child.combine_chunks()
-        _check_required(
-            child, schema.value_nulls.get(declared.name, (True, {})), f"value.{declared.name}", mask
-        )
-        children.append(child)
-    mask_array = mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask
-    struct = pa.StructArray.from_arrays(children, fields=list(schema.value), mask=mask_array)
-    return pa.chunked_array([struct], type=schema.value)
-
-
-def _check_required(array: Any, declared: tuple[bool, Any], path: str, parent_null: Any) -> None:
-    """NOT NULL fields hold no null where their parent (the record's value) is not null."""
-    nullable, children = declared
-    if not nullable and array.null_count:
-        nulls = pc.is_null(array)
-        if parent_null is not None:
-            nulls = pc.and_(nulls, pc.invert(parent_null))
-        if pc.any(nulls).as_py():
-            row = pc.index(nulls, True).as_py()
-            raise InvalidRecordError(
-                f"send_batch: field {path!r} is declared NOT NULL but row {row} is null"
-            )
-    if pa.types.is_struct(array.type):
-        own_null = pc.is_null(array) if array.null_count else parent_null
-        if parent_null is not None and own_null is not parent_null:
-            own_null = pc.or_(own_null, parent_null)
-        for i, f in enumerate(array.type):
-            _check_required(
-                array.field(i), children.get(f.name, (True, {})), f"{path}.{f.name}", own_null
-            )
-
-
-def _value_sizes(column: Any) -> np.ndarray[Any, Any]:
-    """Each record's value size in bytes: exact for binary values; for a typed value, the
-    fixed widths plus string and binary lengths, nested columns at their average width."""
-    rows = len(column)
-    if not pa.types.is_struct(column.type):
-        lengths = pc.binary_length(column).to_numpy(zero_copy_only=False)
-        return np.nan_to_num(lengths.astype(np.float64), nan=0).astype(np.int64)
-    sizes = np.zeros(rows, np.int64)
-    for i, f in enumerate(column.type):
-        child = pc.struct_field(column, [i])
-        if pa.types.is_string(f.type) or pa.types.is_binary(f.type):
-            lengths = pc.binary_length(child).to_numpy(zero_copy_only=False)
-            sizes += np.nan_to_num(lengths.astype(np.float64), nan=0).astype(np.int64)
-        elif pa.types.is_nested(f.type):
-            sizes += child.nbytes // max(rows, 1)
-        else:
-            sizes += max(f.type.bit_width // 8, 1)
-    return sizes
+    return conform_values(value, schema, "send_batch")
 
 
 def _check_batch_record_sizes(table: pa.Table, limit: int, topic: str) -> None:
-    sizes = np.zeros(table.num_rows, np.int64) + RECORD_OVERHEAD_BYTES
-    sizes += _value_sizes(table.column("value"))
-    key = table.column("key")
-    if pa.types.is_binary(key.type) or pa.types.is_string(key.type):
-        lengths = pc.binary_length(key).to_numpy(zero_copy_only=False)
-        sizes += np.nan_to_num(lengths.astype(np.float64), nan=0).astype(np.int64)
-    else:
-        sizes += key.type.bit_width // 8
+    sizes = record_sizes(table.column("key"), table.column("value")) + RECORD_OVERHEAD_BYTES
     if sizes.size and int(sizes.max()) > limit:
         index = int(sizes.argmax())
         raise RecordTooLargeError(

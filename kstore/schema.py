@@ -1067,6 +1067,129 @@ def _struct_validator(t: pa.StructType, nulls: Mapping[str, Any]) -> Validator:
     return check_struct
 
 
+def cast_column(column: Any, to: pa.DataType, what: str) -> Any:
+    """``column`` converted to ``to`` safely (an overflow or lost digit is an error)."""
+    if column.type == to:
+        return column
+    try:
+        return pc.cast(column, to, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise InvalidRecordError(
+            f"{what} has type {column.type}, which does not convert to {_safe_name(to)}: {exc}"
+        ) from None
+
+
+def conform_values(value: Any, schema: TopicSchema, what: str) -> pa.Array:
+    """A struct column of values (fields matched by name, in any order, a subset allowed when
+    the rest are nullable) as the schema's storage type; a null row is a tombstone. Raises
+    InvalidRecordError naming the field: unknown, unconvertible, or NOT NULL but null."""
+    if isinstance(value, pa.ChunkedArray):
+        value = value.combine_chunks()
+    if not pa.types.is_struct(value.type):
+        raise InvalidRecordError(
+            f"{what}: the topic is typed; 'value' must be a struct of {schema.ddl()}, got "
+            f"{value.type}"
+        )
+    present = {f.name: i for i, f in enumerate(value.type)}
+    unknown = sorted(set(present) - set(schema.field_names()))
+    if unknown:
+        raise InvalidRecordError(
+            f"{what}: unknown field 'value.{unknown[0]}'; the schema is {schema.ddl()}"
+        )
+    rows = len(value)
+    parent_null = pc.is_null(value) if value.null_count else None
+    children = []
+    for declared in schema.value:
+        nulls = schema.value_nulls.get(declared.name, (True, {}))
+        path = f"value.{declared.name}"
+        if declared.name in present:
+            child = value.field(present[declared.name])
+            if parent_null is not None:  # a tombstone's fields are null, whatever was there
+                child = pc.if_else(parent_null, pa.nulls(rows, child.type), child)
+            child = cast_column(child, declared.type, f"{what}: field {path!r}")
+        elif nulls[0]:
+            child = pa.nulls(rows, declared.type)
+        else:
+            raise InvalidRecordError(
+                f"{what}: field {path!r} is required (declared NOT NULL) and has no column"
+            )
+        _check_required(child, nulls, path, parent_null, what)
+        children.append(child)
+    return pa.StructArray.from_arrays(children, fields=list(schema.value), mask=parent_null)
+
+
+def _check_required(
+    array: Any, declared: tuple[bool, Any], path: str, parent_null: Any, what: str
+) -> None:
+    """NOT NULL fields hold no null where their parent is not null."""
+    nullable, children = declared
+    if not nullable and array.null_count:
+        nulls = pc.is_null(array)
+        if parent_null is not None:
+            nulls = pc.and_(nulls, pc.invert(parent_null))
+        if pc.any(nulls).as_py():
+            row = pc.index(nulls, True).as_py()
+            raise InvalidRecordError(
+                f"{what}: field {path!r} is declared NOT NULL but row {row} is null"
+            )
+    if pa.types.is_struct(array.type):
+        own = pc.is_null(array) if array.null_count else None
+        if own is not None and parent_null is not None:
+            own = pc.or_(own, parent_null)
+        elif own is None:
+            own = parent_null
+        for i, f in enumerate(array.type):
+            _check_required(
+                array.field(i), children.get(f.name, (True, {})), f"{path}.{f.name}", own, what
+            )
+
+
+def record_sizes(key: Any, value: Any) -> Any:
+    """Each record's key plus value size in bytes (a numpy int64 array): string and binary
+    lengths plus fixed widths, summed through structs, arrays and maps row by row (the size a
+    typed record is held to against ``max.message.bytes``)."""
+    import numpy as np
+
+    total = np.zeros(len(value), np.int64)
+    for column in (key, value):
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        total += _row_sizes(column)
+    return total
+
+
+def _row_sizes(array: Any) -> Any:
+    import numpy as np
+
+    rows = len(array)
+    t = array.type
+    valid = (
+        pc.is_valid(array).to_numpy(zero_copy_only=False).astype(np.int64)
+        if array.null_count
+        else np.ones(rows, np.int64)
+    )
+    if pa.types.is_null(t):
+        return np.zeros(rows, np.int64)
+    if pa.types.is_binary(t) or pa.types.is_string(t):
+        raw = pc.binary_length(array).to_numpy(zero_copy_only=False)
+        return np.nan_to_num(raw.astype(np.float64), nan=0).astype(np.int64)
+    if pa.types.is_struct(t):
+        sizes = np.zeros(rows, np.int64)
+        for i in range(t.num_fields):
+            sizes += _row_sizes(pc.struct_field(array, [i]))
+        return sizes * valid
+    if pa.types.is_map(t):  # as the list of its key-value entries
+        array = pa.ListArray.from_arrays(
+            array.offsets, pa.StructArray.from_arrays([array.keys, array.items], ["k", "v"])
+        )
+    if pa.types.is_list(t) or pa.types.is_map(t):
+        flat = pc.list_flatten(array)
+        parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+        element = _row_sizes(flat)
+        return np.bincount(parents, weights=element, minlength=rows).astype(np.int64) + 4 * valid
+    return max(t.bit_width // 8, 1) * valid
+
+
 def key_bytes(keys: pa.Array | pa.ChunkedArray, key_type: str | None) -> pa.Array:
     """Typed keys as the bytes the partitioner hashes: Kafka's serializer of that type
     (UTF-8 for strings, big-endian for numbers), so placement matches a Kafka client's."""

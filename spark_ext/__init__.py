@@ -30,6 +30,7 @@ from pyspark.sql.types import StructType
 
 from .options import (
     InvalidOptionError,
+    ReadOptions,
     normalize,
     parse_bool,
     parse_read_options,
@@ -37,7 +38,7 @@ from .options import (
 )
 from .reader import KStoreBatchReader, KStoreFilteringBatchReader, KStoreStreamReader
 from .reading import DataLossError
-from .schema import output_columns, spark_schema
+from .schema import BINARY_SHAPE, Shape, projection, spark_schema, topic_shape
 from .writer import KStoreBatchWriter, KStoreStreamWriter, check_input_schema
 
 FORMAT = "kstore"
@@ -63,22 +64,40 @@ class KStoreDataSource(DataSource):
     def name(cls) -> str:
         return FORMAT
 
-    def _include_headers(self) -> bool:
-        options = normalize(self.options)
-        return parse_bool("includeheaders", options.get("includeheaders", "false"))
+    def _shape(self, options: ReadOptions | None = None) -> tuple[bool, Shape]:
+        """Whether headers are read, and how keys and values look: binary, or the declared
+        types of the subscribed typed topics (read from their topic logs)."""
+        raw = normalize(self.options)
+        include_headers = parse_bool("includeheaders", raw.get("includeheaders", "false"))
+        flatten = parse_bool("flattenvalue", raw.get("flattenvalue", "false"))
+        if "store" not in raw or not any(
+            k in raw for k in ("subscribe", "subscribepattern", "assign")
+        ):
+            return include_headers, BINARY_SHAPE  # the reader reports what is missing
+        from .options import parse_store, parse_subscription
+        from .reading import find_topics
+        from .stores import get_store
+
+        store = options.store if options is not None else parse_store(raw)
+        sub = options.subscription if options is not None else parse_subscription(raw)
+        metadata = find_topics(get_store(store), sub, strict=False)
+        return include_headers, topic_shape(metadata, flatten=flatten)
 
     def schema(self) -> StructType:
-        return spark_schema(self._include_headers())
+        include_headers, shape = self._shape()
+        return spark_schema(include_headers, shape)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         options = parse_read_options(self.options, streaming=False)
-        columns = output_columns(schema, options.include_headers)
+        _, shape = self._shape(options)
+        columns = projection(schema, options.include_headers, shape)
         cls = KStoreFilteringBatchReader if self.filter_pushdown else KStoreBatchReader
         return cls(options, columns)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
         options = parse_read_options(self.options, streaming=True)
-        return KStoreStreamReader(options, output_columns(schema, options.include_headers))
+        _, shape = self._shape(options)
+        return KStoreStreamReader(options, projection(schema, options.include_headers, shape))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
@@ -89,7 +108,7 @@ class KStoreDataSource(DataSource):
         options = parse_write_options(self.options, streaming=False)
         columns = check_input_schema(schema, options)
         if options.topic is not None:
-            _check_topic_exists(options)
+            _check_topic_exists(options, schema)
         return KStoreBatchWriter(options, columns)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
@@ -97,7 +116,7 @@ class KStoreDataSource(DataSource):
         options = parse_write_options(self.options, streaming=True)
         columns = check_input_schema(schema, options)
         if options.topic is not None:
-            _check_topic_exists(options)
+            _check_topic_exists(options, schema)
         return KStoreStreamWriter(options, columns)
 
 
@@ -107,10 +126,32 @@ class KStoreDataSourceWithPushdown(KStoreDataSource):
     filter_pushdown = True
 
 
-def _check_topic_exists(options: Any) -> None:
+def _check_topic_exists(options: Any, schema: StructType) -> None:
+    """The topic exists, and the input's value fits its kind (binary, or a typed topic's
+    struct), so a mismatch fails on the driver before any task runs."""
+    from pyspark.sql.types import StructType as Struct
+
     from .stores import get_store
 
-    get_store(options.store).topic(options.topic)
+    meta = get_store(options.store).topic(options.topic)
+    value = next(f for f in schema.fields if f.name.lower() == "value")
+    if meta.schema is not None and not isinstance(value.dataType, Struct):
+        raise InvalidOptionError(
+            f"kstore sink: topic {options.topic!r} is typed; 'value' must be a struct of "
+            f"{meta.schema.ddl()}, got {value.dataType.simpleString()}"
+        )
+    if meta.schema is None and isinstance(value.dataType, Struct):
+        raise InvalidOptionError(
+            f"kstore sink: topic {options.topic!r} is binary; 'value' must be string or binary, "
+            f"got {value.dataType.simpleString()} (serialize it, e.g. to_json(value))"
+        )
+    if meta.schema is not None:
+        unknown = [f.name for f in value.dataType.fields if f.name not in meta.schema.field_names()]
+        if unknown:
+            raise InvalidOptionError(
+                f"kstore sink: topic {options.topic!r} has no field 'value.{unknown[0]}'; its "
+                f"schema is {meta.schema.ddl()}"
+            )
 
 
 def register(spark: Any, *, filter_pushdown: bool = False) -> None:

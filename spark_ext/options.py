@@ -64,6 +64,7 @@ READ_OPTIONS = (
     "includeheaders",
     "isolationlevel",
     "groupid",
+    "flattenvalue",
 )
 WRITE_OPTIONS = (
     "topic",
@@ -397,6 +398,7 @@ class ReadOptions:
     read_committed: bool
     group_id: str | None
     streaming: bool
+    flatten_value: bool = False
 
 
 def parse_subscription(options: Mapping[str, str]) -> Subscription:
@@ -566,6 +568,7 @@ def parse_read_options(raw: Mapping[str, Any], *, streaming: bool) -> ReadOption
         min_partitions=min_partitions,
         fail_on_data_loss=parse_bool("failondataloss", options.get("failondataloss", "true")),
         include_headers=parse_bool("includeheaders", options.get("includeheaders", "false")),
+        flatten_value=parse_bool("flattenvalue", options.get("flattenvalue", "false")),
         read_committed=isolation == "read_committed",
         group_id=group_id,
         streaming=streaming,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -39,6 +39,7 @@ from .reading import (
     timestamp_type_of,
     to_json_offsets,
 )
+from .schema import Projection
 from .stores import BATCH_CACHE_BYTES, STREAM_CACHE_BYTES, get_store
 
 log = logging.getLogger(__name__)
@@ -54,15 +55,15 @@ class KStoreBatchReader(DataSourceReader):
     """``spark.read.format("kstore")``: offsets [startingOffsets, endingOffsets) of every
     subscribed partition, planned on the driver from the manifests."""
 
-    def __init__(self, options: ReadOptions, columns: Sequence[str]) -> None:
+    def __init__(self, options: ReadOptions, projection: Projection) -> None:
         self.options = options
-        self.columns = tuple(columns)
+        self.projection = projection
         self.pushdown = Pushdown()
 
     def _context(self) -> ReadContext:
         return ReadContext(
             store=self.options.store,
-            columns=self.columns,
+            projection=self.projection,
             fail_on_data_loss=self.options.fail_on_data_loss,
             cache_bytes=BATCH_CACHE_BYTES,
             pushdown=self.pushdown,
@@ -132,9 +133,9 @@ class KStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     manifest version by name: one GET that usually finds nothing, never a listing.
     """
 
-    def __init__(self, options: ReadOptions, columns: Sequence[str]) -> None:
+    def __init__(self, options: ReadOptions, projection: Projection) -> None:
         self.options = options
-        self.columns = tuple(columns)
+        self.projection = projection
         self._init_driver_state()
 
     def _init_driver_state(self) -> None:
@@ -147,11 +148,11 @@ class KStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get the options only; driver state never travels.
-        return {"options": self.options, "columns": self.columns}
+        return {"options": self.options, "projection": self.projection}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.options = state["options"]
-        self.columns = state["columns"]
+        self.projection = state["projection"]
         self._init_driver_state()
 
     @property
@@ -302,7 +303,7 @@ class KStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         ctx = ReadContext(
             store=self.options.store,
-            columns=self.columns,
+            projection=self.projection,
             fail_on_data_loss=self.options.fail_on_data_loss,
             cache_bytes=STREAM_CACHE_BYTES,
             read_committed=self.options.read_committed,

@@ -32,13 +32,21 @@ from kstore.records import TopicPartition
 from kstore.store import Store, TopicMetadata
 
 from .filters import Pushdown
-from .options import EARLIEST, LATEST, InvalidOptionError, OffsetSpec, ReadOptions, StoreRef
+from .options import (
+    EARLIEST,
+    LATEST,
+    InvalidOptionError,
+    OffsetSpec,
+    ReadOptions,
+    StoreRef,
+    Subscription,
+)
 from .schema import (
     CREATE_TIME,
     LOG_APPEND_TIME,
     SEGMENT_COLUMNS,
     ConstantColumns,
-    arrow_schema,
+    Projection,
     output_batch,
 )
 from .stores import get_store
@@ -141,7 +149,7 @@ class ReadContext:
     """What every task of one read needs besides its range (picklable)."""
 
     store: StoreRef
-    columns: tuple[str, ...]
+    projection: Projection
     fail_on_data_loss: bool
     cache_bytes: int
     pushdown: Pushdown = field(default_factory=Pushdown)
@@ -205,10 +213,10 @@ def read_task(task: ReadTask, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
         segments = segments_between(state, start, end) if start < end else []
     if start >= end:
         return
-    columns = list(ctx.columns)
-    schema = arrow_schema(columns)
+    projection = ctx.projection
+    schema = projection.arrow_schema()
     need_mask = pushdown.needs_mask()
-    wanted = {c for c in columns if c in SEGMENT_COLUMNS}
+    wanted = set(projection.segment_columns)
     if need_mask and pushdown.on("timestamp"):
         wanted.add("timestamp")
     # The segment columns in their file order, plus the offsets (an arange for dense segments).
@@ -239,7 +247,7 @@ def read_task(task: ReadTask, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
                 if mask is not None:
                     batch = batch.filter(mask)
             if batch.num_rows:
-                yield output_batch(batch, columns, schema, constants)
+                yield output_batch(batch, projection, schema, constants)
 
 
 # -- the driver side ------------------------------------------------------------------------------
@@ -248,6 +256,36 @@ def read_task(task: ReadTask, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
 def timestamp_type_of(metadata: TopicMetadata) -> int:
     kind = metadata.effective_config.get("message.timestamp.type", "CreateTime")
     return LOG_APPEND_TIME if kind == "LogAppendTime" else CREATE_TIME
+
+
+def find_topics(store: Store, sub: Subscription, *, strict: bool) -> dict[str, TopicMetadata]:
+    """The subscribed topics that exist now. ``strict``: a named topic that does not exist is
+    an error."""
+    if sub.kind == "subscribePattern":
+        assert sub.pattern is not None
+        pattern = re.compile(sub.pattern)
+        # One listing of the topic names; only the matching topics' logs are read.
+        names = sorted(
+            info.name for info in store.storage.list_dir(TOPICS) if pattern.fullmatch(info.name)
+        )
+    elif sub.kind == "assign":
+        names = list(dict.fromkeys(t for t, _ in sub.assigned))
+    else:
+        names = list(sub.topics)
+    found: dict[str, TopicMetadata] = {}
+    for name in names:
+        try:
+            found[name] = store.topic(name)
+        except InvalidTopicError:
+            continue  # a stray entry in the topics directory, not a topic
+        except UnknownTopicOrPartitionError:
+            if strict:
+                raise UnknownTopicOrPartitionError(
+                    f"kstore source: topic {name!r} (option {sub.kind!r}) does not exist in "
+                    f"store {store!r}"
+                ) from None
+            log.info("subscribed topic %r does not exist (yet)", name)
+    return found
 
 
 class Resolver:
@@ -261,35 +299,8 @@ class Resolver:
     def topics(self, *, strict: bool) -> dict[str, TopicMetadata]:
         """The subscribed topics that exist now (metadata refreshed by polling each topic's
         next log version). ``strict``: a named topic that does not exist is an error."""
-        sub = self.options.subscription
-        if sub.kind == "subscribePattern":
-            assert sub.pattern is not None
-            pattern = re.compile(sub.pattern)
-            # One listing of the topic names; only the matching topics' logs are read.
-            names = sorted(
-                info.name
-                for info in self.store.storage.list_dir(TOPICS)
-                if pattern.fullmatch(info.name)
-            )
-        elif sub.kind == "assign":
-            names = list(dict.fromkeys(t for t, _ in sub.assigned))
-        else:
-            names = list(sub.topics)
-        found: dict[str, TopicMetadata] = {}
-        for name in names:
-            try:
-                found[name] = self.store.topic(name)
-            except InvalidTopicError:
-                continue  # a stray entry in the topics directory, not a topic
-            except UnknownTopicOrPartitionError:
-                if strict:
-                    raise UnknownTopicOrPartitionError(
-                        f"kstore source: topic {name!r} (option {sub.kind!r}) does not exist in "
-                        f"store {self.store!r}"
-                    ) from None
-                log.info("subscribed topic %r does not exist (yet)", name)
-        self.metadata = found
-        return found
+        self.metadata = find_topics(self.store, self.options.subscription, strict=strict)
+        return self.metadata
 
     def topic_partitions(self, *, strict: bool) -> list[TopicPartition]:
         topics = self.topics(strict=strict)

@@ -33,6 +33,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import (
     BinaryType,
     DataType,
+    DoubleType,
+    FloatType,
     IntegerType,
     LongType,
     ShortType,
@@ -50,7 +52,8 @@ from kstore.errors import (
 )
 from kstore.partition import AppendResult
 from kstore.partitioner import NO_PARTITION, get_partitioner
-from kstore.segments import HEADERS_TYPE, RECORD_SCHEMA, TIMESTAMP_TYPE, SegmentFile
+from kstore.schema import cast_column, conform_values, key_bytes, record_sizes
+from kstore.segments import HEADERS_TYPE, TIMESTAMP_TYPE, SegmentFile, layout_of
 from kstore.store import Store, TopicMetadata
 
 from . import pending
@@ -66,9 +69,10 @@ BATCH_ID_PROPERTY = "streaming.sql.batchId"
 COMMIT_THREADS = 8  # partitions committed concurrently (object-store round trips dominate)
 RECORD_OVERHEAD_BYTES = 70  # as the producer: Kafka's per-record overhead, for size limits
 
+# A struct value (and a typed key) is for typed topics; checked against the topic's schema.
 _INPUT_TYPES: dict[str, tuple[type[DataType], ...]] = {
-    "value": (BinaryType, StringType),
-    "key": (BinaryType, StringType),
+    "value": (BinaryType, StringType, StructType),
+    "key": (BinaryType, StringType, LongType, IntegerType, ShortType, DoubleType, FloatType),
     "topic": (StringType,),
     "partition": (IntegerType, ShortType, LongType),
     "timestamp": (TimestampType,),
@@ -82,15 +86,19 @@ def check_input_schema(schema: StructType, options: WriteOptions) -> dict[str, s
     names = {f.name.lower(): f for f in schema.fields}
     if "value" not in names:
         raise InvalidRecordError(
-            f"kstore sink: the input needs a 'value' column (string or binary); it has "
+            f"kstore sink: the input needs a 'value' column (string or binary, or a struct for "
+            "a typed topic); it has "
             f"{', '.join(schema.fieldNames()) or 'no columns'}"
         )
     for name, kinds in _INPUT_TYPES.items():
         f = names.get(name)
         if f is not None and not isinstance(f.dataType, kinds):
-            wanted = " or ".join(k.typeName() for k in kinds)
+            typed_only = name in ("key", "value")
+            wanted = " or ".join(k.typeName() for k in (kinds[:2] if typed_only else kinds))
+            extra = " (a typed topic's takes its declared type)" if typed_only else ""
             raise InvalidRecordError(
-                f"kstore sink: column {f.name!r} must be {wanted}, got {f.dataType.simpleString()}"
+                f"kstore sink: column {f.name!r} must be {wanted}, got "
+                f"{f.dataType.simpleString()}{extra}"
             )
     f = names.get("headers")
     if f is not None and f.dataType.simpleString() != HEADERS_SPARK_TYPE.simpleString():
@@ -157,6 +165,31 @@ def _binary(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     ):
         return column.cast(pa.binary())
     raise InvalidRecordError(f"kstore sink: expected string or binary, got {column.type}")
+
+
+def _as_layout(table: pa.Table, meta: TopicMetadata, topic: str) -> pa.Table:
+    """Key and value converted to the topic's layout: binary, or its declared types."""
+    schema = meta.schema
+    key, value = table.column("key"), table.column("value")
+    if schema is None:
+        if pa.types.is_struct(value.type):
+            raise InvalidRecordError(
+                f"kstore sink: topic {topic!r} is binary; its 'value' must be string or binary, "
+                f"got a struct (serialize it, e.g. to_json(value), or write to a typed topic)"
+            )
+        key, value = _binary(key), _binary(value)
+    else:
+        what = f"kstore sink: topic {topic!r}"
+        value = conform_values(value, schema, what)
+        key = cast_column(
+            key.combine_chunks() if isinstance(key, pa.ChunkedArray) else key,
+            schema.key_type,
+            f"{what}: column 'key'",
+        )
+    return pa.Table.from_arrays(
+        [key, value, table.column("timestamp"), table.column("headers")],
+        schema=layout_of(meta).record_schema,
+    )
 
 
 class TaskSink:
@@ -238,8 +271,9 @@ class TaskSink:
         """The batch as segment records (RECORD_SCHEMA), validated."""
         rows = batch.num_rows
         cols = self.columns
-        value = _binary(batch.column(cols["value"]))
-        key = _binary(batch.column(cols["key"])) if "key" in cols else pa.nulls(rows, pa.binary())
+        # Key and value as given: each topic's _add_topic converts them to its layout.
+        value = batch.column(cols["value"])
+        key = batch.column(cols["key"]) if "key" in cols else pa.nulls(rows, pa.binary())
         now_us = int(time.time() * 1_000_000)
         if "timestamp" in cols:
             stamps = batch.column(cols["timestamp"]).cast(TIMESTAMP_TYPE)
@@ -251,7 +285,9 @@ class TaskSink:
             headers = batch.column(cols["headers"]).cast(HEADERS_TYPE)
         else:
             headers = pa.nulls(rows, HEADERS_TYPE)
-        return pa.Table.from_arrays([key, value, stamps, headers], schema=RECORD_SCHEMA)
+        return pa.Table.from_arrays(
+            [key, value, stamps, headers], names=["key", "value", "timestamp", "headers"]
+        )
 
     def _add_topic(
         self, topic: str, table: pa.Table, explicit: pa.Array | None, batch: pa.RecordBatch
@@ -259,6 +295,7 @@ class TaskSink:
         meta = self._topic(topic)
         n = meta.partitions
         config = meta.effective_config
+        table = _as_layout(table, meta, topic)
         self._check_sizes(table, topic, int(config["max.message.bytes"]))
         if config["message.timestamp.type"] == "LogAppendTime":
             now = pa.array(np.full(table.num_rows, int(time.time() * 1_000_000), np.int64)).cast(
@@ -266,10 +303,11 @@ class TaskSink:
             )
             table = table.set_column(2, "timestamp", now)
         # A copy: the partitioner's Arrow result may be read-only memory.
-        parts = np.array(
-            self.partitioner.partition_batch(table.column("key").combine_chunks(), n),
-            dtype=np.int32,
-        )
+        schema = meta.schema
+        keys = table.column("key").combine_chunks()
+        if schema is not None and schema.key_declared is not None:
+            keys = key_bytes(keys, schema.key_declared)  # hashed as Kafka's serializer writes them
+        parts = np.array(self.partitioner.partition_batch(keys, n), dtype=np.int32)
         if explicit is not None:
             given = explicit.cast(pa.int64()).to_numpy(zero_copy_only=False)
             valid = ~np.asarray(explicit.is_null().to_numpy(zero_copy_only=False), dtype=bool)
@@ -297,10 +335,7 @@ class TaskSink:
 
     @staticmethod
     def _check_sizes(table: pa.Table, topic: str, limit: int) -> None:
-        sizes = pc.add(
-            pc.fill_null(pc.binary_length(table.column("value")), 0),
-            pc.fill_null(pc.binary_length(table.column("key")), 0),
-        )
+        sizes = pa.array(record_sizes(table.column("key"), table.column("value")))
         largest = pc.max(sizes).as_py() or 0
         headers = table.column("headers").combine_chunks()
         if headers.null_count < len(headers):

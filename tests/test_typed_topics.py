@@ -581,12 +581,6 @@ def test_a_reader_with_older_metadata_drops_newer_fields(local: tuple[Store, Pat
 # -- jobs ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the compaction and merge jobs open partitions with the binary layout "
-    "(compaction/jobs.py WorkItem.open passes no layout), so typed segments are refused as "
-    "'unexpected segment schema'; with the layout they still write keys as binary",
-)
 def test_compaction_keeps_the_latest_record_per_typed_key(local: tuple[Store, Path]) -> None:
     store, root = local
     store.create_topic(
@@ -621,12 +615,6 @@ def test_compaction_keeps_the_latest_record_per_typed_key(local: tuple[Store, Pa
     assert any(name.endswith(".parquet") for name in files)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the compaction and merge jobs open partitions with the binary layout "
-    "(compaction/jobs.py WorkItem.open passes no layout), so typed segments are refused as "
-    "'unexpected segment schema'; with the layout they still write keys as binary",
-)
 def test_merged_parquet_segments_read_back_typed(local: tuple[Store, Path]) -> None:
     store, root = local
     store.create_topic("e", 1, value_schema=EVERY_TYPE, key_schema="string")
@@ -761,12 +749,6 @@ def test_topic_metadata_of_typed_and_binary_topics(mem: Store) -> None:
     assert again.schema.ddl() == "a BIGINT NOT NULL"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: send_batch sizes nested fields (arrays, maps, structs) at the batch's average "
-    "width (kstore/producer.py _value_sizes), so one oversized record among small ones passes "
-    "max.message.bytes, which send() refuses for the same record",
-)
 def test_send_batch_enforces_max_message_bytes_per_record_in_nested_fields(mem: Store) -> None:
     mem.create_topic("t", 1, {"max.message.bytes": 10_000}, value_schema="tags ARRAY<STRING>")
     producer = Producer(mem)
