@@ -388,6 +388,16 @@ class Torture:
     # -- the run -----------------------------------------------------------------------------------
 
     def run(self) -> tuple[TortureStats, Result]:
+        try:
+            return self._run()
+        except BaseException as exc:
+            exc.add_note(
+                f"torture run: seed {self.seed}, backend {self.config.backend}, "
+                f"workdir {self.work} (replay with this seed)"
+            )
+            raise
+
+    def _run(self) -> tuple[TortureStats, Result]:
         c = self.config
         self.log(
             f"torture: seed {self.seed} backend {c.backend} duration {c.duration_s:.0f} s "
@@ -395,7 +405,7 @@ class Torture:
         )
         faultfs.register()
         quiet_logs()
-        store = self.setup()
+        self.setup()
         started = time.monotonic()
         try:
             for i in range(c.thread_producers):
@@ -455,7 +465,7 @@ class Torture:
         finally:
             self.stats.duration_s = time.monotonic() - started
             self.shut_down()
-        self.finish(store)
+        self.finish()
         return self.finish_check()
 
     def shut_down(self) -> None:
@@ -472,7 +482,7 @@ class Torture:
             if thread.is_alive():
                 self.log(f"torture: thread {thread.name} did not stop")
 
-    def finish(self, store: Store) -> None:
+    def finish(self) -> None:
         """With faults off: finish open transactions, scan every partition, read the group log."""
         record = self.recorder("final")
         store = Store(self.config.url, self.config.storage_options, create=False)
@@ -494,7 +504,13 @@ class Torture:
                     consumer.assign([tp])
                     consumer.seek_to_beginning(tp)
                     end = consumer.end_offsets([tp])[tp]
+                    deadline = time.monotonic() + 300
                     while consumer.position(tp) < end:
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(
+                                f"final scan of {name}-{p} ({iso}) stuck at offset "
+                                f"{consumer.position(tp)} of {end}"
+                            )
                         for records in consumer.poll(timeout_ms=500).values():
                             for r in records:
                                 record(
