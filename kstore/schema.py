@@ -759,7 +759,9 @@ def _evolve(
 
 def _widens(old: pa.DataType, new: pa.DataType) -> bool:
     if pa.types.is_decimal(old) and pa.types.is_decimal(new):
-        return new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale
+        return bool(
+            new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale
+        )
     try:
         return (type_name(old), type_name(new)) in _WIDENINGS
     except SchemaError:
@@ -948,7 +950,7 @@ def validator(t: pa.DataType, nulls: Mapping[str, Any] | None = None) -> Validat
         def check_list(v: Any, path: str) -> tuple[Any, int]:
             if not isinstance(v, list | tuple):
                 raise _fail(path, f"array ({type_name(t)}) as a list", v)
-            out = []
+            out: list[Any] = []
             total = 4
             for i, item in enumerate(v):
                 if item is None:
@@ -1047,7 +1049,7 @@ def _struct_validator(t: pa.StructType, nulls: Mapping[str, Any]) -> Validator:
                     f"unknown field {_field_path(path, unknown[0])!r}{where}: the schema has "
                     f"{', '.join(sorted(names))}"
                 )
-        out = {}
+        out: dict[str, Any] = {}
         total = 0
         get = m.get
         for name, nullable, check in fields:

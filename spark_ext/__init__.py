@@ -145,8 +145,9 @@ def _check_topic_exists(options: Any, schema: StructType) -> None:
             f"kstore sink: topic {options.topic!r} is binary; 'value' must be string or binary, "
             f"got {value.dataType.simpleString()} (serialize it, e.g. to_json(value))"
         )
-    if meta.schema is not None:
-        unknown = [f.name for f in value.dataType.fields if f.name not in meta.schema.field_names()]
+    if meta.schema is not None and isinstance(value.dataType, Struct):
+        fields = value.dataType.fields
+        unknown = [f.name for f in fields if f.name not in meta.schema.field_names()]
         if unknown:
             raise InvalidOptionError(
                 f"kstore sink: topic {options.topic!r} has no field 'value.{unknown[0]}'; its "
