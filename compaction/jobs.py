@@ -27,6 +27,7 @@ from typing import Any
 from kstore.errors import (
     CommitConflictError,
     ConcurrentModificationError,
+    InvalidConfigurationError,
     KStoreError,
 )
 from kstore.layout import partition_dir
@@ -251,7 +252,10 @@ def plan_items(
 ) -> list[WorkItem]:
     """One item per partition of every topic (or of ``topics``) whose config ``wanted``
     accepts. Reads topic logs only."""
-    names = list(topics) if topics else store.list_topics()
+    # One topic name given as a string is that topic, not one topic per character.
+    names = (
+        ([topics] if isinstance(topics, str) else list(topics)) if topics else store.list_topics()
+    )
     items: list[WorkItem] = []
     for name in names:
         meta = store.topic(name)  # a named topic that does not exist is an error
@@ -519,6 +523,13 @@ def report(summaries: Sequence[Summary], json_path: str | None, *, printed: bool
     return 1 if any(s.errors for s in summaries) else 0
 
 
+def check_tasks(tasks: object) -> None:
+    """``tasks`` is None (the default) or an integer >= 1; checked before the store is opened,
+    so a bad value is a clear error rather than ignored here and handed to Spark."""
+    if tasks is not None and (not isinstance(tasks, int) or isinstance(tasks, bool) or tasks < 1):
+        raise InvalidConfigurationError(f"tasks must be an integer >= 1, got {tasks!r}")
+
+
 def run_job(
     operation: str,
     fn: PartitionFn,
@@ -535,6 +546,7 @@ def run_job(
     print_summary: bool = True,
 ) -> Summary:
     """Plan on the driver, run every partition, print and return the summary."""
+    check_tasks(tasks)
     started = time.monotonic()
     progress = stderr_progress if verbose else None
     store = open_store(store_url, storage_options)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import gc
 import logging
+import math
 import re
 import threading
 import time
@@ -35,7 +36,7 @@ from kstore.errors import (
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
 )
-from kstore.groups import Group, GroupState, Member
+from kstore.groups import Group, GroupState, Member, normalized_offsets
 from kstore.names import validate_group_id, validate_topic_name
 from kstore.partition import Partition, PartitionState
 from kstore.records import (
@@ -127,6 +128,17 @@ class Consumer:
         ):
             _ms_config(cfg, name)
         _ms_config(cfg, "max_poll_records", 1)
+        timeout = cfg["consumer_timeout_ms"]
+        if (
+            not isinstance(timeout, (int, float))
+            or isinstance(timeout, bool)
+            or math.isnan(timeout)
+            or timeout < 0
+        ):
+            raise InvalidConfigurationError(
+                "consumer config 'consumer_timeout_ms' must be a non-negative number of "
+                f"milliseconds (float('inf') to wait forever), got {timeout!r}"
+            )
         session = _ms_config(cfg, "session_timeout_ms", 1)
         heartbeat = _ms_config(cfg, "heartbeat_interval_ms", 1)
         if heartbeat >= session:
@@ -731,10 +743,7 @@ class Consumer:
                 for tp, o in self._positions.items()
                 if tp in self._assigned
             }
-        normalised = {
-            tp: om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
-            for tp, om in offsets.items()
-        }
+        normalised = normalized_offsets(offsets)  # checked: names the partition and offset
         if not normalised:
             return
         with self._lock:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -330,8 +331,7 @@ def _checked_offsets(
             raise ValueError(f"offsets: value for {topic}-{tp[1]} is not an OffsetAndMetadata")
         if not _is_int(om.offset) or om.offset < 0:
             raise ValueError(
-                f"offset for {TopicPartition(topic, tp[1])} must be a non-negative integer, "
-                f"got {om.offset!r}"
+                f"offset for {topic}-{tp[1]} must be a non-negative integer, got {om.offset!r}"
             )
         if om.metadata is not None and not isinstance(om.metadata, str):
             raise ValueError(
@@ -342,6 +342,27 @@ def _checked_offsets(
             om.offset, om.metadata or "", om.leader_epoch
         )
     return out
+
+
+def normalized_offsets(
+    offsets: Mapping[TopicPartition, Any],
+) -> dict[TopicPartition, OffsetAndMetadata]:
+    """Offsets as callers give them (an OffsetAndMetadata or a plain integer offset per
+    partition), every key and value checked as :meth:`Group.commit_offsets` checks them.
+    Raises ValueError naming the partition and the value, before anything is written."""
+    if not isinstance(offsets, Mapping):
+        raise ValueError(
+            f"offsets must be a mapping of TopicPartition to OffsetAndMetadata or int, got "
+            f"{type(offsets).__name__}"
+        )
+    out: dict[TopicPartition, OffsetAndMetadata] = {}
+    for tp, om in offsets.items():
+        if not isinstance(om, OffsetAndMetadata):
+            if not isinstance(om, bool) and hasattr(type(om), "__index__"):
+                om = operator.index(om)  # numpy integers too; 1.5 or "1" stay as they are
+            om = OffsetAndMetadata(om)  # anything but an integer is named by the check below
+        out[tp] = om
+    return _checked_offsets(out)
 
 
 def _lease_name(member_id: str) -> str:

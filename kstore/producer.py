@@ -34,6 +34,7 @@ from kstore.errors import (
     CommitFailedError,
     IllegalStateError,
     InvalidConfigurationError,
+    InvalidGroupIdError,
     InvalidRecordError,
     KafkaTimeoutError,
     KStoreError,
@@ -41,10 +42,10 @@ from kstore.errors import (
     RecordTooLargeError,
     UnknownTopicOrPartitionError,
 )
-from kstore.groups import Group
+from kstore.groups import Group, normalized_offsets
 from kstore.layout import producer_log_dir
 from kstore.log import Action, Log, protocol_action
-from kstore.names import validate_topic_name
+from kstore.names import validate_group_id, validate_topic_name
 from kstore.partition import ProducerBatch
 from kstore.partitioner import NO_PARTITION, StickyPartitioner, get_partitioner
 from kstore.records import ConsumerGroupMetadata, OffsetAndMetadata, RecordMetadata, TopicPartition
@@ -72,6 +73,9 @@ _now = time.time
 
 RESERVE_CHUNK_BYTES = 1024 * 1024  # buffer_memory is reserved this much at a time
 RECORD_OVERHEAD_BYTES = 70  # Kafka's per-record batch overhead, for size accounting
+# The latest record timestamp, in ms since the epoch: Kafka's timestamps are int64 ms, and a
+# segment stores them as int64 microseconds, which ends here (in the year 294247).
+MAX_TIMESTAMP_MS = ((1 << 63) - 1) // 1000
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "acks": 1,
@@ -352,6 +356,12 @@ class Producer:
                 raise InvalidConfigurationError(
                     f"producer config {name!r} must be a non-negative integer, got {value!r}"
                 )
+        timeout = cfg["transaction_timeout_ms"]
+        if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 1:
+            # Checked here, before the value is recorded in the producer log (INIT PRODUCER).
+            raise InvalidConfigurationError(
+                f"producer config 'transaction_timeout_ms' must be a positive integer, got {timeout!r}"
+            )
         if cfg["max_in_flight_partitions"] < 1 or cfg["batch_size"] < 1 or cfg["buffer_memory"] < 1:
             raise InvalidConfigurationError(
                 "batch_size, buffer_memory and max_in_flight_partitions must be positive"
@@ -452,7 +462,10 @@ class Producer:
         ):
             size = RECORD_OVERHEAD_BYTES + len(value) + (0 if key is None else len(key))
             with self._lock:
-                batch = self._open.get(topic)
+                try:
+                    batch = self._open.get(topic)
+                except TypeError:  # an unhashable topic: _send() names it (no cost otherwise)
+                    batch = None
                 # An open batch means a known topic, a usable producer and, if transactional,
                 # an open transaction: checked when the batch was opened (the general path).
                 if batch is not None and size <= batch.limit:
@@ -475,9 +488,9 @@ class Producer:
         partition: int | None,
         timestamp_ms: int | None,
     ) -> FutureRecordMetadata:
-        info = self._topics.get(topic)
+        info = self._topics.get(topic) if topic.__class__ is str else None
         if info is None:
-            info = self._topic_info(topic)
+            info = self._topic_info(topic)  # checks the name first
         size = RECORD_OVERHEAD_BYTES
         if info.check_value is not None:
             # A typed topic: the value is validated against the schema (serializers are for
@@ -506,11 +519,12 @@ class Producer:
             size += sum(len(k) + len(v) for k, v in headers)
         if timestamp_ms is None:
             timestamp = _now()
-        elif timestamp_ms.__class__ is int and timestamp_ms >= 0:
+        elif timestamp_ms.__class__ is int and 0 <= timestamp_ms <= MAX_TIMESTAMP_MS:
             timestamp = timestamp_ms / 1000
         else:
             raise InvalidRecordError(
-                f"timestamp_ms must be a non-negative integer, got {timestamp_ms!r}"
+                f"timestamp_ms must be a non-negative integer of at most {MAX_TIMESTAMP_MS} "
+                f"(segments keep int64 microseconds), got {timestamp_ms!r}"
             )
         if partition is None:
             partition = NO_PARTITION
@@ -713,7 +727,11 @@ class Producer:
                 self._raise_unusable()
 
     def _topic_info(self, topic: str, *, refresh: bool = False) -> _TopicInfo:
-        info = self._topics.get(topic)
+        try:
+            info = self._topics.get(topic)
+        except TypeError:  # unhashable, so not a name: raises InvalidTopicError naming it
+            validate_topic_name(topic)
+            raise
         max_age = self.config["metadata_max_age_ms"] / 1000
         if info is not None and not refresh and time.monotonic() - info.loaded < max_age:
             return info
@@ -1037,6 +1055,16 @@ class Producer:
         metadata = consumer_group_metadata
         if isinstance(metadata, str):
             metadata = ConsumerGroupMetadata(metadata, -1, None, None)
+        if not isinstance(metadata, ConsumerGroupMetadata):
+            raise InvalidGroupIdError(
+                "consumer_group_metadata must be a group id or a ConsumerGroupMetadata, got "
+                f"{type(metadata).__name__}"
+            )
+        # Everything is checked before the group is recorded in the producer log: a bad group
+        # id there would break the recovery of the next instance, and a bad offset would only
+        # fail in commit_transaction(), with the transaction's outcome left unknown.
+        validate_group_id(metadata.group_id)
+        checked = normalized_offsets(offsets)
         if txn.group is not None and txn.group.group_id != metadata.group_id:
             raise IllegalStateError("one transaction can carry the offsets of one consumer group")
         if txn.group is None:
@@ -1058,10 +1086,7 @@ class Producer:
                 ],
             )
         txn.group = metadata
-        for tp, om in offsets.items():
-            txn.offsets[tp] = (
-                om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
-            )
+        txn.offsets.update(checked)
 
     def commit_transaction(self, timeout: float | None = None) -> None:
         """Make the transaction's records, and its consumer offsets, visible together."""
@@ -1331,10 +1356,24 @@ def _conform_batch(table: pa.Table, info: _TopicInfo, partition: int | None) -> 
                 else col.cast(pa.timestamp("us")).cast(TIMESTAMP_TYPE)
             )
         elif pa.types.is_integer(col.type):
-            col = pc.multiply(col.cast(pa.int64()), 1000).cast(TIMESTAMP_TYPE)
+            try:
+                col = pc.multiply_checked(col.cast(pa.int64()), 1000).cast(TIMESTAMP_TYPE)
+            except (pa.ArrowInvalid, OverflowError):
+                raise InvalidRecordError(
+                    "send_batch: column 'timestamp' has a value beyond the largest timestamp "
+                    f"({MAX_TIMESTAMP_MS} ms; segments keep int64 microseconds)"
+                ) from None
         else:
             raise InvalidRecordError(
                 f"send_batch: column 'timestamp' must be a timestamp or int64 ms, got {col.type}"
+            )
+        earliest = pc.min(col)
+        if earliest.is_valid and earliest.value < 0:
+            # As send() refuses timestamp_ms < 0: a record's timestamp is ms since the epoch.
+            row = pc.index(col, earliest).as_py()
+            raise InvalidRecordError(
+                "send_batch: column 'timestamp' must not be before the epoch (1970-01-01); "
+                f"row {row} is {earliest.value // 1000} ms"
             )
         if col.null_count:
             now_us = int(time.time() * 1_000_000)
@@ -1357,9 +1396,28 @@ def _conform_batch(table: pa.Table, info: _TopicInfo, partition: int | None) -> 
     n_parts = info.metadata.partitions
     part_col: Any = None
     if partition is not None:
+        if partition.__class__ is not int or not 0 <= partition < n_parts:
+            raise UnknownTopicOrPartitionError(
+                f"send_batch: topic {info.metadata.name!r} has partitions 0..{n_parts - 1}; "
+                f"got {partition!r}"
+            )
         part_col = pa.array(np.full(n, partition, np.int32))
     elif "partition" in table.column_names:
-        part_col = table.column("partition").cast(pa.int32())
+        try:
+            part_col = table.column("partition").cast(pa.int64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise InvalidRecordError(
+                f"send_batch: column 'partition' must hold partition numbers: {exc}"
+            ) from None
+        # Checked before nulls become NO_PARTITION (-1): a -1 given is a bad partition.
+        low, high = pc.min_max(part_col).values()
+        for bad in (low.as_py(), high.as_py()):
+            if bad is not None and not 0 <= bad < n_parts:
+                raise UnknownTopicOrPartitionError(
+                    f"send_batch: topic {info.metadata.name!r} has partitions 0..{n_parts - 1}; "
+                    f"column 'partition' has {bad}"
+                )
+        part_col = part_col.cast(pa.int32())
     if part_col is not None:
         filled = pc.fill_null(part_col, NO_PARTITION)
         values = np.asarray(

@@ -201,6 +201,7 @@ def parse_duration_ms(name: str, value: str) -> int:
     return int(int(match.group(1)) * _DURATION_UNITS_MS[match.group(2)])
 
 
+MAX_BYTES = (1 << 63) - 1  # the largest size option: a signed 64-bit length
 _SIZE = re.compile(r"\s*(\d+)\s*([a-z]*)\s*")
 _SIZE_UNITS = {
     "": 1,
@@ -221,9 +222,16 @@ def parse_bytes(name: str, value: str) -> int:
     match = _SIZE.fullmatch(value.lower())
     if match is None or match.group(2) not in _SIZE_UNITS:
         raise _bad(name, f"expected a size such as '1048576', '512k' or '64m', got {value!r}")
-    number = int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+    digits = match.group(1).lstrip("0") or "0"
+    # Bounded like the integer options (a length Spark and Arrow hold in a long); the digit
+    # count is checked first so that a huge literal never reaches int().
+    number = int(digits) * _SIZE_UNITS[match.group(2)] if len(digits) <= 20 else MAX_BYTES + 1
     if number <= 0:
         raise _bad(name, "must be positive")
+    if number > MAX_BYTES:
+        raise _bad(
+            name, f"{value.strip()!r} is too large; the limit is {MAX_BYTES} bytes (2**63 - 1)"
+        )
     return number
 
 

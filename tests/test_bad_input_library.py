@@ -235,11 +235,6 @@ def test_a_producer_on_a_string_url_with_bad_options_is_refused(mem_store: Store
         Producer(mem_store.url, storage_options=["x"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kstore/producer.py Producer.__init__ does not check transaction_timeout_ms; a "
-    "string is written into the producer log, whose replay then fails (int('x'))",
-)
 @pytest.mark.parametrize("value", [-5, "x"])
 def test_transaction_timeout_is_checked(store: Store, value: Any) -> None:
     refused(
@@ -344,20 +339,10 @@ def test_bad_send_batch_arguments_are_refused(
     refused(store.storage, lambda: producer.send_batch("t", data, **kwargs), error, fragment)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kstore/producer.py send(): an unhashable topic reaches dict lookups before the "
-    "name check (TypeError 'unhashable type', naming no topic)",
-)
 def test_send_to_a_list_topic_names_the_topic(store: Store, producer: Producer) -> None:
     refused(store.storage, lambda: producer.send(["t"], b"v"), InvalidTopicError, "topic")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kstore/producer.py _send() checks only timestamp_ms >= 0: 2**63 ms is accepted and "
-    "overflows in _build_table (numpy cast), storing a garbage timestamp",
-)
 def test_send_refuses_a_timestamp_beyond_the_segment_range(
     store: Store, producer: Producer
 ) -> None:
@@ -369,11 +354,6 @@ def test_send_refuses_a_timestamp_beyond_the_segment_range(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kstore/producer.py _conform_batch() checks a 'partition' column only against the "
-    "upper bound: -1 is accepted and the record lands in some partition",
-)
 def test_send_batch_refuses_a_negative_partition_column(store: Store, producer: Producer) -> None:
     refused(
         store.storage,
@@ -383,10 +363,6 @@ def test_send_batch_refuses_a_negative_partition_column(store: Store, producer: 
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kstore/producer.py _conform_batch() accepts negative timestamps that send() refuses",
-)
 def test_send_batch_refuses_negative_timestamps(store: Store, producer: Producer) -> None:
     table = pa.table({"value": [b"a"], "timestamp": pa.array([-5], pa.timestamp("ms"))})
     refused(
@@ -434,13 +410,6 @@ def test_transaction_calls_out_of_order_are_refused(store: Store, producer: Prod
         tp.abort_transaction()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kstore/producer.py send_offsets_to_transaction() records the group in the producer "
-    "log (TXN GROUP) before checking the group id and the offsets: '../g' is written there "
-    "(a successor's recovery then fails on Group('../g')), and a list of offsets fails with "
-    "AttributeError after the write",
-)
 @pytest.mark.parametrize(
     ("offsets", "group", "error", "fragment"),
     [
@@ -502,11 +471,6 @@ def test_invalid_consumer_configs_are_refused(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kstore/consumer.py Consumer.__init__ does not check consumer_timeout_ms; a string is "
-    "accepted and only fails when iterating",
-)
 def test_consumer_timeout_is_checked(store: Store) -> None:
     refused(
         store.storage,
@@ -578,11 +542,6 @@ def test_commits_outside_a_group_or_subscription_are_refused(store: Store) -> No
     refused(store.storage, c.poll, IllegalStateError, "closed")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kstore/consumer.py commit() converts offsets with int(om): a string gives "
-    '"invalid literal for int()", naming neither the partition nor the offset',
-)
 def test_a_string_offset_commit_names_the_partition(store: Store, consumer: Consumer) -> None:
     consumer.assign([TP0])
     refused(store.storage, lambda: consumer.commit({TP0: "x"}), ValueError, "t-0")
@@ -773,22 +732,12 @@ def test_bad_compaction_job_arguments_are_refused(store: Store, job: Any) -> Non
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kstore/compaction/jobs.py plan_items() iterates topics with list(topics): a single "
-    "topic name as a string becomes one topic per character",
-)
 def test_compaction_takes_one_topic_as_a_string(store: Store) -> None:
     store.create_topic("orders", 1, {"cleanup.policy": "compact"})
     summary = run_compaction(None, store, topics="orders", verbose=False)
     assert summary.partitions_scanned == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kstore/compaction/jobs.py run_job() does not check tasks: -1 and '4' are accepted "
-    "(ignored in this process, passed on to Spark otherwise)",
-)
 def test_compaction_checks_tasks(store: Store) -> None:
     refused(
         store.storage,
@@ -820,6 +769,7 @@ def _run_main(main: Any, argv: list[str]) -> tuple[int | str | None, str]:
             "--option expects KEY=VALUE, got 'noequals'",
             "",
         ),
+        (compaction_main, ["--tasks", "-3"], 2, "tasks must be an integer >= 1, got -3"),
         (compaction_main, ["--topic", "../x"], 2, "invalid topic name '../x'"),
         (compaction_main, ["--topic", "nope"], 2, "'nope' does not exist"),
         (retention_main, ["vacuum", "--orphan-age-ms", "5"], 2, "orphan_age_ms 5 is below"),
@@ -832,6 +782,7 @@ def _run_main(main: Any, argv: list[str]) -> tuple[int | str | None, str]:
         "command",
         "tasks-type",
         "option",
+        "compaction-tasks-neg",
         "topic-name",
         "topic-missing",
         "orphan-age",

@@ -105,11 +105,6 @@ def test_bad_read_options_are_named(
     assert fragment in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="spark_ext/options.py parse_bytes() has no upper bound: segmentBytes=1e23 bytes "
-    "is accepted (the other integer options stop at 2**63-1)",
-)
 def test_segment_bytes_has_an_upper_bound() -> None:
     with pytest.raises(InvalidOptionError, match="segmentBytes"):
         parse_write_options({**BASE, "segmentBytes": "1" + "0" * 23}, streaming=False)
