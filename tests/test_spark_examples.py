@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from decimal import Decimal
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -128,3 +129,20 @@ def test_examples_run_as_documented(
 ) -> None:
     assert load_example(name).main([], spark=spark) == 0
     assert "1500 records in" in capsys.readouterr().out
+
+
+def test_typed_orders(spark: Any, tmp_path: Path) -> None:
+    result = load_example("typed_orders").main(tmp_path.as_uri(), spark)
+    assert "field 'id'" in result["refused"]
+    values = result["values"]
+    assert len(values) == 31
+    assert sorted(v["id"] for v in values) == list(range(31))
+    old = next(v for v in values if v["id"] == 0)
+    assert old["channel"] is None
+    assert str(old["amount"]) == "0.99"
+    new = next(v for v in values if v["id"] == 30)
+    assert new["channel"] == "web"
+    assert result["totals"] == {
+        f"c{k}": sum((Decimal(i) + Decimal("0.99") for i in range(30) if i % 4 == k), Decimal(0))
+        for k in range(4)
+    }
