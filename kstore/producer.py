@@ -202,6 +202,9 @@ class _Batch:
         self.values: list[bytes | None] = []
         self.timestamps: list[float] = []  # seconds since the epoch
         self.headers: dict[int, list[tuple[str, bytes]]] = {}
+        # Timestamps given to send() (ms), kept exact: as float seconds, one late in the range
+        # would lose its last digits or overflow the conversion to microseconds.
+        self.given_timestamps: dict[int, int] = {}
         self.add_key = self.keys.append
         self.add_value = self.values.append
         self.add_timestamp = self.timestamps.append
@@ -520,7 +523,7 @@ class Producer:
         if timestamp_ms is None:
             timestamp = _now()
         elif timestamp_ms.__class__ is int and 0 <= timestamp_ms <= MAX_TIMESTAMP_MS:
-            timestamp = timestamp_ms / 1000
+            timestamp = 0.0  # a placeholder: the exact value goes in batch.given_timestamps
         else:
             raise InvalidRecordError(
                 f"timestamp_ms must be a non-negative integer of at most {MAX_TIMESTAMP_MS} "
@@ -548,6 +551,8 @@ class Producer:
             batch.values.append(value)
             batch.keys.append(key)
             batch.timestamps.append(timestamp)
+            if timestamp_ms is not None:
+                batch.given_timestamps[index] = timestamp_ms
             if headers is not None:
                 batch.headers[index] = headers
             if partition != NO_PARTITION:
@@ -1278,6 +1283,11 @@ def _build_table(batch: _Batch, layout: Layout) -> pa.Table:
         # Values were validated when sent; this means the topic's schema changed under them.
         raise InvalidRecordError(f"records do not match the topic's schema: {exc}") from None
     micros = np.round(np.array(batch.timestamps, np.float64) * 1_000_000).astype(np.int64)
+    if batch.given_timestamps:
+        given = batch.given_timestamps
+        micros[np.fromiter(given.keys(), np.int64, len(given))] = (
+            np.fromiter(given.values(), np.int64, len(given)) * 1000
+        )
     timestamps = pa.array(micros).cast(TIMESTAMP_TYPE)
     if batch.headers:
         pairs = batch.headers
