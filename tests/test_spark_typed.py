@@ -252,6 +252,21 @@ def test_segments_written_before_an_evolution_read_with_the_new_schema(
     ]
 
 
+def copy_stream(spark: Any, target: Any, checkpoint: Path) -> Any:
+    """stream_src -> stream_dst, availableNow, from the earliest offsets."""
+    return (
+        spark.readStream.format("kstore")
+        .options(**source_options(target, subscribe="stream_src", startingOffsets="earliest"))
+        .load()
+        .select("key", "value")
+        .writeStream.format("kstore")
+        .options(**source_options(target, topic="stream_dst"))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
 def test_a_streaming_copy_of_a_typed_topic_is_exact(
     spark: Any, local_store_url: Any, tmp_path: Path
 ) -> None:
@@ -259,19 +274,7 @@ def test_a_streaming_copy_of_a_typed_topic_is_exact(
     make_orders(store, "stream_src", count=20)
     store.create_topic("stream_dst", 2, value_schema=SCHEMA, key_schema="string")
     name = f"typed_{uuid.uuid4().hex[:8]}"
-    query = (
-        spark.readStream.format("kstore")
-        .options(
-            **source_options(local_store_url, subscribe="stream_src", startingOffsets="earliest")
-        )
-        .load()
-        .select("key", "value")
-        .writeStream.format("kstore")
-        .options(**source_options(local_store_url, topic="stream_dst"))
-        .option("checkpointLocation", str(tmp_path / name))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = copy_stream(spark, local_store_url, tmp_path / name)
     query.awaitTermination(120)
     assert query.exception() is None
     got = read(spark, local_store_url, "stream_dst").collect()
@@ -280,19 +283,7 @@ def test_a_streaming_copy_of_a_typed_topic_is_exact(
     # Records sent after the first run arrive in a second, and nothing twice.
     with Producer(store, linger_ms=0) as producer:
         producer.send("stream_src", key="u9", value=order(100))
-    query = (
-        spark.readStream.format("kstore")
-        .options(
-            **source_options(local_store_url, subscribe="stream_src", startingOffsets="earliest")
-        )
-        .load()
-        .select("key", "value")
-        .writeStream.format("kstore")
-        .options(**source_options(local_store_url, topic="stream_dst"))
-        .option("checkpointLocation", str(tmp_path / name))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = copy_stream(spark, local_store_url, tmp_path / name)
     query.awaitTermination(120)
     wait_for(lambda: len(read(spark, local_store_url, "stream_dst").collect()) == 22, 30)
     ids = [r.value.id for r in read(spark, local_store_url, "stream_dst").collect() if r.value]
