@@ -25,13 +25,14 @@ pytestmark = pytest.mark.slow
 SEED = int(os.environ["KSTORE_TORTURE_SEED"]) if "KSTORE_TORTURE_SEED" in os.environ else None
 
 
-def _assert_clean(stats: Any, result: Any) -> None:
+def _assert_clean(stats: Any, result: Any, *, min_acks: int) -> None:
     print(stats.describe())
     replay = f"replay: KSTORE_TORTURE_SEED={stats.seed} (backend {stats.backend})"
     assert result.ok, f"{replay}\n{result.report()}"
-    # The run really did what it claims: records flowed, faults and crashes happened.
-    assert stats.acks > 200, replay
-    assert stats.reads > 100, replay
+    # The run really did what it claims: records flowed, faults and crashes happened (the
+    # thresholds are far below a normal run's, for a loaded machine).
+    assert stats.acks >= min_acks, replay
+    assert stats.reads >= min_acks // 4, replay
     assert sum(v for k, v in stats.faults.items() if not k.startswith("crash:")) > 20, replay
     assert stats.kills + sum(v for k, v in stats.faults.items() if k.startswith("crash:")), replay
     assert stats.restarts > 0, replay
@@ -49,7 +50,7 @@ def test_torture_on_local_disk(tmp_path: Path, capsys: pytest.CaptureFixture[str
         spark=True,
     )
     stats, result = run_torture(config)
-    _assert_clean(stats, result)
+    _assert_clean(stats, result, min_acks=400)
     assert stats.copy_records > 0  # the Spark copy ran (and was checked for duplicates)
 
 
@@ -72,7 +73,7 @@ def test_torture_on_seaweedfs_with_a_restart(tmp_path: Path) -> None:
         stats, result = run_torture(config)
     finally:
         server.kill()
-    _assert_clean(stats, result)
+    _assert_clean(stats, result, min_acks=100)
     assert stats.storage_restarts == 1
 
 

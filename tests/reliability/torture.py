@@ -290,16 +290,21 @@ class Torture:
         store = Store(url, options, create=False)
         rng = random.Random(self.rng.randrange(10**9))
         record = self.recorder("maintenance")
-        jobs: list[Callable[[], Any]] = [
-            lambda: run_compaction(None, store, verbose=False),
-            lambda: merge_segments(None, store, verbose=False),
-            lambda: run_retention(None, store, verbose=False),
-            lambda: vacuum(None, store, verbose=False, orphan_age_ms=MIN_ORPHAN_AGE_MS),
+        jobs: list[tuple[str, Callable[[], Any]]] = [
+            ("compaction", lambda: run_compaction(None, store, verbose=False)),
+            ("merge", lambda: merge_segments(None, store, verbose=False)),
+            ("retention", lambda: run_retention(None, store, verbose=False)),
+            (
+                "vacuum",
+                lambda: vacuum(None, store, verbose=False, orphan_age_ms=MIN_ORPHAN_AGE_MS),
+            ),
         ]
         while not self.stop_event.is_set():
-            job = rng.choice(jobs)
+            name, job = rng.choice(jobs)
+            began = time.monotonic()
             try:
                 summary = job()
+                record("job", job=name, seconds=round(time.monotonic() - began, 3))
                 for result in summary.partitions:
                     what = f"{result.operation}:{result.outcome}"
                     self.stats.maintenance[what] = self.stats.maintenance.get(what, 0) + 1
