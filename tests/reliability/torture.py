@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -256,13 +255,14 @@ class Torture:
             **(extra or {}),
         }
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tests.reliability.worker", role, json.dumps(config)],
-            cwd=str(REPO),
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.work / f"{name}.stderr", "wb"),  # noqa: SIM115 - the child owns it
-        )
+        with open(self.work / f"{name}.stderr", "wb") as stderr:  # the child keeps its copy
+            process = subprocess.Popen(
+                [sys.executable, "-m", "tests.reliability.worker", role, json.dumps(config)],
+                cwd=str(REPO),
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
         proc = _Proc(role, name, config, process)
         self.procs.append(proc)
         return proc
@@ -324,19 +324,20 @@ class Torture:
         script = self.work / "spark_driver.py"
         script.write_text(SPARK_DRIVER)
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
-        self.spark = subprocess.Popen(
-            [
-                sys.executable,
-                str(script),
-                self.config.url,
-                json.dumps(self.config.storage_options),
-                str(self.work / "spark-checkpoint"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.work / "spark.stderr", "ab"),  # noqa: SIM115 - the child owns it
-            env=env,
-            start_new_session=True,  # the kill takes the JVM with it
-        )
+        with open(self.work / "spark.stderr", "ab") as stderr:  # the child keeps its copy
+            self.spark = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(script),
+                    self.config.url,
+                    json.dumps(self.config.storage_options),
+                    str(self.work / "spark-checkpoint"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env=env,
+                start_new_session=True,  # the kill takes the JVM with it
+            )
 
     def copy_end(self) -> int:
         """How many records the Spark copy holds (its partitions' end offsets)."""
@@ -578,7 +579,3 @@ def quiet_logs() -> None:
 def run_torture(config: TortureConfig) -> tuple[TortureStats, Result]:
     """Run one torture run (see the module docstring); the caller asserts on the result."""
     return Torture(config).run()
-
-
-def clean(workdir: str) -> None:
-    shutil.rmtree(workdir, ignore_errors=True)
