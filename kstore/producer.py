@@ -1282,13 +1282,18 @@ def _build_table(batch: _Batch, layout: Layout) -> pa.Table:
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         # Values were validated when sent; this means the topic's schema changed under them.
         raise InvalidRecordError(f"records do not match the topic's schema: {exc}") from None
-    micros = np.round(np.array(batch.timestamps, np.float64) * 1_000_000).astype(np.int64)
+    # Seconds to microseconds in Arrow's kernels: a quarter of the time numpy's temporaries
+    # take, and this runs on the sender thread, which shares the GIL with send().
+    seconds = pa.array(batch.timestamps, pa.float64())
+    micros = pc.cast(pc.round(pc.multiply(seconds, 1_000_000.0)), pa.int64())
     if batch.given_timestamps:
         given = batch.given_timestamps
-        micros[np.fromiter(given.keys(), np.int64, len(given))] = (
+        exact = micros.to_numpy(zero_copy_only=False).copy()
+        exact[np.fromiter(given.keys(), np.int64, len(given))] = (
             np.fromiter(given.values(), np.int64, len(given)) * 1000
         )
-    timestamps = pa.array(micros).cast(TIMESTAMP_TYPE)
+        micros = pa.array(exact)
+    timestamps = micros.cast(TIMESTAMP_TYPE)
     if batch.headers:
         pairs = batch.headers
         headers = pa.array(
