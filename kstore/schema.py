@@ -176,12 +176,10 @@ def _from_json(obj: Any, path: str, depth: int) -> tuple[pa.DataType, dict[str, 
         m = _DECIMAL.fullmatch(obj)
         if m:
             return _decimal(int(m.group(1)), int(m.group(2)), path), {}
-        raise (
-            UnsupportedFormatVersionError(
-                f"{path}: type {obj!r} is not one this kstore knows (a newer kstore wrote it?)"
-            )
-            if re.fullmatch(r"[a-z_]+(\(.*\))?", obj)
-            else SchemaError(f"{path}: {obj!r} is not a type")
+        if not re.fullmatch(r"[a-z_]+(\(.*\))?", obj):
+            raise SchemaError(f"{path}: {obj!r} is not a type")
+        raise UnsupportedFormatVersionError(
+            f"{path}: type {obj!r} is not one this kstore knows (a newer kstore wrote it?)"
         )
     if not isinstance(obj, Mapping):
         raise SchemaError(f"{path}: expected a type name or object, got {type(obj).__name__}")
@@ -551,27 +549,26 @@ def to_ddl(declared: Any) -> str:
     return ", ".join(parts)
 
 
+# The DDL name printed for each JSON primitive name.
+_DDL_NAMES = {
+    "boolean": "BOOLEAN",
+    "byte": "TINYINT",
+    "short": "SMALLINT",
+    "integer": "INT",
+    "long": "BIGINT",
+    "float": "FLOAT",
+    "double": "DOUBLE",
+    "string": "STRING",
+    "binary": "BINARY",
+    "date": "DATE",
+    "timestamp": "TIMESTAMP",
+    "timestamp_ntz": "TIMESTAMP_NTZ",
+}
+
+
 def _ddl_type(t: Any) -> str:
     if isinstance(t, str):
-        return {
-            v: k
-            for k, v in _DDL_TYPES.items()
-            if k
-            in (
-                "boolean",
-                "tinyint",
-                "smallint",
-                "int",
-                "bigint",
-                "float",
-                "double",
-                "string",
-                "binary",
-                "date",
-                "timestamp",
-                "timestamp_ntz",
-            )
-        }.get(t, t).upper()
+        return _DDL_NAMES.get(t, t.upper())
     if t["type"] == "array":
         return f"ARRAY<{_ddl_type(t['elementType'])}>"
     if t["type"] == "map":
@@ -996,22 +993,23 @@ def validator(t: pa.DataType, nulls: Mapping[str, Any] | None = None) -> Validat
         return check_map
     if pa.types.is_decimal(t):
         return _decimal_validator(t.precision, t.scale)
-    name = type_name(t)
-    simple: dict[str, Validator] = {
-        "boolean": _check_bool,
-        "byte": _int_validator(8, "byte"),
-        "short": _int_validator(16, "short"),
-        "integer": _int_validator(32, "integer"),
-        "long": _int_validator(64, "long"),
-        "float": _float_validator("float", 4),
-        "double": _float_validator("double", 8),
-        "string": _check_string,
-        "binary": _check_binary,
-        "date": _check_date,
-        "timestamp": _check_timestamp,
-        "timestamp_ntz": _check_timestamp_ntz,
-    }
-    return simple[name]
+    return _PRIMITIVE_VALIDATORS[type_name(t)]
+
+
+_PRIMITIVE_VALIDATORS: dict[str, Validator] = {
+    "boolean": _check_bool,
+    "byte": _int_validator(8, "byte"),
+    "short": _int_validator(16, "short"),
+    "integer": _int_validator(32, "integer"),
+    "long": _int_validator(64, "long"),
+    "float": _float_validator("float", 4),
+    "double": _float_validator("double", 8),
+    "string": _check_string,
+    "binary": _check_binary,
+    "date": _check_date,
+    "timestamp": _check_timestamp,
+    "timestamp_ntz": _check_timestamp_ntz,
+}
 
 
 def as_mapping(v: Any, path: str) -> Mapping[str, Any]:
