@@ -16,7 +16,6 @@ import json
 import logging
 import random
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -30,7 +29,7 @@ from kstore.errors import (
     StorageError,
     UnsupportedFormatVersionError,
 )
-from kstore.storage import Storage
+from kstore.storage import Storage, unique_id
 
 log = logging.getLogger(__name__)
 
@@ -403,7 +402,7 @@ class Log(Generic[S]):
         when ``build`` returned None.
         """
         self.storage.check_writable()
-        commit_id = uuid.uuid4().hex
+        commit_id = unique_id()
         deadline = time.monotonic() + self.retry.timeout_s
         attempt = 0
         while True:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
@@ -25,7 +24,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from kstore.errors import CorruptRecordError, InvalidRecordError, MissingSegmentError
-from kstore.storage import Storage
+from kstore.storage import Storage, unique_id
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
 HEADERS_TYPE = pa.list_(pa.field("element", HEADER_TYPE))
@@ -112,7 +111,7 @@ class SegmentFile:
 
 def new_segment_name(extension: str) -> str:
     # Time-ordered and unique: listings sort by age, and no two writers ever collide.
-    return f"segments/{int(time.time() * 1000):013d}-{uuid.uuid4().hex}.{extension}"
+    return f"segments/{int(time.time() * 1000):013d}-{unique_id()}.{extension}"
 
 
 def checksum(data: bytes | memoryview) -> str:
@@ -215,7 +214,7 @@ def write_segment(
     else:
         raise InvalidRecordError(f"unknown segment format {fmt!r}")
     data = memoryview(buf)
-    storage.put_if_absent(
+    storage.put_new(
         f"{partition_dir}/{name}", data if storage.is_local else data.tobytes(), durable=durable
     )
     return SegmentFile(

@@ -2,7 +2,8 @@
 
 Every backend offers the same small set of operations on paths relative to the store root:
 ``read``, ``put`` (overwrite; only for files with unique names or hints), ``put_if_absent``
-(the commit primitive), ``exists``, ``list_dir``, ``delete`` and ``delete_tree``.
+(the commit primitive), ``put_new`` (a file under a fresh unique name that nothing references
+yet: segments), ``exists``, ``list_dir``, ``delete`` and ``delete_tree``.
 
 ``put_if_absent`` must be atomic: of two concurrent calls for one path exactly one succeeds and
 the other raises :class:`FileExistsError`, and no reader ever sees a half-written file.
@@ -27,8 +28,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import random
 import threading
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,18 @@ _MEMORY_LOCK = threading.Lock()
 # The kinds a filesystem may declare in ``kstore_atomic_create`` (see the module docstring).
 ATOMIC_CREATE_KINDS = ("link", "if-none-match", "lock")
 _SECRET_WORDS = ("secret", "password", "token", "key", "credential", "session")
+
+
+# Unique names come from a private generator seeded by the OS rather than from os.urandom: each
+# urandom call is a system call, and on the producer's hot path every system call hands the GIL
+# to send() and back. Reseeded in a forked child, so parent and child never share a sequence.
+_NAMES = random.Random()
+os.register_at_fork(after_in_child=_NAMES.seed)
+
+
+def unique_id() -> str:
+    """128 random bits as 32 hex digits: a name no other writer, process or host will pick."""
+    return f"{_NAMES.getrandbits(128):032x}"
 
 
 @dataclass(frozen=True)
@@ -328,6 +341,42 @@ class Storage:
                 raise FileExistsError(errno.EEXIST, "exists", rel)
             self.fs.pipe_file(path, data)
 
+    def put_new(self, rel: str, data: bytes | memoryview, *, durable: bool = True) -> None:
+        """Create ``rel``, a path under a fresh unique name (:func:`unique_id`) that no state
+        references until a later commit names it: a segment.
+
+        On local disk the file is written in place (``O_EXCL``), with no temporary file and
+        link: two system calls fewer per segment. An interrupted write leaves a partial file
+        under its final name, which is an orphan like any segment never committed (PROTOCOL
+        12.6). Elsewhere it is :meth:`put_if_absent`.
+        """
+        if not self.is_local:
+            self.put_if_absent(rel, data, durable=durable)
+            return
+        self.check_writable()
+        final = self.full_path(rel)
+        directory = os.path.dirname(final)
+        self._ensure_dir(directory, durable=durable)
+        try:
+            fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise StorageError(f"writing {rel!r} failed: {exc}") from exc
+        try:
+            try:
+                _write_all(fd, data)
+                if durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(final)
+            raise StorageError(f"writing {rel!r} failed: {exc}") from exc
+        if durable:
+            _fsync_dir(directory)
+
     def put(self, rel: str, data: bytes, *, durable: bool = True) -> None:
         """Write ``rel`` whole, replacing any previous file. Readers see old or new, never half."""
         self.check_writable()
@@ -427,14 +476,11 @@ class Storage:
         directory = os.path.dirname(final)
         self._ensure_dir(directory, durable=durable)
         # Temp names start with '.' so listings (vacuum's orphan scan) can tell them apart.
-        tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+        tmp = os.path.join(directory, f".tmp-{unique_id()}")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                view = memoryview(data)
-                while view:
-                    written = os.write(fd, view)
-                    view = view[written:]
+                _write_all(fd, data)
                 if durable:
                     os.fsync(fd)
             finally:
@@ -454,6 +500,13 @@ class Storage:
             raise StorageError(f"writing {rel!r} failed: {exc}") from exc
         if durable:
             _fsync_dir(directory)
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
 
 
 def _is_precondition_failed(exc: BaseException) -> bool:

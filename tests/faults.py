@@ -20,7 +20,7 @@ from kstore.storage import Storage
 
 @dataclass
 class Fault:
-    op: str  # "put_if_absent", "put", "read", ...
+    op: str  # "put_if_absent", "put_new" (segments), "put", "read", ...
     when: str = "before"  # "before": nothing happens; "after": it happened, but we say it failed
     probability: float = 1.0
     times: int | None = None  # at most this many injections (None: unlimited)
@@ -83,6 +83,13 @@ class FaultyStorage(Storage):
             "put_if_absent",
             rel,
             lambda: super(FaultyStorage, self).put_if_absent(rel, data, durable=durable),
+        )
+
+    def put_new(self, rel: str, data: bytes | memoryview, *, durable: bool = True) -> None:
+        self._run(
+            "put_new",
+            rel,
+            lambda: super(FaultyStorage, self).put_new(rel, data, durable=durable),
         )
 
     def put(self, rel: str, data: bytes, *, durable: bool = True) -> None:

@@ -121,6 +121,148 @@ def test_headers_timestamps_and_tombstones_round_trip(store: kstore.Store) -> No
     assert c.get(timeout=30).offset == 2
 
 
+def test_batches_queued_behind_a_slow_delivery_are_merged_and_keep_every_outcome(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    """While one delivery is slow, later batches queue; the sender then delivers them together
+    (one segment and one commit per partition). Every record must still get its own partition,
+    offset and timestamp, in send order, with headers, tombstones, explicit partitions and
+    given timestamps intact, and the merge must not mix in a send_batch() table."""
+    faulty = FaultyStorage(kstore.Storage(local_store[0]))
+    store = kstore.Store.from_storage(faulty)
+    store.create_topic("t", partitions=4)
+    faulty.add(Fault("put_new", when="delay", delay_s=0.5, times=1))
+    sent: list[tuple[Any, dict[str, Any]]] = []
+    with Producer(store, batch_size=300, linger_ms=0) as producer:
+        for i in range(400):
+            record: dict[str, Any] = {"value": b"v%03d" % i, "key": b"k%d" % (i % 7)}
+            if i % 50 == 3:
+                record["value"] = None  # a tombstone, mid-run
+            if i % 40 == 5:
+                record["headers"] = [("i", b"%d" % i)]
+            if i % 30 == 7:
+                record["partition"] = 3
+            if i % 45 == 9:
+                record["timestamp_ms"] = 1_600_000_000_000 + i
+            sent.append((producer.send("t", **record), record))
+        table = pa.table({"value": [b"tb0", b"tb1"], "key": [b"x", b"y"]})
+        batch_future = producer.send_batch("t", table)
+        producer.flush()
+        deliveries = producer.metrics()["batch-total"]
+    assert deliveries < 40  # about a hundred and fifty batches, delivered together
+    rows = {(p, r["offset"]): r for p, rs in read_all(store, "t").items() for r in rs}
+    last_offset: dict[int, int] = {}
+    for future, record in sent:
+        meta = future.get(timeout=30)
+        row = rows[(meta.partition, meta.offset)]
+        assert row["value"] == record["value"]
+        assert row["key"] == record["key"]
+        if "partition" in record:
+            assert meta.partition == 3
+        else:
+            assert meta.partition == java_partition(record["key"], 4)
+        assert row["headers"] == (
+            [{"key": "i", "value": record["headers"][0][1]}] if "headers" in record else None
+        )
+        if "timestamp_ms" in record:
+            assert meta.timestamp == record["timestamp_ms"]
+        assert int(row["timestamp"].timestamp() * 1000) == meta.timestamp
+        assert meta.offset > last_offset.get(meta.partition, -1)  # send order kept
+        last_offset[meta.partition] = meta.offset
+    placed = batch_future.get(timeout=30)
+    for p, offset, value in zip(
+        placed.column("partition").to_pylist(),
+        placed.column("offset").to_pylist(),
+        [b"tb0", b"tb1"],
+        strict=True,
+    ):
+        assert rows[(p, offset)]["value"] == value
+    assert len(rows) == 402
+
+
+def test_a_failed_partition_of_a_merged_delivery_fails_exactly_its_records(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    faulty = FaultyStorage(kstore.Storage(local_store[0]))
+    store = kstore.Store.from_storage(faulty)
+    store.create_topic("t", partitions=2)
+    faulty.add(Fault("put_new", when="delay", delay_s=0.5, times=1))
+    faulty.add(Fault("put_new", when="before", match=lambda path: "/1/segments/" in path))
+    with Producer(store, batch_size=300, linger_ms=0, retries=0) as producer:
+        futures = [producer.send("t", b"v%d" % i, partition=i % 2) for i in range(200)]
+        producer.flush()
+        assert producer.metrics()["batch-total"] < 40
+    for i, future in enumerate(futures):
+        assert future.is_done()
+        if i % 2:
+            assert isinstance(future.exception, StorageError)
+        else:
+            assert future.get(timeout=1).partition == 0
+    assert [r["value"] for r in read_all(store, "t")[0]] == [b"v%d" % i for i in range(0, 200, 2)]
+    assert read_all(store, "t")[1] == []
+
+
+def test_metadata_read_errors_are_retried_within_max_block_ms(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    faulty = FaultyStorage(kstore.Storage(local_store[0]))
+    store = kstore.Store.from_storage(faulty)
+    store.create_topic("t")
+    store.create_topic("down")
+    topic_log = lambda name: lambda path: f"topics/{name}/_log/" in path  # noqa: E731
+    faulty.add(Fault("read", when="before", times=3, match=topic_log("t")))
+    faulty.add(Fault("read", when="before", match=topic_log("down")))
+    with Producer(store, retry_backoff_ms=10, max_block_ms=2_000) as producer:
+        # Transient: three failed reads, then the send goes through.
+        assert producer.send("t", b"v").get(timeout=30).offset == 0
+        assert faulty.injected["read:before"] >= 3
+        # Persistent: send() gives up after max_block_ms with the storage error.
+        started = time.monotonic()
+        with pytest.raises(StorageError, match="injected failure before read"):
+            producer.send("down", b"v")
+        assert 1.0 <= time.monotonic() - started < 10
+    faulty.clear()
+    assert [r["value"] for r in read_all(store, "t")[0]] == [b"v"]
+    assert read_all(store, "down")[0] == []
+
+
+def test_a_failed_metadata_refresh_keeps_the_cached_metadata(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    faulty = FaultyStorage(kstore.Storage(local_store[0]))
+    store = kstore.Store.from_storage(faulty)
+    store.create_topic("t", partitions=2)
+    with Producer(store, metadata_max_age_ms=0) as producer:
+        producer.send("t", b"first", key=b"k").get(timeout=30)
+        faulty.add(Fault("read", when="before", match=lambda path: "topics/t/_log/" in path))
+        # Every later send and delivery wants fresh metadata and cannot read it.
+        futures = [producer.send("t", b"v%d" % i, key=b"k") for i in range(5)]
+        producer.flush()
+        assert [f.get(timeout=30).offset for f in futures] == [1, 2, 3, 4, 5]
+    faulty.clear()
+    rows = read_all(store, "t")[java_partition(b"k", 2)]
+    assert [r["value"] for r in rows] == [b"first"] + [b"v%d" % i for i in range(5)]
+
+
+def test_send_batch_truncates_nanosecond_timestamps_to_microseconds(
+    memory_store: tuple[str, dict[str, Any]],
+) -> None:
+    store = kstore.Store(*memory_store)
+    store.create_topic("t")
+    ns = [1_700_000_000_123_456_789, 1_700_000_000_000_000_001]
+    table = pa.table({"value": [b"a", b"b"], "timestamp": pa.array(ns, pa.timestamp("ns"))})
+    with Producer(store) as producer:
+        producer.send_batch("t", table).get(timeout=30)
+    rows = read_all(store, "t")[0]
+    stored = pa.array([r["timestamp"] for r in rows]).cast(pa.int64()).to_pylist()
+    assert stored == [1_700_000_000_123_456, 1_700_000_000_000_000]
+    # Coarser units still refuse what does not fit (a multiplication could overflow).
+    big = pa.table({"value": [b"c"], "timestamp": pa.array([2**62], pa.timestamp("s"))})
+    with Producer(store) as producer, pytest.raises(InvalidRecordError, match="timestamp"):
+        producer.send_batch("t", big)
+    assert len(read_all(store, "t")[0]) == 2
+
+
 def test_serializers(store: kstore.Store) -> None:
     store.create_topic("t")
     with Producer(
@@ -177,9 +319,7 @@ def test_retries_under_injected_faults_lose_nothing_and_duplicate_nothing(
     faulty.add(Fault("put_if_absent", when="before", probability=0.25, match=is_commit))
     # The ambiguous case: the commit lands but the producer is told it failed.
     faulty.add(Fault("put_if_absent", when="after", probability=0.25, match=is_commit))
-    faulty.add(
-        Fault("put_if_absent", when="before", probability=0.1, match=lambda p: "/segments/" in p)
-    )
+    faulty.add(Fault("put_new", when="before", probability=0.1, match=lambda p: "/segments/" in p))
     with Producer(
         store, linger_ms=1, batch_size=2_000, retry_backoff_ms=1, retry_backoff_max_ms=5
     ) as producer:
@@ -200,7 +340,7 @@ def test_undeliverable_records_fail_their_futures(local_store: tuple[str, dict[s
     faulty = FaultyStorage(kstore.Storage(local_store[0]))
     store = kstore.Store.from_storage(faulty)
     store.create_topic("t")
-    faulty.add(Fault("put_if_absent", when="before", match=lambda p: "/segments/" in p))
+    faulty.add(Fault("put_new", when="before", match=lambda p: "/segments/" in p))
     errors: list[BaseException] = []
     with Producer(store, retries=2, retry_backoff_ms=1) as producer:
         fut = producer.send("t", value=b"x").add_errback(errors.append)
@@ -258,7 +398,7 @@ def test_backpressure_blocks_then_times_out(local_store: tuple[str, dict[str, An
     store = kstore.Store.from_storage(faulty)
     store.create_topic("t")
     # Every segment write stalls, so the buffer cannot drain.
-    faulty.add(Fault("put_if_absent", when="delay", delay_s=2.0, match=lambda p: "/segments/" in p))
+    faulty.add(Fault("put_new", when="delay", delay_s=2.0, match=lambda p: "/segments/" in p))
     producer = Producer(store, buffer_memory=5_000, batch_size=1_000, max_block_ms=300, linger_ms=0)
     started = time.monotonic()
 

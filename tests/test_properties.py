@@ -237,8 +237,9 @@ def run_op(model: Model, op: tuple[Any, Any, Any]) -> None:
         p.last_batch = None
     elif kind == "zombie":
         p = model.producers[who]
-        if p.epoch == 0 or p.pid not in part.state().producers:
-            return
+        entry = part.state().producers.get(p.pid)
+        if p.epoch == 0 or entry is None or entry.epoch != p.epoch:
+            return  # fenced only once the partition has seen the newer epoch
         version = part.state().version
         with pytest.raises(ProducerFencedError, match="fenced"):
             part.commit_segments([fake_file(1)], producer=ProducerBatch(p.pid, p.epoch - 1, 0, 0))

@@ -9,6 +9,8 @@ user opts in.
 
 from __future__ import annotations
 
+import errno
+import os
 import pickle
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -18,8 +20,8 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from kstore import Store
-from kstore.errors import UnsafeStorageError
-from kstore.storage import Storage
+from kstore.errors import StorageError, UnsafeStorageError
+from kstore.storage import Storage, unique_id
 from tests.conftest import StoreTarget
 
 
@@ -77,6 +79,53 @@ def test_empty_bodies_are_refused(any_store: StoreTarget, empty: Any) -> None:
 
 
 # --- reads -------------------------------------------------------------------------------------
+
+
+def test_put_new_creates_a_segment_once_with_no_temporary_file(any_store: StoreTarget) -> None:
+    st = storage_of(any_store)
+    path = f"topics/t/0/segments/{unique_id()}.arrow"
+    st.put_new(path, b"segment bytes", durable=False)
+    assert st.read(path) == b"segment bytes"
+    with pytest.raises(FileExistsError):
+        st.put_new(path, b"other bytes")
+    assert st.read(path) == b"segment bytes"
+    assert names(st, "topics/t/0/segments") == {path.rsplit("/", 1)[1]}  # no .tmp-* left
+
+
+def test_put_new_that_fails_leaves_no_partial_file(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    st = Storage(str(tmp_path))
+    real_write = os.write
+
+    def disk_full(fd: int, data: Any) -> int:
+        real_write(fd, bytes(data)[:3])  # part of it lands, then the disk fills up
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", disk_full)
+    with pytest.raises(StorageError, match="No space left"):
+        st.put_new("seg/a.arrow", b"0123456789")
+    monkeypatch.undo()
+    assert not st.exists("seg/a.arrow")
+    assert names(st, "seg") == set()
+
+
+def test_unique_ids_differ_between_a_process_and_its_fork(tmp_path: Any) -> None:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report the ids it draws next, then leave at once
+        os.close(read_end)
+        os.write(write_end, " ".join(unique_id() for _ in range(100)).encode())
+        os._exit(0)
+    os.close(write_end)
+    mine = {unique_id() for _ in range(100)}
+    with os.fdopen(read_end, "rb") as pipe:
+        child = set(pipe.read().decode().split())
+    os.waitpid(pid, 0)
+    assert len(child) == 100
+    assert len(mine) == 100
+    assert not mine & child  # a forked child does not replay the parent's sequence
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in mine)
 
 
 def test_read_exists_and_missing_files(any_store: StoreTarget) -> None:
