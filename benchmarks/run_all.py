@@ -32,7 +32,7 @@ FULL: list[list[str]] = [
 QUICK: list[list[str]] = [
     ["partitioner.py"],
     ["open_partition.py", "--large", "2000", "--repeat", "3"],
-    ["produce.py", "--records", "200000", "--latency-samples", "100"],
+    ["produce.py", "--records", "200000", "--latency-samples", "100", "--repeat", "1"],
     ["consume.py", "--records", "1000000", "--latency-seconds", "4"],
     ["spark_read.py", "--records", "500000"],
     ["typed_topics.py", "--records", "300000", "--repeat", "3"],
