@@ -358,21 +358,10 @@ class Storage:
         directory = os.path.dirname(final)
         self._ensure_dir(directory, durable=durable)
         try:
-            fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            _create_file(final, data, durable=durable)
         except FileExistsError:
             raise
         except OSError as exc:
-            raise StorageError(f"writing {rel!r} failed: {exc}") from exc
-        try:
-            try:
-                _write_all(fd, data)
-                if durable:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(final)
             raise StorageError(f"writing {rel!r} failed: {exc}") from exc
         if durable:
             _fsync_dir(directory)
@@ -478,13 +467,7 @@ class Storage:
         # Temp names start with '.' so listings (vacuum's orphan scan) can tell them apart.
         tmp = os.path.join(directory, f".tmp-{unique_id()}")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                _write_all(fd, data)
-                if durable:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
+            _create_file(tmp, data, durable=durable)
             if exclusive:
                 os.link(tmp, final)  # atomic; EEXIST when another writer won
                 os.unlink(tmp)
@@ -502,11 +485,23 @@ class Storage:
             _fsync_dir(directory)
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+def _create_file(path: str, data: bytes | memoryview, *, durable: bool) -> None:
+    """Create ``path`` (``O_EXCL``: FileExistsError if it exists) holding ``data``, fsynced when
+    durable. A write that fails after the create removes the partial file."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
 
 
 def _is_precondition_failed(exc: BaseException) -> bool:
