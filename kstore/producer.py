@@ -791,6 +791,11 @@ class Producer:
         self._topics[topic] = info
         return info
 
+    def _backoff_s(self, attempt: int) -> float:
+        """Exponential backoff before retry ``attempt``, capped at retry_backoff_max_ms."""
+        cap, base = self.config["retry_backoff_max_ms"], self.config["retry_backoff_ms"]
+        return float(min(cap, base * 2 ** min(attempt, 10))) / 1000
+
     def _read_topic(self, topic: str) -> TopicMetadata:
         """The topic's metadata, retrying transient storage errors with backoff for at most
         ``max_block_ms`` (as Kafka's metadata fetch blocks); then the last error."""
@@ -801,13 +806,7 @@ class Producer:
                 return self.store.topic(topic)
             except StorageError as exc:
                 attempt += 1
-                backoff = (
-                    min(
-                        self.config["retry_backoff_max_ms"],
-                        self.config["retry_backoff_ms"] * 2 ** min(attempt, 10),
-                    )
-                    / 1000
-                )
+                backoff = self._backoff_s(attempt)
                 if time.monotonic() + backoff >= deadline:
                     raise
                 log.warning(
@@ -1013,10 +1012,7 @@ class Producer:
                     raise
                 attempt += 1
                 self._metrics["record-retry-total"] += table.num_rows
-                backoff = min(
-                    self.config["retry_backoff_max_ms"],
-                    self.config["retry_backoff_ms"] * 2 ** min(attempt, 10),
-                )
+                backoff = self._backoff_s(attempt)
                 log.warning(
                     "producer %s: %s-%d attempt %d failed (%s); retrying",
                     self.client_id,
@@ -1025,7 +1021,7 @@ class Producer:
                     attempt,
                     exc,
                 )
-                time.sleep(min(backoff / 1000, max(0.0, deadline - time.monotonic())))
+                time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
 
     def _on_partition_failure(self, exc: BaseException) -> None:
         if self._txn is not None and self._txn.error is None:
@@ -1456,6 +1452,10 @@ def _to_table(data: Any) -> pa.Table:
 
 
 RECORD_COLUMNS = ("key", "headers", "timestamp", "partition")
+_TIMESTAMP_TOO_LATE = (
+    "send_batch: column 'timestamp' has a value beyond the largest timestamp "
+    f"({MAX_TIMESTAMP_MS} ms; segments keep int64 microseconds)"
+)
 
 
 def _conform_batch(table: pa.Table, info: _TopicInfo, partition: int | None) -> pa.Table:
@@ -1510,18 +1510,12 @@ def _conform_batch(table: pa.Table, info: _TopicInfo, partition: int | None) -> 
                     else col.cast(pa.timestamp("us"), safe=safe).cast(TIMESTAMP_TYPE)
                 )
             except pa.ArrowInvalid:
-                raise InvalidRecordError(
-                    "send_batch: column 'timestamp' has a value beyond the largest timestamp "
-                    f"({MAX_TIMESTAMP_MS} ms; segments keep int64 microseconds)"
-                ) from None
+                raise InvalidRecordError(_TIMESTAMP_TOO_LATE) from None
         elif pa.types.is_integer(col.type):
             try:
                 col = pc.multiply_checked(col.cast(pa.int64()), 1000).cast(TIMESTAMP_TYPE)
             except (pa.ArrowInvalid, OverflowError):
-                raise InvalidRecordError(
-                    "send_batch: column 'timestamp' has a value beyond the largest timestamp "
-                    f"({MAX_TIMESTAMP_MS} ms; segments keep int64 microseconds)"
-                ) from None
+                raise InvalidRecordError(_TIMESTAMP_TOO_LATE) from None
         else:
             raise InvalidRecordError(
                 f"send_batch: column 'timestamp' must be a timestamp or int64 ms, got {col.type}"

@@ -32,7 +32,7 @@ import random
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from kstore.errors import InvalidStoreError, StorageError, UnsafeStorageError
 
@@ -41,6 +41,7 @@ _S3_PROTOCOLS = ("s3", "s3a")
 _MEMORY_LOCK = threading.Lock()
 # The kinds a filesystem may declare in ``kstore_atomic_create`` (see the module docstring).
 ATOMIC_CREATE_KINDS = ("link", "if-none-match", "lock")
+_LocalWrite = Literal["link", "replace", "new"]
 _SECRET_WORDS = ("secret", "password", "token", "key", "credential", "session")
 
 
@@ -319,7 +320,7 @@ class Storage:
                 "put_if_absent needs a non-empty body (empty bodies bypass If-None-Match)"
             )
         if self.is_local:
-            self._local_put(rel, data, durable=durable, exclusive=True)
+            self._local_put(rel, data, durable=durable, how="link")
         elif self.protocol in _S3_PROTOCOLS or self.declared_atomic_create is not None:
             try:
                 self.fs.pipe_file(self.full_path(rel), data, mode="create")
@@ -354,23 +355,13 @@ class Storage:
             self.put_if_absent(rel, data, durable=durable)
             return
         self.check_writable()
-        final = self.full_path(rel)
-        directory = os.path.dirname(final)
-        self._ensure_dir(directory, durable=durable)
-        try:
-            _create_file(final, data, durable=durable)
-        except FileExistsError:
-            raise
-        except OSError as exc:
-            raise StorageError(f"writing {rel!r} failed: {exc}") from exc
-        if durable:
-            _fsync_dir(directory)
+        self._local_put(rel, data, durable=durable, how="new")
 
     def put(self, rel: str, data: bytes, *, durable: bool = True) -> None:
         """Write ``rel`` whole, replacing any previous file. Readers see old or new, never half."""
         self.check_writable()
         if self.is_local:
-            self._local_put(rel, data, durable=durable, exclusive=False)
+            self._local_put(rel, data, durable=durable, how="replace")
             return
         try:
             self.fs.pipe_file(self.full_path(rel), data)
@@ -459,27 +450,28 @@ class Storage:
         self._durable_dirs.add(directory)
 
     def _local_put(
-        self, rel: str, data: bytes | memoryview, *, durable: bool, exclusive: bool
+        self, rel: str, data: bytes | memoryview, *, durable: bool, how: _LocalWrite
     ) -> None:
+        """Write ``rel`` on local disk: ``link`` a temporary file to it (put-if-absent),
+        ``replace`` it with one (put), or create it ``new`` in place (put_new)."""
         final = self.full_path(rel)
         directory = os.path.dirname(final)
         self._ensure_dir(directory, durable=durable)
         # Temp names start with '.' so listings (vacuum's orphan scan) can tell them apart.
-        tmp = os.path.join(directory, f".tmp-{unique_id()}")
+        tmp = final if how == "new" else os.path.join(directory, f".tmp-{unique_id()}")
         try:
             _create_file(tmp, data, durable=durable)
-            if exclusive:
+            if how == "link":
                 os.link(tmp, final)  # atomic; EEXIST when another writer won
                 os.unlink(tmp)
-            else:
+            elif how == "replace":
                 os.replace(tmp, final)
-        except FileExistsError:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
         except OSError as exc:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            if tmp != final:  # a file found at ``final`` is someone else's: never removed
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            if isinstance(exc, FileExistsError):
+                raise
             raise StorageError(f"writing {rel!r} failed: {exc}") from exc
         if durable:
             _fsync_dir(directory)

@@ -186,7 +186,11 @@ def test_a_failed_partition_of_a_merged_delivery_fails_exactly_its_records(
     faulty = FaultyStorage(kstore.Storage(local_store[0]))
     store = kstore.Store.from_storage(faulty)
     store.create_topic("t", partitions=2)
-    faulty.add(Fault("put_new", when="delay", delay_s=0.5, times=1))
+    # The slow write is partition 0's: the first matching rule applies, so a delay that could
+    # match partition 1's write would let that one through.
+    faulty.add(
+        Fault("put_new", when="delay", delay_s=0.5, times=1, match=lambda p: "/0/segments/" in p)
+    )
     faulty.add(Fault("put_new", when="before", match=lambda path: "/1/segments/" in path))
     with Producer(store, batch_size=300, linger_ms=0, retries=0) as producer:
         futures = [producer.send("t", b"v%d" % i, partition=i % 2) for i in range(200)]
