@@ -161,10 +161,23 @@ def encode_arrow(table: pa.Table, compression: str) -> pa.Buffer:
             f"unknown segment compression {compression!r}; use {sorted(COMPRESSIONS)}"
         )
     options = ipc.IpcWriteOptions(compression=COMPRESSIONS[compression])
-    sink = pa.BufferOutputStream()
-    with ipc.new_file(sink, table.schema, options=options) as writer:
-        writer.write_table(table, max_chunksize=max(table.num_rows, 1))
-    return sink.getvalue()
+
+    def write(sink: pa.NativeFile) -> None:
+        with ipc.new_file(sink, table.schema, options=options) as writer:
+            writer.write_table(table, max_chunksize=max(table.num_rows, 1))
+
+    if options.compression is not None:
+        sink = pa.BufferOutputStream()
+        write(sink)
+        return sink.getvalue()
+    # Uncompressed, the file's size is known from a pass that only counts bytes: one buffer of
+    # exactly that size is filled, where a growing stream copies the data again at each
+    # doubling (and faults in fresh pages each time).
+    counter = pa.MockOutputStream()
+    write(counter)
+    buf = pa.allocate_buffer(counter.size())
+    write(pa.FixedSizeBufferWriter(buf))
+    return buf
 
 
 def write_segment(
