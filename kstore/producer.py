@@ -962,6 +962,7 @@ class Producer:
         group, batch = delivery.group, delivery.batch
         try:
             if delivery.error is not None:
+                concurrent.futures.wait(delivery.writes.values())  # any it submitted end first
                 raise delivery.error
             self._assign_offsets(delivery)
         except BaseException as exc:  # never leave a future hanging

@@ -526,6 +526,24 @@ def _add_sparse(
     return seg
 
 
+def test_a_segment_of_several_record_batches_reads_as_one(any_store: StoreTarget) -> None:
+    """PROTOCOL 11.3: an Arrow segment may hold several record batches (the producer writes
+    one per batch it delivers together); readers read every batch, in order."""
+    store = open_store(any_store)
+    store.create_topic("t", 1)
+    part = store.partition("t", 0)
+    part.append(batch([b"first"]))
+    chunks = [batch([b"a0", b"a1"], ts_ms=[5, 6]), batch([b"b0", b"b1", b"b2"], ts_ms=[7, 8, 9])]
+    written = part.write_segment(pa.concat_tables(chunks))
+    data = store.storage.read(f"{part.directory}/{written.path}")
+    assert pa.ipc.open_file(pa.BufferReader(data)).num_record_batches == 2
+    part.commit_segments([written])
+    rows = read_rows(open_store(any_store).partition("t", 0))
+    assert [r["value"] for r in rows] == [b"first", b"a0", b"a1", b"b0", b"b1", b"b2"]
+    assert offsets_of(rows) == [0, 1, 2, 3, 4, 5]
+    assert offsets_of(read_rows(part, 3, max_records=2)) == [3, 4]  # across the two batches
+
+
 def test_sparse_and_parquet_segments_read_like_dense_ones(any_store: StoreTarget) -> None:
     store = open_store(any_store)
     store.create_topic("t", 1)

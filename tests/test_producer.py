@@ -15,6 +15,7 @@ import pytest
 
 import kstore
 from kstore.errors import (
+    CommitStateUnknownError,
     IllegalStateError,
     InvalidConfigurationError,
     InvalidRecordError,
@@ -204,6 +205,48 @@ def test_a_failed_partition_of_a_merged_delivery_fails_exactly_its_records(
             assert future.get(timeout=1).partition == 0
     assert [r["value"] for r in read_all(store, "t")[0]] == [b"v%d" % i for i in range(0, 200, 2)]
     assert read_all(store, "t")[1] == []
+
+
+def test_a_delivery_written_behind_a_failed_one_starts_a_new_epoch(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    """Deliveries overlap: the next one is converted and submitted while the previous one is
+    still being written. When that write fails ambiguously (its commit landed, the producer
+    was told it failed), the next write on the partition must carry a new epoch: with the old
+    one and the same sequence numbers it would be taken for a retry of the landed batch, and
+    its records dropped while their futures report success."""
+    faulty = FaultyStorage(kstore.Storage(local_store[0]))
+    store = kstore.Store.from_storage(faulty)
+    store.create_topic("t")
+
+    def is_commit(path: str) -> bool:
+        return "/_log/" in path and path.endswith(".json") and "checkpoint" not in path
+
+    faulty.add(Fault("put_new", when="delay", delay_s=0.5, times=1))
+    # The first commit lands but reports an error, and reading it back fails until the log
+    # gives up: its outcome stays unknown.
+    partition_commit = lambda path: is_commit(path) and "/0/_log/" in path  # noqa: E731
+    faulty.add(Fault("put_if_absent", when="after", times=1, match=partition_commit))
+    faulty.add(
+        Fault(
+            "read",
+            when="before",
+            times=5,
+            match=lambda path: partition_commit(path) and "put_if_absent:after" in faulty.injected,
+        )
+    )
+    with Producer(store, linger_ms=0, retries=0) as producer:
+        first = [producer.send("t", b"a%d" % i) for i in range(5)]
+        time.sleep(0.2)  # the first delivery is being written (slowly)
+        second = [producer.send("t", b"b%d" % i) for i in range(5)]
+        producer.flush()
+        assert producer.metrics()["batch-total"] >= 1
+    for future in first:
+        assert isinstance(future.exception, CommitStateUnknownError)  # it did land
+    offsets = [future.get(timeout=30).offset for future in second]
+    values = [r["value"] for r in read_all(store, "t")[0]]
+    assert values == [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(5)]
+    assert offsets == [5, 6, 7, 8, 9]
 
 
 def test_metadata_read_errors_are_retried_within_max_block_ms(
