@@ -34,6 +34,21 @@ from tests.faults import Fault, FaultyStorage
 BACKENDS = ["memory", "local", "seaweed"]
 
 
+def faulty_local_store(
+    local_store: tuple[str, dict[str, Any]], partitions: int = 1
+) -> tuple[FaultyStorage, kstore.Store]:
+    """A local store whose storage injects the faults a test adds, with a topic "t"."""
+    faulty = FaultyStorage(kstore.Storage(local_store[0]))
+    store = kstore.Store.from_storage(faulty)
+    store.create_topic("t", partitions=partitions)
+    return faulty, store
+
+
+def is_commit(path: str) -> bool:
+    """A commit of a log (not a checkpoint)."""
+    return "/_log/" in path and path.endswith(".json") and "checkpoint" not in path
+
+
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest) -> Iterator[kstore.Store]:
     url, options = request.getfixturevalue(f"{request.param}_store")
@@ -129,9 +144,7 @@ def test_batches_queued_behind_a_slow_delivery_are_merged_and_keep_every_outcome
     (one segment and one commit per partition). Every record must still get its own partition,
     offset and timestamp, in send order, with headers, tombstones, explicit partitions and
     given timestamps intact, and the merge must not mix in a send_batch() table."""
-    faulty = FaultyStorage(kstore.Storage(local_store[0]))
-    store = kstore.Store.from_storage(faulty)
-    store.create_topic("t", partitions=4)
+    faulty, store = faulty_local_store(local_store, 4)
     faulty.add(Fault("put_new", when="delay", delay_s=0.5, times=1))
     sent: list[tuple[Any, dict[str, Any]]] = []
     with Producer(store, batch_size=300, linger_ms=0) as producer:
@@ -184,9 +197,7 @@ def test_batches_queued_behind_a_slow_delivery_are_merged_and_keep_every_outcome
 def test_a_failed_partition_of_a_merged_delivery_fails_exactly_its_records(
     local_store: tuple[str, dict[str, Any]],
 ) -> None:
-    faulty = FaultyStorage(kstore.Storage(local_store[0]))
-    store = kstore.Store.from_storage(faulty)
-    store.create_topic("t", partitions=2)
+    faulty, store = faulty_local_store(local_store, 2)
     # The slow write is partition 0's: the first matching rule applies, so a delay that could
     # match partition 1's write would let that one through.
     faulty.add(
@@ -215,12 +226,7 @@ def test_a_delivery_written_behind_a_failed_one_starts_a_new_epoch(
     was told it failed), the next write on the partition must carry a new epoch: with the old
     one and the same sequence numbers it would be taken for a retry of the landed batch, and
     its records dropped while their futures report success."""
-    faulty = FaultyStorage(kstore.Storage(local_store[0]))
-    store = kstore.Store.from_storage(faulty)
-    store.create_topic("t")
-
-    def is_commit(path: str) -> bool:
-        return "/_log/" in path and path.endswith(".json") and "checkpoint" not in path
+    faulty, store = faulty_local_store(local_store)
 
     faulty.add(Fault("put_new", when="delay", delay_s=0.5, times=1))
     # The first commit lands but reports an error, and reading it back fails until the log
@@ -252,9 +258,7 @@ def test_a_delivery_written_behind_a_failed_one_starts_a_new_epoch(
 def test_metadata_read_errors_are_retried_within_max_block_ms(
     local_store: tuple[str, dict[str, Any]],
 ) -> None:
-    faulty = FaultyStorage(kstore.Storage(local_store[0]))
-    store = kstore.Store.from_storage(faulty)
-    store.create_topic("t")
+    faulty, store = faulty_local_store(local_store)
     store.create_topic("down")
     topic_log = lambda name: lambda path: f"topics/{name}/_log/" in path  # noqa: E731
     faulty.add(Fault("read", when="before", times=3, match=topic_log("t")))
@@ -276,9 +280,7 @@ def test_metadata_read_errors_are_retried_within_max_block_ms(
 def test_a_failed_metadata_refresh_keeps_the_cached_metadata(
     local_store: tuple[str, dict[str, Any]],
 ) -> None:
-    faulty = FaultyStorage(kstore.Storage(local_store[0]))
-    store = kstore.Store.from_storage(faulty)
-    store.create_topic("t", partitions=2)
+    faulty, store = faulty_local_store(local_store, 2)
     with Producer(store, metadata_max_age_ms=0) as producer:
         producer.send("t", b"first", key=b"k").get(timeout=30)
         faulty.add(Fault("read", when="before", match=lambda path: "topics/t/_log/" in path))
@@ -360,9 +362,6 @@ def test_retries_under_injected_faults_lose_nothing_and_duplicate_nothing(
     store = kstore.Store.from_storage(faulty)
     store.create_topic("t", partitions=3)
 
-    def is_commit(path: str) -> bool:
-        return "/_log/" in path and path.endswith(".json") and "checkpoint" not in path
-
     faulty.add(Fault("put_if_absent", when="before", probability=0.25, match=is_commit))
     # The ambiguous case: the commit lands but the producer is told it failed.
     faulty.add(Fault("put_if_absent", when="after", probability=0.25, match=is_commit))
@@ -384,9 +383,7 @@ def test_retries_under_injected_faults_lose_nothing_and_duplicate_nothing(
 
 
 def test_undeliverable_records_fail_their_futures(local_store: tuple[str, dict[str, Any]]) -> None:
-    faulty = FaultyStorage(kstore.Storage(local_store[0]))
-    store = kstore.Store.from_storage(faulty)
-    store.create_topic("t")
+    faulty, store = faulty_local_store(local_store)
     faulty.add(Fault("put_new", when="before", match=lambda p: "/segments/" in p))
     errors: list[BaseException] = []
     with Producer(store, retries=2, retry_backoff_ms=1) as producer:
@@ -441,9 +438,7 @@ def test_zombie_transactional_producer_is_fenced(store: kstore.Store) -> None:
 
 
 def test_backpressure_blocks_then_times_out(local_store: tuple[str, dict[str, Any]]) -> None:
-    faulty = FaultyStorage(kstore.Storage(local_store[0]))
-    store = kstore.Store.from_storage(faulty)
-    store.create_topic("t")
+    faulty, store = faulty_local_store(local_store)
     # Every segment write stalls, so the buffer cannot drain.
     faulty.add(Fault("put_new", when="delay", delay_s=2.0, match=lambda p: "/segments/" in p))
     producer = Producer(store, buffer_memory=5_000, batch_size=1_000, max_block_ms=300, linger_ms=0)
