@@ -67,6 +67,7 @@ from kstore.segments import (
     SegmentFile,
     layout_of,
 )
+from kstore.storage import Storage
 from kstore.store import Store, TopicMetadata
 from kstore.transactions import TransactionLogState, check_epoch, finish_transaction
 
@@ -99,7 +100,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "value_serializer": None,
     "client_id": None,
     "metadata_max_age_ms": 300_000,
-    "max_in_flight_partitions": 8,  # partitions written concurrently by the sender
+    "max_in_flight_partitions": None,  # partitions written at once; None: see _in_flight_default
     "storage_options": None,
 }
 
@@ -359,6 +360,8 @@ class Producer:
             "max_in_flight_partitions",
         ):
             value = cfg[name]
+            if value is None and name == "max_in_flight_partitions":
+                continue  # chosen for the store below
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidConfigurationError(
                     f"producer config {name!r} must be a non-negative integer, got {value!r}"
@@ -369,7 +372,11 @@ class Producer:
             raise InvalidConfigurationError(
                 f"producer config 'transaction_timeout_ms' must be a positive integer, got {timeout!r}"
             )
-        if cfg["max_in_flight_partitions"] < 1 or cfg["batch_size"] < 1 or cfg["buffer_memory"] < 1:
+        if (
+            cfg["max_in_flight_partitions"] == 0
+            or cfg["batch_size"] < 1
+            or cfg["buffer_memory"] < 1
+        ):
             raise InvalidConfigurationError(
                 "batch_size, buffer_memory and max_in_flight_partitions must be positive"
             )
@@ -397,6 +404,8 @@ class Producer:
         self._sticky = StickyPartitioner()
         self.store = store if isinstance(store, Store) else Store(store, cfg["storage_options"])
         self.store.storage.check_writable()
+        if cfg["max_in_flight_partitions"] is None:
+            cfg["max_in_flight_partitions"] = _in_flight_default(self.store.storage, self._durable)
         self.client_id = cfg["client_id"] or f"producer-{uuid.uuid4().hex[:8]}"
 
         self._idempotent = bool(cfg["enable_idempotence"]) or cfg["transactional_id"] is not None
@@ -1402,6 +1411,19 @@ class _Transaction:
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
+
+def _in_flight_default(storage: Storage, durable: bool) -> int:
+    """Partitions written at once when max_in_flight_partitions is not set. A write that waits
+    (on the network of an object store, or on fsync for acks="all") overlaps with others: eight.
+    Otherwise, on local disk or in memory, a write is CPU work, much of it under the GIL, and
+    more writers than cores only queue for both: on two cores, two writers send 7-9% more
+    records per second than eight at acks=1, and 7% fewer at acks="all"."""
+    if durable or (not storage.is_local and storage.protocol != "memory"):
+        return 8
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    return max(1, min(8, cores))
 
 
 def _parse_acks(value: Any) -> int | str:

@@ -512,6 +512,32 @@ def test_bad_topics_and_configs(memory_store: tuple[str, dict[str, Any]]) -> Non
             producer.send("../etc", value=b"x")
 
 
+@pytest.mark.parametrize("backend", ["memory", "local", "moto"])
+def test_partitions_written_at_once_default_to_the_cores_unless_writes_wait(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    url, options = request.getfixturevalue(f"{backend}_store")
+    store = kstore.Store(url, options)
+    store.create_topic("t", partitions=8)
+    cores = len(os.sched_getaffinity(0))
+    expected = 8 if backend == "moto" else min(8, cores)
+    with Producer(store, acks="all") as durable:  # fsync waits: writes overlap everywhere
+        assert durable.config["max_in_flight_partitions"] == 8
+    with Producer(store) as producer:
+        assert producer.config["max_in_flight_partitions"] == expected
+        assert producer._pool._max_workers == expected
+        futures = [producer.send("t", b"v", key=b"%d" % i) for i in range(64)]
+        producer.flush()
+        assert sorted(f.get(timeout=30).partition for f in futures) == sorted(
+            java_partition(b"%d" % i, 8) for i in range(64)
+        )
+    with Producer(store, max_in_flight_partitions=3) as producer:
+        assert producer._pool._max_workers == 3
+    for bad in (0, -1, 2.5, "8", True):
+        with pytest.raises(InvalidConfigurationError, match="max_in_flight_partitions"):
+            Producer(store, max_in_flight_partitions=bad)
+
+
 def test_send_batch_places_like_send(store: kstore.Store) -> None:
     store.create_topic("t", partitions=4)
     keys = [f"k{i}".encode() for i in range(300)]
