@@ -422,7 +422,7 @@ class Group:
         """The storage's idea of now. Local and memory stores share our clock; on an object
         store a probe file is written and its recorded time read back."""
         storage = self.store.storage
-        if storage.is_local or storage.protocol == "memory":
+        if not storage.is_remote:
             return _now_ms()
         probe = f"{self._members_dir}/.probe-{uuid.uuid4().hex}"
         storage.put(probe, b"{}", durable=False)

@@ -264,7 +264,7 @@ class Log(Generic[S]):
             # A reader that is keeping up finds one new version and then a miss: it stays at
             # one request per version. Only a reader that keeps finding versions (it is behind)
             # widens the window.
-            if hits >= 2 and not self.storage.is_local and self.storage.protocol != "memory":
+            if hits >= 2 and self.storage.is_remote:
                 window = min(window * 2, 64)
         return next_state if next_state is not None else state
 

@@ -331,7 +331,7 @@ class Partition:
     def _prefetch(self, segments: Sequence[Segment], columns: list[str] | None) -> None:
         """Fetch the files of several segments concurrently (object stores), so a reader that
         is behind pays one round trip for a run of segments rather than one each."""
-        if self.storage.is_local or self.storage.protocol == "memory" or len(segments) < 2:
+        if not self.storage.is_remote or len(segments) < 2:
             return
         missing = [
             s

@@ -1419,11 +1419,11 @@ def _in_flight_default(storage: Storage, durable: bool) -> int:
     Otherwise, on local disk or in memory, a write is CPU work, much of it under the GIL, and
     more writers than cores only queue for both: on two cores, two writers send 7-9% more
     records per second than eight at acks=1, and 7% fewer at acks="all"."""
-    if durable or (not storage.is_local and storage.protocol != "memory"):
+    if durable or storage.is_remote:
         return 8
     affinity = getattr(os, "sched_getaffinity", None)
     cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
-    return max(1, min(8, cores))
+    return min(8, cores)
 
 
 def _parse_acks(value: Any) -> int | str:

@@ -167,6 +167,12 @@ class Storage:
         return self.protocol in _LOCAL_PROTOCOLS
 
     @property
+    def is_remote(self) -> bool:
+        """Files live on another server (an object store): each operation is a round trip,
+        which concurrency can hide, and the server's clock is not this machine's."""
+        return not self.is_local and self.protocol != "memory"
+
+    @property
     def atomic_create(self) -> str | None:
         """How this backend makes put-if-absent atomic, or None when it cannot."""
         if self.is_local:
@@ -251,7 +257,7 @@ class Storage:
     def read_many(self, rels: list[str]) -> dict[str, bytes]:
         """Several whole files at once (concurrently on an object store); absent ones are
         left out of the result."""
-        if len(rels) == 1 or self.is_local or self.protocol == "memory":
+        if len(rels) == 1 or not self.is_remote:
             out = {}
             for rel in rels:
                 data = self.read_if_exists(rel)
