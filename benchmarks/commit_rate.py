@@ -20,8 +20,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import median, percentile, table, write_results  # noqa: E402
-from kstore.storage import Storage  # noqa: E402
+from benchmarks.common import median, percentile, table, write_results
+from kstore.storage import Storage
 
 
 def _writer(url: str, options: dict[str, Any], seconds: float, out: Any) -> None:
