@@ -573,20 +573,28 @@ class Group:
         live = set(self.live_members(state, reference_ms=reference, leases=leases))
         if live == set(state.members) and not check_metadata:
             return state
+        expired: set[str] = set()
 
         def build(current: GroupState) -> list[Action] | None:
             if member_id not in current.members:
                 raise CommitFailedError(
                     f"group {self.group_id!r}: member {member_id} is no longer in the group"
                 )
-            alive = set(self.live_members(current, reference_ms=reference, leases=leases)) | {
-                member_id
-            }
+            # Listed again on every attempt, after `current` was read: a member whose join
+            # landed after the first listing has its lease in this one, so it is not taken
+            # for dead (every member writes its lease before its join).
+            fresh = self.leases()
+            now = fresh.get(member_id) or self.storage_now_ms()
+            alive = set(self.live_members(current, reference_ms=now, leases=fresh)) | {member_id}
+            expired.clear()
+            expired.update(set(current.members) - alive)
             return self.plan(current, alive, [])
 
-        self._commit(build, "REBALANCE")
-        for dead in set(state.members) - live:
-            self.drop_lease(dead)
+        if self._commit(build, "REBALANCE") is not None:
+            # Only the members this commit expelled: one that renewed its lease meanwhile
+            # keeps it.
+            for dead in expired:
+                self.drop_lease(dead)
         return self.state()
 
     def leave(self, member_id: str, reason: str = "consumer closed") -> None:

@@ -19,9 +19,18 @@ import kstore
 from kstore.assignors import range_assign, roundrobin_assign, sticky_assign
 from kstore.consumer import Consumer
 from kstore.errors import CommitFailedError, IllegalStateError
-from kstore.groups import Group, delete_group, describe_group, list_groups, reset_offsets
+from kstore.groups import (
+    Group,
+    Member,
+    delete_group,
+    describe_group,
+    list_groups,
+    reset_offsets,
+)
+from kstore.layout import group_members_dir
 from kstore.producer import Producer
 from kstore.records import OffsetAndMetadata, TopicPartition
+from kstore.storage import FileInfo, Storage
 
 BACKENDS = ["memory", "local", "seaweed"]
 FAST = {"session_timeout_ms": 2_500, "heartbeat_interval_ms": 200}
@@ -45,7 +54,7 @@ def produce(store: kstore.Store, topic: str, n: int) -> None:
             producer.send(topic, value=b"%d" % i, key=b"k%d" % (i % 37))
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, poll: Callable[[], None]) -> float:
+def wait_until(condition: Callable[[], bool], timeout: float, poll: Callable[[], object]) -> float:
     started = time.monotonic()
     while time.monotonic() - started < timeout:
         poll()
@@ -141,6 +150,62 @@ def test_dead_member_partitions_move_within_session_timeout(
             m.close()
         if process is not None and process.poll() is None:
             process.kill()
+
+
+class JoinWhileListing(Storage):
+    """A storage that runs ``hook`` once, right after it lists a group's lease files: another
+    member's join then lands between a heartbeat's listing and its commit."""
+
+    hook: Callable[[], None] | None = None
+
+    def list_dir(self, rel: str) -> list[FileInfo]:
+        listing = super().list_dir(rel)
+        hook = self.hook
+        if hook is not None and rel == group_members_dir("g"):
+            self.hook = None
+            hook()
+        return listing
+
+
+def member(member_id: str) -> Member:
+    return Member(
+        member_id=member_id,
+        instance_id=None,
+        client_id=member_id,
+        topics=("t",),
+        assignors=("sticky",),
+        session_timeout_ms=FAST["session_timeout_ms"],
+        rebalance_timeout_ms=300_000,
+        joined_ms=0,
+    )
+
+
+def test_a_heartbeat_does_not_expel_a_member_that_joined_after_its_listing(
+    target: tuple[str, str, dict[str, Any]],
+) -> None:
+    _, url, options = target
+    store = kstore.Store(url, options)
+    store.create_topic("t", partitions=2)
+    storage = JoinWhileListing(url, options)
+    a = Group(kstore.Store.from_storage(storage, create=False), "g")
+    a.join(member("member-a"))
+    b = Group(store, "g")
+
+    joined: list[str] = []
+
+    def join_b() -> None:
+        b.join(member("member-b"))
+        joined.append("member-b")
+
+    storage.hook = join_b
+    # A metadata check makes the heartbeat build a commit on the newest state, which holds
+    # b's join; b's lease is newer than the heartbeat's first listing.
+    a.heartbeat("member-a", check_metadata=True)
+    assert joined == ["member-b"]  # b joined in between
+    state = Group(store, "g").state()
+    assert set(state.members) == {"member-a", "member-b"}
+    assert sorted(len(parts) for parts in state.assignment.values()) == [1, 1]
+    assert "member-b.json" in {f.name for f in store.storage.list_dir(group_members_dir("g"))}
 
 
 def test_zombie_commit_is_rejected(store: kstore.Store) -> None:
