@@ -83,6 +83,11 @@ def _sizes(column: pa.Array) -> list[int]:
 
 
 class ConsumerRebalanceListener(Protocol):
+    """Called from poll(). A listener may also define ``on_partitions_lost(lost)``, called
+    instead of ``on_partitions_revoked`` when the member was expelled from the group (its
+    partitions may already have another reader, so nothing can be committed for them); as in
+    Kafka, ``on_partitions_revoked`` is called when it does not."""
+
     def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None: ...
 
     def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None: ...
@@ -360,32 +365,63 @@ class Consumer:
                 log.exception("consumer %s: heartbeat failed", self.client_id)
 
     def _refresh_group(self, force: bool = False) -> None:
-        """Apply the group's newest generation (rebalance callbacks run here, in poll())."""
+        """Apply the group's newest generation (rebalance callbacks run here, in poll()); a
+        member that finds itself out of the group gives up its partitions and joins again."""
         if self._group is None or self._manual or self._subscription is None:
             return
         with self._lock:
+            if not self._needs_rejoin:
+                now = time.monotonic()
+                if not force and now - self._last_group_refresh < min(
+                    0.1, self.config["heartbeat_interval_ms"] / 1000
+                ):
+                    return
+                self._last_group_refresh = now
+                self._apply_group_state(self._group.state())
             if self._needs_rejoin:
-                lost = set(self._assigned)
-                if lost and self._listener is not None:
-                    self._listener.on_partitions_revoked(lost)
-                self._set_assignment([])
-                if self._pattern is not None:
-                    self._subscription = self._matching_topics()
-                self._join()
-                return
-            now = time.monotonic()
-            if not force and now - self._last_group_refresh < min(
-                0.1, self.config["heartbeat_interval_ms"] / 1000
-            ):
-                return
-            self._last_group_refresh = now
-            self._apply_group_state(self._group.state())
+                self._rejoin()
+
+    def _rejoin(self) -> None:
+        """Join again with a new member id. A member the group no longer has (expelled,
+        replaced, or gone for a stalled poll) has lost its partitions: another member may
+        be reading them already, so nothing is committed for them. A member still in the group
+        (its pattern now matches other topics) revokes them, commits its positions (with
+        auto-commit on) and leaves, so their new owners need not wait for it."""
+        assert self._group is not None
+        owned = set(self._assigned)
+        if self._member_id is not None and self._member_id in self._group.state().members:
+            if owned and self._listener is not None:
+                self._listener.on_partitions_revoked(owned)
+            if self.config["enable_auto_commit"] and self._positions:
+                try:
+                    self.commit()
+                except KStoreError as exc:
+                    log.warning("consumer %s: final commit failed: %s", self.client_id, exc)
+            self._leave_group()
+        else:
+            self._lose_partitions()
+        self._set_assignment([])
+        if self._pattern is not None:
+            self._subscription = self._matching_topics()
+        self._join()
+
+    def _lose_partitions(self) -> None:
+        """Stop reading every partition at once: this member is no longer in the group."""
+        self._needs_rejoin = True
+        lost = set(self._assigned)
+        self._set_assignment([])
+        if lost and self._listener is not None:
+            on_lost = getattr(self._listener, "on_partitions_lost", None)
+            if callable(on_lost):
+                on_lost(lost)
+            else:
+                self._listener.on_partitions_revoked(lost)
 
     def _apply_group_state(self, state: GroupState) -> None:
         assert self._group is not None
         assert self._member_id is not None
         if self._member_id not in state.members:
-            self._needs_rejoin = True
+            self._lose_partitions()
             return
         owned = set(state.assignment.get(self._member_id, []))
         current = set(self._assigned)
@@ -409,13 +445,27 @@ class Consumer:
             self._listener.on_partitions_assigned(assigned)
 
     def _fetchable(self, tp: TopicPartition) -> bool:
-        if tp in self._paused:
+        return tp not in self._paused and self._owns(tp)
+
+    def _owns(self, tp: TopicPartition) -> bool:
+        """Whether this member may read ``tp`` by the newest group state it has seen (the
+        heartbeat thread loads newer ones): not once it is out of the group, nor once ``tp``
+        moved to another member and is no longer this member's to hand over, nor while its
+        previous owner has not handed it over yet."""
+        if self._group is None or self._manual:
+            return True
+        if self._needs_rejoin:
             return False
-        if self._group is not None and not self._manual and self._group._state is not None:
-            owner = self._group._state.pending_release.get(tp)
-            if owner is not None and owner != self._member_id:
-                return False  # its previous owner has not handed it over yet
-        return True
+        state = self._group._state
+        if state is None:
+            return True
+        member_id = self._member_id
+        if member_id is None or member_id not in state.members:
+            return False
+        holder = state.pending_release.get(tp)
+        if holder is not None:
+            return holder == member_id
+        return tp in state.assignment.get(member_id, ())
 
     # -- positions -----------------------------------------------------------------------------
 
@@ -536,6 +586,7 @@ class Consumer:
 
     def _fetch_batches(self, max_records: int) -> dict[TopicPartition, list[pa.RecordBatch]]:
         out: dict[TopicPartition, list[pa.RecordBatch]] = {}
+        started: dict[TopicPartition, int] = {}  # positions before this fetch
         remaining = max_records
         budget = self.config["fetch_max_bytes"]
         parts = self._assigned
@@ -569,12 +620,19 @@ class Consumer:
                 self._positions[tp] = visible_end
                 continue
             out[tp] = batches
+            started[tp] = position
             self._positions[tp] = int(batches[-1].column("offset")[-1].as_py()) + 1
             remaining -= count
-            nbytes = sum(b.nbytes for b in batches)
-            budget -= nbytes
-            self._metrics["records-consumed-total"] += count
-            self._metrics["bytes-consumed-total"] += nbytes
+            budget -= sum(b.nbytes for b in batches)
+        # The heartbeat thread may have learnt meanwhile that this member was expelled: the
+        # records of partitions it no longer owns are not returned, nor their positions moved.
+        for tp in [tp for tp in out if not self._owns(tp)]:
+            del out[tp]
+            if tp in self._positions:
+                self._positions[tp] = started[tp]
+        for batches in out.values():
+            self._metrics["records-consumed-total"] += sum(b.num_rows for b in batches)
+            self._metrics["bytes-consumed-total"] += sum(b.nbytes for b in batches)
         return out
 
     def _poll_loop(
@@ -754,9 +812,15 @@ class Consumer:
                     raise CommitFailedError(
                         "this consumer is not a member of the group (it must rejoin)"
                     )
-                self._group.commit_offsets(
-                    normalised, member_id=self._member_id, generation=self._generation
-                )
+                try:
+                    self._group.commit_offsets(
+                        normalised, member_id=self._member_id, generation=self._generation
+                    )
+                except CommitFailedError:
+                    # The group moved on (a rebalance, or this member was expelled): the next
+                    # poll() applies its newest state, whatever the refresh interval.
+                    self._last_group_refresh = 0.0
+                    raise
         self._metrics["commit-total"] += 1
         self._last_commit = time.monotonic()
 

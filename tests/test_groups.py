@@ -330,6 +330,189 @@ def test_hand_over_loses_nothing_and_repeats_nothing(store: kstore.Store) -> Non
     )
 
 
+class Events:
+    """A rebalance listener that records its calls, with Kafka's on_partitions_lost."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[int]]] = []
+
+    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.calls.append(("revoked", sorted(tp.partition for tp in revoked)))
+
+    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.calls.append(("assigned", sorted(tp.partition for tp in assigned)))
+
+    def on_partitions_lost(self, lost: set[TopicPartition]) -> None:
+        self.calls.append(("lost", sorted(tp.partition for tp in lost)))
+
+
+def expelled_member(store: kstore.Store, **configs: Any) -> tuple[Consumer, Events, Consumer]:
+    """A member that read part of a two-partition topic and then stalled (no heartbeats) until
+    its session expired, and the member that took over its partitions and read them all."""
+    store.create_topic("t", partitions=2)
+    produce(store, "t", 100)
+    events = Events()
+    a = Consumer(
+        store=store,
+        group_id="g",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_poll_records=10,
+        **{**FAST, **configs},
+    )
+    a.subscribe(["t"], listener=events)
+    assert sum(len(rs) for rs in a.poll(timeout_ms=2_000).values()) == 10
+    a._heartbeat_stop.set()  # it stalls
+    expelled = a.member_id
+    # The expiry as a member's heartbeat commits it: a leave and a new generation.
+    Group(store, "g").leave(expelled, "session expired")  # type: ignore[arg-type]
+    b = Consumer("t", store=store, group_id="g", auto_offset_reset="earliest", **FAST)
+    wait_until(lambda: len(b.assignment()) == 2, 10, lambda: None)
+    got = 0
+    while got < 100:
+        got += sum(len(rs) for rs in b.poll(timeout_ms=2_000).values())
+    assert got == 100
+    assert a.member_id == expelled
+    return a, events, b
+
+
+def owned_by(store: kstore.Store, member_id: str | None) -> set[TopicPartition]:
+    """What the group lets ``member_id`` read now: its partitions no one else still holds."""
+    state = Group(store, "g").state()
+    return {
+        tp
+        for tp in state.assignment.get(member_id or "", [])
+        if state.pending_release.get(tp, member_id) == member_id
+    }
+
+
+def test_an_expelled_member_stops_reading_in_the_poll_that_finds_out(
+    store: kstore.Store,
+) -> None:
+    # A heartbeat interval of 1 ms makes every poll look at the group log.
+    a, events, b = expelled_member(store, heartbeat_interval_ms=1)
+    try:
+        got = a.poll(timeout_ms=0)
+        # It rejoined, as a new member, and reads nothing another member owns.
+        assert a.member_id is not None
+        assert a.member_id != b.member_id
+        assert set(got) <= owned_by(store, a.member_id)
+        assert not set(got) & b.assignment()
+        assert ("lost", [0, 1]) in events.calls
+        assert not any(kind == "revoked" for kind, _ in events.calls)
+    finally:
+        b.close()
+        a.close()
+
+
+def test_a_member_told_by_a_refused_commit_that_it_was_expelled_stops_reading(
+    store: kstore.Store,
+) -> None:
+    a, events, b = expelled_member(store)
+    try:
+        with pytest.raises(CommitFailedError, match="not in the group"):
+            a.commit()
+        got = a.poll(timeout_ms=0)
+        assert not set(got) & b.assignment()
+        assert set(got) <= owned_by(store, a.member_id)
+        assert ("lost", [0, 1]) in events.calls  # and it rejoined in that poll
+    finally:
+        b.close()
+        a.close()
+
+
+class HookedReads(Storage):
+    """A storage that runs ``hook`` once, when it is next asked for a segment file."""
+
+    hook: Callable[[], None] | None = None
+
+    def _segments_read(self, rels: list[str]) -> None:
+        hook = self.hook
+        if hook is not None and any("/segments/" in rel for rel in rels):
+            self.hook = None
+            hook()
+
+    def read(self, rel: str) -> bytes:
+        self._segments_read([rel])
+        return super().read(rel)
+
+    def read_many(self, rels: list[str]) -> dict[str, bytes]:
+        self._segments_read(rels)
+        return super().read_many(rels)
+
+
+def test_records_read_while_the_heartbeat_learns_of_an_expulsion_are_not_returned(
+    target: tuple[str, str, dict[str, Any]],
+) -> None:
+    _, url, options = target
+    store = kstore.Store(url, options)
+    store.create_topic("t", partitions=2)
+    produce(store, "t", 100)
+    storage = HookedReads(url, options)
+    a = Consumer(
+        "t",
+        store=kstore.Store.from_storage(storage, create=False, segment_cache_bytes=0),
+        group_id="g",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        **FAST,
+    )
+    expelled = a.member_id
+    assert expelled is not None
+    assert len(a.assignment()) == 2
+    learnt: list[str] = []
+
+    def expel() -> None:
+        # Its session is found expired while it reads, and its heartbeat thread finds out.
+        Group(store, "g").leave(expelled, "session expired")
+        wait_until(lambda: a._needs_rejoin, 10, lambda: None)
+        learnt.append(expelled)
+
+    storage.hook = expel
+    try:
+        assert a.poll(timeout_ms=0) == {}
+        assert learnt == [expelled]
+        got = a.poll(timeout_ms=2_000)  # rejoined: it reads again, as a new member
+        assert a.member_id != expelled
+        assert got
+        assert set(got) <= owned_by(store, a.member_id)
+    finally:
+        a.close()
+
+
+def test_a_member_whose_pattern_matches_a_new_topic_hands_over_and_rejoins(
+    store: kstore.Store,
+) -> None:
+    store.create_topic("logs-a", partitions=2)
+    produce(store, "logs-a", 30)
+    events = Events()
+    c = Consumer(
+        store=store,
+        group_id="g",
+        auto_offset_reset="earliest",
+        metadata_max_age_ms=0,  # every heartbeat looks for new topics
+        **FAST,
+    )
+    c.subscribe(pattern=r"logs-.*", listener=events)
+    try:
+        got = 0
+        while got < 30:
+            got += sum(len(rs) for rs in c.poll(timeout_ms=2_000).values())
+        first = c.member_id
+        store.create_topic("logs-b")
+        wait_until(lambda: c.subscription() == {"logs-a", "logs-b"}, 10, c.poll)
+        # Still a member when it rejoined: its partitions were revoked (not lost), its
+        # positions committed, and the old member id left rather than waiting to expire.
+        assert c.member_id != first
+        assert ("revoked", [0, 1]) in events.calls
+        assert not any(kind == "lost" for kind, _ in events.calls)
+        state = Group(store, "g").state()
+        assert set(state.members) == {c.member_id}
+        assert sum(state.offsets[TopicPartition("logs-a", p)].offset for p in range(2)) == 30
+    finally:
+        c.close()
+
+
 def test_static_membership_survives_restart_without_rebalance(store: kstore.Store) -> None:
     store.create_topic("t", partitions=4)
     first = Consumer("t", store=store, group_id="g", group_instance_id="worker-1", **FAST)
