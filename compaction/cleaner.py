@@ -42,7 +42,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kstore.errors import CommitConflictError, ConcurrentModificationError
+from kstore.errors import CommitConflictError, ConcurrentModificationError, StaleWriteError
 from kstore.log import Action
 from kstore.partition import Partition, PartitionState, Segment
 from kstore.segments import FORMAT_PARQUET, SegmentFile, write_segment
@@ -258,6 +258,7 @@ class _Cleaner:
                     horizon = seg_horizon if horizon is None else max(horizon, seg_horizon)
             last = number == len(groups) - 1
             written = None
+            written_at = time.monotonic()  # before the write: a slow write counts too
             if tables:
                 written = write_segment(
                     self.part.storage,
@@ -268,7 +269,9 @@ class _Cleaner:
                     layout=self.part.layout,
                 )
             new_c = self.plan.new_cleaned_offset if last else None
-            if not _replace(self.part, group, written, horizon, self.now, OPERATION, new_c):
+            if not _replace(
+                self.part, group, written, horizon, self.now, OPERATION, new_c, written_at
+            ):
                 result.outcome = "conflict"
                 reasons.append(
                     f"a concurrent commit changed segments of group {number + 1} of "
@@ -419,16 +422,18 @@ def _replace(
     now: int,
     operation: str,
     cleaned: int | None = None,
+    written_at: float | None = None,
 ) -> bool:
     """Commit: remove ``group``, add ``written`` over the same offset range (and advance the
     cleaned point). False, with the new file deleted, when a concurrent commit removed any of
-    the group's segments first; a producer's appends never cause that."""
+    the group's segments first (a producer's appends never cause that), or when ``written``,
+    whose write started at ``written_at`` (``time.monotonic()``), is too old to commit."""
     paths = {s.path for s in group}
     new_paths = [written.path] if written is not None else []
 
     def build(state: PartitionState) -> list[Action] | None:
         live = {s.path for s in state.segments}
-        if not paths <= live or too_old_to_commit(new_paths):
+        if not paths <= live or (written_at is not None and too_old_to_commit(written_at)):
             return None
         actions: list[Action] = [
             {"remove": {"path": s.path, "deletionTimestamp": now}} for s in group
@@ -455,7 +460,16 @@ def _replace(
         return actions
 
     try:
-        landed = part.commit_actions(build, operation=operation.upper()) is not None
+        landed = (
+            part.commit_actions(
+                build,
+                operation=operation.upper(),
+                written_at=written_at if new_paths else None,
+            )
+            is not None
+        )
+    except StaleWriteError:
+        landed = False  # refused before sending: certainly not committed
     except (ConcurrentModificationError, CommitConflictError):
         _discard(part, new_paths)  # certainly not committed; an unknown outcome keeps the file
         raise

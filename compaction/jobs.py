@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from kstore.config import MAX_UNCOMMITTED_MS
 from kstore.errors import (
     CommitConflictError,
     ConcurrentModificationError,
@@ -36,10 +37,9 @@ from kstore.segments import BINARY, Layout, layout_of
 from kstore.storage import redact_url
 from kstore.store import Store
 
-# A new file that a maintenance job wrote is committed within this time of being named, or
-# not at all (the job abandons the commit and deletes the file). Vacuum's orphan age must be
-# larger, so that it can never delete a file that is about to be committed.
-MAX_UNCOMMITTED_MS = 5 * 60_000
+# A new file that a maintenance job wrote is committed within MAX_UNCOMMITTED_MS of the start
+# of its write, by this machine's monotonic clock, or not at all (the job abandons the commit
+# and deletes the file); vacuum's orphan age is at least twice that (PROTOCOL.md 23.1).
 
 _NAME_TIME = re.compile(r"^(\d{13})-[0-9a-f]{32}\.(arrow|parquet)$")
 
@@ -432,11 +432,11 @@ def name_time_ms(path: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def too_old_to_commit(paths: Iterable[str]) -> bool:
-    """True when a new file is older than MAX_UNCOMMITTED_MS: committing it now could race
-    with a vacuum that already takes it for an orphan."""
-    limit = time.time() * 1000 - MAX_UNCOMMITTED_MS
-    return any((t := name_time_ms(p)) is not None and t < limit for p in paths)
+def too_old_to_commit(written_at: float) -> bool:
+    """True when the write of a new file started (``time.monotonic()``) more than
+    MAX_UNCOMMITTED_MS ago: committing it now could race with a vacuum that already takes it
+    for an orphan. Monotonic: a pause or a wall-clock step since the write counts as it is."""
+    return (time.monotonic() - written_at) * 1000 > MAX_UNCOMMITTED_MS
 
 
 # -- command line -------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ Which segments merge (from the manifest alone):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -103,6 +104,7 @@ def merge_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> Pa
     codec = _codec(item.config)
     for number, group in enumerate(groups):
         tables = [part.read_segment(seg) for seg in group]
+        written_at = time.monotonic()  # before the write: a slow write counts too
         written = write_segment(
             part.storage,
             part.directory,
@@ -113,7 +115,7 @@ def merge_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> Pa
         )
         first_seen = delete_horizon(now, int(item.config["delete.retention.ms"]))
         horizon = _horizon(group, tables, state.cleaned_offset, first_seen)
-        if not _replace(part, group, written, horizon, now, OPERATION):
+        if not _replace(part, group, written, horizon, now, OPERATION, written_at=written_at):
             result.outcome = "conflict"
             result.reason = (
                 f"a concurrent commit changed segments of group {number + 1} of "

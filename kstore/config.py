@@ -21,6 +21,19 @@ CLEANUP_POLICIES = ("delete", "compact")
 COMPRESSION_TYPES = ("producer", "uncompressed", "zstd", "lz4")
 TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
 
+# Time rules (PROTOCOL.md 23.1). Vacuum deletes an unreferenced file only when the storage's
+# clock says it is older than the orphan age, at least MIN_ORPHAN_AGE_MS. A writer commits a
+# file it wrote only while its own monotonic clock says the write started less than
+# MAX_UNCOMMITTED_MS ago; the difference is the margin for a pause between that check and the
+# commit landing. Every timeout that bounds how long a writer retries a commit (a producer's
+# delivery_timeout_ms, the commit retry budget) is at most MAX_UNCOMMITTED_MS.
+MIN_ORPHAN_AGE_MS = 10 * 60_000
+MAX_UNCOMMITTED_MS = MIN_ORPHAN_AGE_MS // 2
+# Removed files stay at least this long after the commit that removed them (storage clock):
+# the window in which a reader that loaded the state before the removal opens the files it
+# names, plus the storage clock's resolution (S3 records times to the second).
+MIN_FILE_DELETE_DELAY_MS = 10_000
+
 
 @dataclass(frozen=True)
 class ConfigSpec:

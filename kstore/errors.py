@@ -107,6 +107,15 @@ class CommitStateUnknownError(KStoreError):
     retriable = True
 
 
+class StaleWriteError(KStoreError):
+    """A written file is too old to be committed: vacuum may already take it for an orphan.
+
+    Nothing was committed; write the data again under a new name and commit that.
+    """
+
+    retriable = True
+
+
 class ConcurrentModificationError(KStoreError):
     """A concurrent commit removed or changed what this commit depends on (not retriable as is)."""
 

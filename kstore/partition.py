@@ -179,12 +179,15 @@ class Partition:
         txn: tuple[str, int] | None = None,
         operation: str = "APPEND",
         transaction: str | None = None,
+        written_at: float | None = None,
     ) -> AppendResult:
         """Publish written dense segments at the end of the log (phase two of an append).
 
         Offsets are assigned here, from the state the commit follows. A producer batch is
         checked for fencing and duplicates against that same state; a transaction identifier
         whose version is already committed makes this a no-op (exactly-once sinks).
+        ``written_at``: when the oldest file's write started, by ``self.log.retry.clock``
+        (:meth:`Log.commit` refuses files too old to commit).
         """
         if not files:
             raise ValueError("commit_segments needs at least one segment")
@@ -238,7 +241,7 @@ class Partition:
             outcome["range"] = (base, offset - 1, now)
             return actions
 
-        result = self._commit(build, operation=operation, durable=durable)
+        result = self._commit(build, operation=operation, durable=durable, written_at=written_at)
         if result is None:
             base, last = outcome["duplicate"]
             # The batch was committed before (a replayed micro-batch, an ambiguous retry).
@@ -252,7 +255,7 @@ class Partition:
         return AppendResult(base, last, result.version, now)
 
     def commit_actions(
-        self, build: Any, *, operation: str, durable: bool = True
+        self, build: Any, *, operation: str, durable: bool = True, written_at: float | None = None
     ) -> CommitResult[PartitionState] | None:
         """A maintenance commit (compaction, retention, merging): ``build(state)`` returns the
         actions or None; it is re-run on every conflict against the newest state."""
@@ -263,10 +266,10 @@ class Partition:
                 actions = [protocol_action(), *actions]
             return actions
 
-        return self._commit(guarded, operation=operation, durable=durable)
+        return self._commit(guarded, operation=operation, durable=durable, written_at=written_at)
 
     def _commit(
-        self, build: Any, *, operation: str, durable: bool
+        self, build: Any, *, operation: str, durable: bool, written_at: float | None = None
     ) -> CommitResult[PartitionState] | None:
         state = self.state(refresh=False)
         if time.monotonic() - self._confirmed > STALE_STATE_S:
@@ -279,6 +282,7 @@ class Partition:
             operation=operation,
             durable=durable,
             info={"topic": self.topic, "partition": self.partition},
+            written_at=written_at,
         )
         if result is not None:
             self._remember(result.state, confirmed=True)

@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kstore.config import MAX_UNCOMMITTED_MS, MIN_ORPHAN_AGE_MS
 from kstore.errors import (
     CommitFailedError,
     IllegalStateError,
@@ -366,6 +367,14 @@ class Producer:
                 raise InvalidConfigurationError(
                     f"producer config {name!r} must be a non-negative integer, got {value!r}"
                 )
+        if cfg["delivery_timeout_ms"] > MAX_UNCOMMITTED_MS:
+            # PROTOCOL.md 23.1: no writer holds a written segment longer than this.
+            raise InvalidConfigurationError(
+                f"producer config 'delivery_timeout_ms' {cfg['delivery_timeout_ms']} exceeds "
+                f"{MAX_UNCOMMITTED_MS}, the longest a written segment may wait for its commit "
+                f"(half the minimum orphan age, {MIN_ORPHAN_AGE_MS} ms, after which vacuum may "
+                "delete it)"
+            )
         timeout = cfg["transaction_timeout_ms"]
         if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 1:
             # Checked here, before the value is recorded in the producer log (INIT PRODUCER).
@@ -1057,17 +1066,35 @@ class Producer:
                 first = 0  # a new epoch restarts sequences
             producer = ProducerBatch(self._producer_id, epoch, first, first + table.num_rows - 1)
         segment: SegmentFile | None = None
+        retry = partition.log.retry
+        written_at = 0.0
         attempt = 0
         while True:
             try:
+                if segment is not None and retry.too_old(written_at):
+                    # Vacuum may take a file this old for an orphan (a pause since the write,
+                    # or long retries): never commit it; write the records again. The old file
+                    # is left to vacuum (an unknown outcome may have committed it).
+                    log.warning(
+                        "producer %s: %s-%d segment too old to commit; writing it again",
+                        self.client_id,
+                        topic,
+                        p,
+                    )
+                    segment = None
                 if segment is None:
+                    written_at = retry.clock()  # from the start: a pause mid-write counts
                     segment = partition.write_segment(
                         table, compression=info.compression, durable=self._durable
                     )
                 self._check_not_fenced()
                 started = time.monotonic()
                 result = partition.commit_segments(
-                    [segment], durable=self._durable, producer=producer, transaction=transaction
+                    [segment],
+                    durable=self._durable,
+                    producer=producer,
+                    transaction=transaction,
+                    written_at=written_at,
                 )
                 self._metrics["commit-total"] += 1
                 self._metrics["commit-time-total-ms"] += (time.monotonic() - started) * 1000
