@@ -71,6 +71,46 @@ def test_records_are_visible_to_read_committed_only_after_commit(store: kstore.S
     producer.close()
 
 
+def test_the_oldest_open_transaction_holds_the_last_stable_offset(store: kstore.Store) -> None:
+    store.create_topic("out")
+    tp = TopicPartition("out", 0)
+    older = Producer(store, transactional_id="older")
+    newer = Producer(store, transactional_id="newer")
+    with Producer(store) as plain:
+        assert plain.send("out", value=b"before").get(timeout=30).offset == 0
+    older.begin_transaction()
+    newer.begin_transaction()
+    assert older.send("out", value=b"older-1").get(timeout=30).offset == 1
+    assert newer.send("out", value=b"newer-1").get(timeout=30).offset == 2
+    assert older.send("out", value=b"older-2").get(timeout=30).offset == 3
+
+    def reader_stops_at(lso: int, values: list[bytes]) -> None:
+        state = store.partition("out", 0).state()
+        assert state.last_stable_offset == lso
+        with Consumer(
+            "out", store=store, auto_offset_reset="earliest", isolation_level="read_committed"
+        ) as consumer:
+            got = []
+            idle = 0
+            while idle < 3:
+                polled = consumer.poll(timeout_ms=30)
+                idle = 0 if polled else idle + 1
+                got.extend(r.value for rs in polled.values() for r in rs)
+            assert got == values
+            assert consumer.position(tp) == lso
+
+    # Two open transactions: the older one's first offset is the LSO, not the newer one's.
+    reader_stops_at(1, [b"before"])
+    older.commit_transaction()
+    # The newer is still open: the LSO moves to its first offset, and older-2 (committed, but
+    # after it) stays out of sight.
+    reader_stops_at(2, [b"before", b"older-1"])
+    newer.commit_transaction()
+    reader_stops_at(4, [b"before", b"older-1", b"newer-1", b"older-2"])
+    older.close()
+    newer.close()
+
+
 def test_abort_discards_records(store: kstore.Store) -> None:
     store.create_topic("out")
     with Producer(store, transactional_id="tx") as producer:
