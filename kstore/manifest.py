@@ -7,6 +7,7 @@ reads manifests without paying for the data libraries' import.
 from __future__ import annotations
 
 import bisect
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from kstore.errors import (
 from kstore.log import Action, LogState
 
 PRODUCER_EXPIRATION_MS = 86_400_000  # Kafka's producer.id.expiration.ms default: one day
+_BASE_OFFSET = operator.attrgetter("base_offset")
 
 
 @dataclass(frozen=True)
@@ -68,21 +70,45 @@ class Segment:
 
     @classmethod
     def from_action(cls, body: dict[str, Any]) -> Segment:
+        get = body.get
+        path, checksum, fmt = get("path"), get("checksum"), get("format")
+        base, last, records = get("baseOffset"), get("lastOffset"), get("records")
+        min_ts, max_ts, size = get("minTimestamp"), get("maxTimestamp"), get("size")
+        # Exact types in one test (a checkpoint holds an add per live segment); anything else
+        # takes the checks that name the field at fault.
+        if not (
+            type(path) is str
+            and type(checksum) is str
+            and type(fmt) is str
+            and type(base) is int
+            and type(last) is int
+            and type(records) is int
+            and type(min_ts) is int
+            and type(max_ts) is int
+            and type(size) is int
+        ):
+            path, base, last = (
+                _str(body, "path"),
+                _int(body, "baseOffset"),
+                _int(body, "lastOffset"),
+            )
+            records, min_ts = _int(body, "records"), _int(body, "minTimestamp")
+            max_ts, size = _int(body, "maxTimestamp"), _int(body, "size")
+            checksum, fmt = _str(body, "checksum"), _str(body, "format")
+        transaction = get("transaction")
         seg = cls(
-            path=_str(body, "path"),
-            base_offset=_int(body, "baseOffset"),
-            last_offset=_int(body, "lastOffset"),
-            record_count=_int(body, "records"),
-            min_timestamp_ms=_int(body, "minTimestamp"),
-            max_timestamp_ms=_int(body, "maxTimestamp"),
-            size_bytes=_int(body, "size"),
-            checksum=_str(body, "checksum"),
-            format=_str(body, "format"),
-            sparse=bool(body.get("sparse", False)),
-            created_ms=int(body.get("createdTime", 0)),
-            transaction=body.get("transaction")
-            if isinstance(body.get("transaction"), str)
-            else None,
+            path=path,
+            base_offset=base,
+            last_offset=last,
+            record_count=records,
+            min_timestamp_ms=min_ts,
+            max_timestamp_ms=max_ts,
+            size_bytes=size,
+            checksum=checksum,
+            format=fmt,
+            sparse=bool(get("sparse", False)),
+            created_ms=int(get("createdTime", 0)),
+            transaction=transaction if isinstance(transaction, str) else None,
             delete_horizon_ms=_optional_int(body, "deleteHorizon"),
         )
         if not seg.path.startswith("segments/") or ".." in seg.path or "\\" in seg.path:
@@ -124,7 +150,10 @@ class PartitionState(LogState):
 
     def __init__(self) -> None:
         super().__init__()
-        self.segments: list[Segment] = []  # sorted by base_offset, non-overlapping
+        self._segments: list[Segment] = []  # sorted by base_offset, non-overlapping
+        # The same segments by path: replay checks and removes a path in constant time, where
+        # a scan of the list made opening a partition quadratic in its live segments.
+        self._live: dict[str, Segment] = {}
         self.end_offset = 0  # the next offset to assign (Kafka's log end offset)
         self.log_start_offset = 0
         self.producers: dict[str, ProducerEntry] = {}
@@ -137,7 +166,8 @@ class PartitionState(LogState):
 
     def copy(self) -> PartitionState:
         clone: PartitionState = super().copy()  # type: ignore[assignment]
-        clone.segments = list(self.segments)
+        clone._segments = list(self._segments)
+        clone._live = dict(self._live)
         clone.producers = dict(self.producers)
         clone.txns = dict(self.txns)
         clone.removed = dict(self.removed)
@@ -151,11 +181,24 @@ class PartitionState(LogState):
     def apply(self, name: str, body: dict[str, Any]) -> None:
         if name == "add":
             seg = Segment.from_action(body)
-            if seg.base_offset < self.end_offset and self._overlaps(seg):
+            segments = self._segments
+            # Appends and checkpoints add in offset order: after the last segment, which is
+            # then the only one that can overlap.
+            at_end = not segments or segments[-1].base_offset <= seg.base_offset
+            if at_end:
+                overlaps = bool(segments) and segments[-1].last_offset >= seg.base_offset
+            else:
+                overlaps = seg.base_offset < self.end_offset and self._overlaps(seg)
+            if overlaps:
                 raise CorruptLogError(f"add {seg.path}: overlaps a live segment")
-            if any(s.path == seg.path for s in self.segments):
+            if seg.path in self._live:
                 raise CorruptLogError(f"add {seg.path}: the path is already a live segment")
-            bisect.insort(self.segments, seg, key=lambda s: s.base_offset)
+            if at_end:
+                segments.append(seg)
+            else:
+                bisect.insort(segments, seg, key=_BASE_OFFSET)
+            self._live[seg.path] = seg
+            self._time_index = None
             self.end_offset = max(self.end_offset, seg.last_offset + 1)
             if seg.transaction is not None:
                 first = self.open_transactions.get(seg.transaction)
@@ -165,10 +208,16 @@ class PartitionState(LogState):
             self.removed.pop(seg.path, None)
         elif name == "remove":
             path = _str(body, "path")
-            kept = [s for s in self.segments if s.path != path]
-            if len(kept) == len(self.segments):
+            gone = self._live.pop(path, None)
+            if gone is None:
                 raise CorruptLogError(f"remove {path}: not a live segment")
-            self.segments = kept
+            segments = self._segments
+            # Only empty segments share a base offset: the walk past equal ones is short.
+            i = bisect.bisect_left(segments, gone.base_offset, key=_BASE_OFFSET)
+            while segments[i].path != path:
+                i += 1
+            del segments[i]
+            self._time_index = None
             self.removed[path] = _int(body, "deletionTimestamp")
         elif name == "logStart":
             self.log_start_offset = max(self.log_start_offset, _int(body, "offset"))
@@ -219,10 +268,23 @@ class PartitionState(LogState):
             super().apply(name, body)
 
     def _overlaps(self, seg: Segment) -> bool:
-        i = bisect.bisect_right(self.segments, seg.base_offset, key=lambda s: s.base_offset)
-        if i > 0 and self.segments[i - 1].last_offset >= seg.base_offset:
+        segments = self._segments
+        i = bisect.bisect_right(segments, seg.base_offset, key=_BASE_OFFSET)
+        if i > 0 and segments[i - 1].last_offset >= seg.base_offset:
             return True
-        return i < len(self.segments) and self.segments[i].base_offset <= seg.last_offset
+        return i < len(segments) and segments[i].base_offset <= seg.last_offset
+
+    @property
+    def segments(self) -> list[Segment]:
+        """The live segments, sorted by base offset. Read-only: replay keeps an index of them
+        (assign a new list to replace them)."""
+        return self._segments
+
+    @segments.setter
+    def segments(self, segments: list[Segment]) -> None:
+        self._segments = list(segments)
+        self._live = {s.path: s for s in self._segments}
+        self._time_index = None
 
     def checkpoint_actions(self) -> list[Action]:
         actions = super().checkpoint_actions()
@@ -279,7 +341,7 @@ class PartitionState(LogState):
 
     def segment_index_for(self, offset: int) -> int:
         """Index of the first live segment that may hold ``offset`` or anything after it."""
-        i = bisect.bisect_right(self.segments, offset, key=lambda s: s.base_offset) - 1
+        i = bisect.bisect_right(self.segments, offset, key=_BASE_OFFSET) - 1
         if i >= 0 and self.segments[i].last_offset >= offset:
             return i
         return i + 1
