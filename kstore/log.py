@@ -21,11 +21,14 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from kstore import __version__
+from kstore.config import MAX_UNCOMMITTED_MS
 from kstore.errors import (
     CommitConflictError,
     CommitStateUnknownError,
     ConcurrentModificationError,
     CorruptLogError,
+    InvalidConfigurationError,
+    StaleWriteError,
     StorageError,
     UnsupportedFormatVersionError,
 )
@@ -120,6 +123,28 @@ class RetryPolicy:
     timeout_s: float = 120.0
     base_backoff_s: float = 0.002
     max_backoff_s: float = 0.25
+    # A file a writer wrote is committed only while this clock says its write started less
+    # than max_uncommitted_s ago (PROTOCOL.md 23.1); both may be lowered (tests), never raised.
+    max_uncommitted_s: float = MAX_UNCOMMITTED_MS / 1000
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        limit = MAX_UNCOMMITTED_MS / 1000
+        if not 0 < self.max_uncommitted_s <= limit:
+            raise InvalidConfigurationError(
+                f"RetryPolicy.max_uncommitted_s {self.max_uncommitted_s!r} must be in (0, {limit}]: "
+                "vacuum may delete an unreferenced file older than twice that"
+            )
+        if not 0 < self.timeout_s < self.max_uncommitted_s:
+            raise InvalidConfigurationError(
+                f"RetryPolicy.timeout_s {self.timeout_s!r} (the commit retry budget) must be "
+                f"positive and below max_uncommitted_s ({self.max_uncommitted_s})"
+            )
+
+    def too_old(self, written_at: float) -> bool:
+        """True when a file whose write started at ``written_at`` (by ``clock``) must no
+        longer be committed."""
+        return self.clock() - written_at >= self.max_uncommitted_s
 
     def backoff(self, attempt: int) -> float:
         # A lost race is not overload: the winner has already moved on, so the first retries
@@ -394,6 +419,7 @@ class Log(Generic[S]):
         operation: str,
         durable: bool = True,
         info: dict[str, Any] | None = None,
+        written_at: float | None = None,
     ) -> CommitResult[S] | None:
         """Build a commit from the newest state and publish it as the next version.
 
@@ -401,6 +427,11 @@ class Log(Generic[S]):
         there is nothing to commit, or raises when the state makes the commit invalid (it is
         re-run after every conflict, so validation always sees the latest state). Returns None
         when ``build`` returned None.
+
+        ``written_at`` (by ``retry.clock``) is when the write of the oldest file the commit
+        references started: right before every attempt to publish, a file that old is refused
+        with :class:`StaleWriteError` (nothing written) or, when an earlier attempt's outcome
+        is unknown, :class:`CommitStateUnknownError` (PROTOCOL.md 23.1).
         """
         self.storage.check_writable()
         commit_id = unique_id()
@@ -435,7 +466,16 @@ class Log(Generic[S]):
             new_state.version = version
             new_state.last_commit_ms = meta["timestamp"]
             payload = encode_commit(actions, meta)
-            landed = self._publish(version, payload, commit_id, durable=durable)
+            # Checked last, after the build: a pause anywhere before this point counts.
+            if written_at is not None and self.retry.too_old(written_at):
+                raise StaleWriteError(
+                    f"{self.storage.display_url}/{self.directory}: a file of this {operation} "
+                    f"commit was written {self.retry.clock() - written_at:.1f} s ago, more than "
+                    f"{self.retry.max_uncommitted_s} s; nothing was committed (write it again)"
+                )
+            landed = self._publish(
+                version, payload, commit_id, durable=durable, written_at=written_at
+            )
             if landed:
                 self._maybe_checkpoint(new_state)
                 return CommitResult(version, new_state, actions, attempt)
@@ -448,15 +488,29 @@ class Log(Generic[S]):
             time.sleep(self.retry.backoff(min(attempt, 10)))
             state = self.update(state)
 
-    def _publish(self, version: int, payload: bytes, commit_id: str, *, durable: bool) -> bool:
+    def _publish(
+        self,
+        version: int,
+        payload: bytes,
+        commit_id: str,
+        *,
+        durable: bool,
+        written_at: float | None = None,
+    ) -> bool:
         """Try to create ``version``; True if our payload is there now, False if another is.
 
         An error that leaves the outcome unknown is resolved by reading the version back;
-        re-sending the identical payload is safe because put-if-absent admits only one.
+        re-sending the identical payload is safe because put-if-absent admits only one, but
+        not once its files are too old to commit (``written_at``).
         """
         path = self._path(version_file(version))
         unknown_attempts = 0
         while True:
+            if unknown_attempts and written_at is not None and self.retry.too_old(written_at):
+                raise CommitStateUnknownError(
+                    f"{self.describe(version)}: not sent again, its files are too old to commit; "
+                    "whether the earlier attempt landed is unknown"
+                )
             try:
                 self.storage.put_if_absent(path, payload, durable=durable)
                 return True
