@@ -189,16 +189,21 @@ def test_an_incremental_run_rewrites_only_superseded_clean_segments(local_store:
     assert result.segments_removed == 2  # clean segment 3, and the dirty one
     after = part.state()
     assert len(clean - {s.path for s in after.segments}) == 1  # nine clean segments untouched
-    got = {k: v for _, k, v in rows(part)}
-    assert got[b"s3-k5"] == b"v1"
-    assert got[b"new-1"] == b"v1"
-    assert len(got) == 202
+    # Read as a list, not a dict by key: a superseded record left beside its successor would
+    # collapse away in a dict.
+    listed = rows(part)
+    assert [k for _, k, _ in listed].count(b"s3-k5") == 1
+    assert len(listed) == len({k for _, k, _ in listed}) == 202
+    assert (200, b"s3-k5", b"v1") in listed  # the latest, at its own offset
+    assert (201, b"new-1", b"v1") in listed
+    assert [o for o, _, _ in listed] == sorted(o for o, _, _ in listed)
     # Only new keys: no clean segment is rewritten at all.
     before = {s.path for s in part.state().segments}
     append(part, [b"new-3"], [b"v2"], now - 10_000)
     third = run_compaction(None, *local_store, verbose=False, now_ms=now).partitions[0]
     assert third.segments_removed == 1  # the dirty segment only
     assert before <= {s.path for s in part.state().segments}
+    assert rows(part) == [*listed, (203, b"new-3", b"v2")]
 
 
 def test_null_keys_are_never_dropped(local_store: Target) -> None:
