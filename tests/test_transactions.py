@@ -90,7 +90,7 @@ def test_the_oldest_open_transaction_holds_the_last_stable_offset(store: kstore.
         with Consumer(
             "out", store=store, auto_offset_reset="earliest", isolation_level="read_committed"
         ) as consumer:
-            got = []
+            got: list[bytes] = []
             idle = 0
             while idle < 3:
                 polled = consumer.poll(timeout_ms=30)
