@@ -412,7 +412,9 @@ def delete_files(store: Store, files: Iterable[FileLike]) -> None:
 
 def delete_uncommitted(store: Store, files: Sequence[FileLike]) -> None:
     """Delete the files that no manifest references (an aborted or replayed batch's files).
-    Each partition's manifest is read first: a file that did get committed stays."""
+    Each partition's manifest is read first: a file that did get committed stays, live or
+    removed since (PROTOCOL.md 12.6): a reader may still need a removed file, which only
+    vacuum deletes (22.5)."""
     by_partition: dict[tuple[str, str, int], list[FileLike]] = {}
     for f in files:
         by_partition.setdefault((f.topic, f.topic_id, f.partition), []).append(f)
@@ -426,8 +428,8 @@ def delete_uncommitted(store: Store, files: Sequence[FileLike]) -> None:
             orphans.extend(group)  # the topic is gone: nothing can reference these files
             continue
         state = store.partition(topic, p, meta).state()
-        live = {s.path for s in state.segments}
-        orphans.extend(f for f in group if f.path not in live)
+        committed = {s.path for s in state.segments} | state.removed.keys()
+        orphans.extend(f for f in group if f.path not in committed)
     delete_files(store, orphans)
 
 

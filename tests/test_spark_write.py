@@ -18,14 +18,17 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from kstore.spark_ext.options import parse_write_options
-from kstore.spark_ext.writer import KStoreStreamWriter
+from kstore.spark_ext.pending import FileRef
+from kstore.spark_ext.writer import KStoreStreamWriter, delete_uncommitted
 
 from kstore.partition import Partition
 from kstore.partitioner import get_partitioner
 from tests.test_spark_support import (
     BACKENDS,
     append,
+    apply_retention,
     open_store,
+    records,
     segment_files,
     source_options,
     topic_rows,
@@ -158,6 +161,23 @@ def test_a_failed_job_leaves_no_records_and_no_files(spark: Any, local_store_url
     assert topic_rows(store, "t") == []
     present, live = segment_files(store, "t")
     assert present == live == set()
+
+
+def test_cleanup_keeps_a_committed_file_that_retention_removed(local_store_url: Any) -> None:
+    """The sink's cleanup deletes only files no commit ever added: a file committed and since
+    removed (by retention here) stays for vacuum, as a reader may still need it (PROTOCOL.md
+    12.6). The sink's commit path, without Spark."""
+    store = open_store(local_store_url)
+    meta = store.create_topic("t", 1)
+    part = store.partition("t", 0)
+    append(store, "t", 0, [b"committed"])
+    (committed,) = (s.path for s in part.state().segments)
+    apply_retention(store, "t", 0, 1)
+    assert committed in part.state().removed
+    orphan = part.write_segment(records([b"never committed"]), durable=False).path
+    delete_uncommitted(store, [FileRef("t", meta.topic_id, 0, p) for p in (committed, orphan)])
+    assert store.storage.exists(f"{part.directory}/{committed}")
+    assert not store.storage.exists(f"{part.directory}/{orphan}")
 
 
 # -- exactly-once -----------------------------------------------------------------------------------
