@@ -189,6 +189,12 @@ class Consumer:
         self._member_id: str | None = None
         self._generation = -1
         self._needs_rejoin = False
+        # The partitions the group state last looked at assigns to this member.
+        self._owned: tuple[GroupState | None, str | None, frozenset[TopicPartition]] = (
+            None,
+            None,
+            frozenset(),
+        )
         self._last_poll = time.monotonic()
         self._last_commit = time.monotonic()
         self._last_group_refresh = 0.0
@@ -465,7 +471,12 @@ class Consumer:
         holder = state.pending_release.get(tp)
         if holder is not None:
             return holder == member_id
-        return tp in state.assignment.get(member_id, ())
+        seen, seen_member, owned = self._owned
+        if seen is not state or seen_member != member_id:
+            # One set per state: a fetch asks about every assigned partition.
+            owned = frozenset(state.assignment.get(member_id, ()))
+            self._owned = (state, member_id, owned)
+        return tp in owned
 
     # -- positions -----------------------------------------------------------------------------
 
