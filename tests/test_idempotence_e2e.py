@@ -16,7 +16,7 @@ from tests.faults import Fault, FaultyStorage
 UNREADABLE_READ_BACKS = 5
 
 
-@pytest.fixture(params=["memory", "local"])
+@pytest.fixture(params=["memory", "local", "seaweed"])
 def target(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     url, options = request.getfixturevalue(f"{request.param}_store")
     return url, options
