@@ -41,6 +41,8 @@ class ConfigSpec:
     default: Any
     parse: Callable[[str, Any], Any]
     doc: str
+    # How a stored value is read, when more leniently than a new value is validated.
+    read: Callable[[str, Any], Any] | None = None
 
 
 def _int(
@@ -70,6 +72,16 @@ def _int(
         return value
 
     return parse
+
+
+def _at_least(floor: int) -> Callable[[str, Any], int]:
+    """Reads a stored integer below ``floor`` (written before the floor existed) as ``floor``."""
+    lenient = _int(0)
+
+    def read(name: str, value: Any) -> int:
+        return max(lenient(name, value), floor)
+
+    return read
 
 
 def _ratio(name: str, value: Any) -> float:
@@ -174,8 +186,10 @@ _SPECS = [
     ConfigSpec(
         "file.delete.delay.ms",
         60_000,
-        _int(0),
-        "grace period between removing a file from the manifest and deleting it",
+        _int(MIN_FILE_DELETE_DELAY_MS),
+        "grace period between removing a file from the manifest and deleting it, by the "
+        f"storage's clock; at least {MIN_FILE_DELETE_DELAY_MS}",
+        _at_least(MIN_FILE_DELETE_DELAY_MS),
     ),
     ConfigSpec(
         "message.timestamp.type",
@@ -232,7 +246,7 @@ def read_config(stored: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = value
             continue
         try:
-            out[name] = spec.parse(name, value)
+            out[name] = (spec.read or spec.parse)(name, value)
         except InvalidConfigurationError:
             continue
     return out

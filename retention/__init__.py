@@ -16,7 +16,6 @@ Python::
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -143,8 +142,9 @@ def vacuum(
         print_summary=False,
     )
     store = open_store(store_url, storage_options)
-    clock = now_ms if now_ms is not None else int(time.time() * 1000)
-    stale = stale_incarnations(store, list(topics) if topics else None, clock, orphan_age_ms)
+    stale = stale_incarnations(
+        store, list(topics) if topics else None, now_ms, orphan_age_ms, dry_run=dry_run
+    )
     if not dry_run:
         for directory in stale:
             store.storage.delete_tree(directory)

@@ -2,19 +2,22 @@
 
 Per partition:
 
+Every age is judged by the storage's clock (PROTOCOL.md 23.1): "now" is the modification time
+of a probe file vacuum writes (on local disk and in memory, this machine's clock; in a dry run,
+which writes nothing, too), never a time another machine wrote into a file.
+
 1. **Removed segments** (``state.removed``, the checkpoint's ``tombstone`` entries) once
-   ``file.delete.delay.ms`` has passed since their ``remove``: until then a reader holding an
-   older manifest version can still read them. After deleting them a ``vacuumed`` commit drops
-   their entries, so checkpoints stop carrying them.
+   ``file.delete.delay.ms`` (at least 10 s) has passed since the storage recorded the commit
+   that removed them: until then a reader holding an older manifest version can still read
+   them. After deleting them a ``vacuumed`` commit drops their entries, so checkpoints stop
+   carrying them.
 2. **Orphans**: files under ``segments/`` that neither the newest state nor its removed
    entries name (a writer crashed or lost an ambiguous commit after writing its segment), and
    ``.tmp-*`` files (local-disk writes cut short), once older than the orphan age. A file's
-   age counts from the later of the time in its name and its storage modification time. The
-   orphan age must exceed the longest time any writer holds a written file before committing
-   it: a producer's ``delivery_timeout_ms`` (120 s by default) and a maintenance job's
-   ``MAX_UNCOMMITTED_MS`` (5 min; a job abandons a commit whose new files are older). The
-   default, 1 hour, leaves room for clock skew between machines; less than 10 minutes is
-   refused.
+   age counts from its storage modification time (or the time in its name, when later: that
+   only keeps a file longer). Writers commit a file within ``MAX_UNCOMMITTED_MS`` (5 min, by
+   their monotonic clock) of starting to write it, or never; the orphan age is at least
+   twice that (10 minutes; default 1 hour).
 3. **Old log versions**: with K the newest checkpoint written more than the log retention ago
    (Delta's ``logRetentionDuration``, 30 days by default), every commit and checkpoint below K.
    K itself and everything after it always stay, so the newest state, and time travel back to
@@ -35,21 +38,24 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
-from kstore.compaction.jobs import PartitionResult, WorkItem, name_time_ms, now_ms
+from kstore.compaction.jobs import PartitionResult, WorkItem, name_time_ms
 
+from kstore.config import MIN_FILE_DELETE_DELAY_MS
+from kstore.config import MIN_ORPHAN_AGE_MS as MIN_ORPHAN_AGE_MS
 from kstore.errors import InvalidConfigurationError
 from kstore.layout import TOPICS, partition_dir, topic_data_dir, topic_log_dir
 from kstore.log import LAST_CHECKPOINT, Action, Log, checkpoint_file, parse_log_file_name
 from kstore.names import validate_topic_name
 from kstore.partition import STALE_STATE_S, PartitionState
-from kstore.storage import FileInfo, Storage
+from kstore.storage import FileInfo, Storage, unique_id
 from kstore.store import Store, TopicState
 
 OPERATION = "vacuum"
 DEFAULT_ORPHAN_AGE_MS = 60 * 60_000
-MIN_ORPHAN_AGE_MS = 10 * 60_000
+_PROBE = ".probe-"
 DEFAULT_LOG_RETENTION_MS = 30 * 24 * 60 * 60_000
 # Writers and readers reload a cached state not confirmed as the newest for STALE_STATE_S, so
 # that they never build on, or poll past, log versions vacuum deleted; keep versions longer.
@@ -74,9 +80,95 @@ def check_ages(orphan_age_ms: int, log_retention_ms: int) -> None:
 
 
 def _age_reference(info: FileInfo) -> int | None:
-    """When a file was written, as late as we can tell; None when unknown."""
-    times = [t for t in (name_time_ms(info.name), info.mtime_ms) if t is not None]
-    return max(times) if times else None
+    """When the storage recorded a file (a later time in its name only keeps it longer); None
+    when the storage reports no time: such a file is never taken for an orphan."""
+    if info.mtime_ms is None:
+        return None
+    named = name_time_ms(info.name)
+    return info.mtime_ms if named is None else max(info.mtime_ms, named)
+
+
+class StorageClock:
+    """The storage's idea of now, read once per directory listing (PROTOCOL.md 23.1).
+
+    On an object store a probe file is written into the directory before it is listed, and
+    its modification time is now; local disk and memory share this machine's clock. A fixed
+    ``now_ms`` (tests) or a dry run (which must not write) uses that instead of a probe."""
+
+    def __init__(self, storage: Storage, directory: str, fixed_ms: int | None, *, dry_run: bool):
+        self.storage = storage
+        self.fixed_ms = fixed_ms
+        self.probe: str | None = None
+        if fixed_ms is None and storage.is_remote and not dry_run:
+            self.probe = f"{_PROBE}{unique_id()}"
+            storage.put(f"{directory}/{self.probe}", b"{}", durable=False)
+        self.directory = directory
+
+    def list(self) -> tuple[int, list[FileInfo]]:
+        """(now, the directory's files other than the probe), and the probe deleted."""
+        listing = self.storage.list_dir(self.directory)
+        now = self.fixed_ms
+        if self.probe is not None:
+            for info in listing:
+                if info.name == self.probe and info.mtime_ms is not None:
+                    now = info.mtime_ms
+            self.storage.delete([f"{self.directory}/{self.probe}"])
+            listing = [info for info in listing if info.name != self.probe]
+        return (int(time.time() * 1000) if now is None else now), listing
+
+
+class RemovalState(PartitionState):
+    """A partition state that also knows which version removed each removed file: the
+    storage's modification time of that commit file is when the removal happened."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # path -> the removing version; None: at or before the checkpoint this was loaded from
+        self.removed_in: dict[str, int | None] = {}
+        self._tombstones = False  # some removed_in entries are still None
+
+    def copy(self) -> RemovalState:
+        clone: RemovalState = super().copy()  # type: ignore[assignment]
+        clone.removed_in = dict(self.removed_in)
+        return clone
+
+    def apply(self, name: str, body: dict[str, Any]) -> None:
+        super().apply(name, body)
+        if self._tombstones and self.version >= 0:
+            # Past the checkpoint: its tombstones were removed at or before its version.
+            self.removed_in = {
+                p: self.version if v is None else v for p, v in self.removed_in.items()
+            }
+            self._tombstones = False
+        if name == "remove":
+            self.removed_in[str(body["path"])] = self.version + 1  # version is set after apply
+        elif name == "tombstone":
+            self.removed_in[str(body["path"])] = None
+            self._tombstones = True
+
+    def removal_version(self, path: str) -> int:
+        """The version whose commit removed ``path`` (or a later one: never an earlier one)."""
+        found = self.removed_in.get(path)
+        return self.version if found is None else found
+
+
+def _removed_at(state: RemovalState, path: str, log_files: list[FileInfo]) -> int | None:
+    """When the storage recorded the commit that removed ``path`` (or a later file, which
+    only keeps it longer); None when unknown (the commit landed after the listing)."""
+    version = state.removal_version(path)
+    times: dict[tuple[int, bool], int | None] = {}
+    oldest: int | None = None
+    for info in log_files:
+        parsed = parse_log_file_name(info.name)
+        if parsed is not None:
+            times[parsed] = info.mtime_ms
+            oldest = parsed[0] if oldest is None else min(oldest, parsed[0])
+    for key in ((version, False), (version, True)):  # the commit, else its checkpoint
+        if times.get(key) is not None:
+            return times[key]
+    if oldest is not None and version < oldest:
+        return 0  # below every kept version: removed before the log retention, long due
+    return None
 
 
 def old_log_files(
@@ -131,22 +223,36 @@ def vacuum_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> P
     """The vacuum job's per-partition function (runs on an executor)."""
     part = item.open(store)
     storage = part.storage
-    now = now_ms(options)
     orphan_age = int(options["orphan_age_ms"])
     check_ages(orphan_age, int(options["log_retention_ms"]))
     segments_dir, log_dir = f"{part.directory}/segments", f"{part.directory}/_log"
+    fixed = options.get("now_ms")
+    clock = StorageClock(
+        storage,
+        segments_dir,
+        None if fixed is None else int(fixed),
+        dry_run=bool(options.get("dry_run")),
+    )
     # List first, then read the state: a file committed meanwhile is then seen as live.
-    segment_files = storage.list_dir(segments_dir)
+    now, segment_files = clock.list()
     log_files = storage.list_dir(log_dir)
-    state = part.state()
+    removals: Log[RemovalState] = Log(
+        storage, log_dir, RemovalState, checkpoint_interval=part.log.checkpoint_interval
+    )
+    state = removals.load()
     result = PartitionResult.starting(item, OPERATION, state)
     if state.version < 0 and not segment_files and not log_files:
         result.reason = "no data"
         return result
-    delay = int(item.config["file.delete.delay.ms"])
+    # A smaller value stored before the floor existed is read as the floor (PROTOCOL.md 17.1).
+    delay = max(int(item.config["file.delete.delay.ms"]), MIN_FILE_DELETE_DELAY_MS)
     by_name = {f.name: f for f in segment_files}
     doomed: dict[str, int] = {}  # path relative to the partition directory -> size
-    expired = sorted(p for p, removed_ms in state.removed.items() if now - removed_ms >= delay)
+    expired = sorted(
+        p
+        for p in state.removed
+        if (at := _removed_at(state, p, log_files)) is not None and now - at >= delay
+    )
     for path in expired:
         info = by_name.get(path.removeprefix("segments/"))
         if info is not None:
@@ -173,7 +279,7 @@ def vacuum_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> P
     for info in old:
         doomed[f"_log/{info.name}"] = info.size
     # Refresh: anything a commit made live since is not ours to delete.
-    newest = part.state()
+    newest = removals.update(state)
     for seg in newest.segments:
         doomed.pop(seg.path, None)
     for path in set(newest.removed) - set(expired):
@@ -220,10 +326,16 @@ def _point_hint_at(storage: Storage, log_dir: str, keep_from: int) -> None:
 
 
 def stale_incarnations(
-    store: Store, topics: list[str] | None, now: int, orphan_age_ms: int
+    store: Store,
+    topics: list[str] | None,
+    now_ms: int | None,
+    orphan_age_ms: int,
+    *,
+    dry_run: bool = False,
 ) -> list[str]:
     """Data directories of topic incarnations other than the current one, under topics whose
-    log has not changed for ``orphan_age_ms`` (so no writer can still be using them)."""
+    log has not changed for ``orphan_age_ms`` (so no writer can still be using them), judged by
+    the storage's clock (``now_ms`` fixes it: tests)."""
     storage = store.storage
     if topics:
         names = list(topics)
@@ -236,11 +348,14 @@ def stale_incarnations(
                 continue  # not a topic directory: never build a path from it
     stale: list[str] = []
     for name in names:
-        entries = storage.list_dir(f"{TOPICS}/{name}")  # first, then the newest topic state
+        # First the listing, then the newest topic state.
+        now, entries = StorageClock(storage, f"{TOPICS}/{name}", now_ms, dry_run=dry_run).list()
         state = Log(storage, topic_log_dir(name), TopicState, checkpoint_interval=20).load()
-        if state.version < 0 or state.last_commit_ms is None:
+        if state.version < 0:
             continue  # no topic log: not ours to judge
-        if now - state.last_commit_ms < orphan_age_ms:
+        # When the storage recorded the topic log's newest file (its last change).
+        changed = [i.mtime_ms for i in storage.list_dir(topic_log_dir(name))]
+        if not changed or None in changed or now - max(t for t in changed if t) < orphan_age_ms:
             continue
         current = None if state.deleted or state.metadata is None else state.metadata.get("id")
         for entry in entries:

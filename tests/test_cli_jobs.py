@@ -152,13 +152,19 @@ def test_merge_reduces_the_segment_count(local_store: Target) -> None:
 def test_vacuum_deletes_files_past_the_grace_period_only(local_store: Target) -> None:
     cli = cli_for(local_store)
     store = open_store(local_store)
-    store.create_topic("now", 1, {**COMPACT, "file.delete.delay.ms": 0})
+    store.create_topic("now", 1, {**COMPACT, "file.delete.delay.ms": 10_000})
     store.create_topic("later", 1, {**COMPACT, "file.delete.delay.ms": DAY})
     for name in ("now", "later"):
         part = store.partition(name, 0)
         append(part, [b"a", b"a"], [b"1", b"2"], now_ms())
         append(part, [b"b", b"b"], [b"3", b"4"], now_ms())
     cli.run("compact", "--no-spark")
+    # The delay counts from when the storage recorded the removing commit: make that a minute
+    # ago for "now", as if the compaction had run then.
+    log_dir = Path(store.storage.full_path(f"{store.partition('now', 0).directory}/_log"))
+    for commit in log_dir.iterdir():
+        stamp = commit.stat().st_mtime - 60
+        os.utime(commit, (stamp, stamp))
     files = {n: segment_files(store, store.partition(n, 0)) for n in ("now", "later")}
     assert all(len(f) == 3 for f in files.values())  # two removed, one new
 

@@ -160,7 +160,7 @@ def test_maintenance_while_two_producers_and_a_consumer_work(
     where: Target = request.getfixturevalue(target)
     url, options = where
     store = open_store(where)
-    common = {"segment.bytes": 30_000, "file.delete.delay.ms": 3_000}
+    common = {"segment.bytes": 30_000, "file.delete.delay.ms": 10_000}  # the smallest allowed
     store.create_topic(
         "live",
         2,

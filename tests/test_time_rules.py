@@ -6,17 +6,27 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
-from kstore.retention import vacuum
+from kstore.compaction import run_compaction
+from kstore.compaction.jobs import WorkItem
+from kstore.retention import MIN_LOG_RETENTION_MS, vacuum, vacuum_partition
+from kstore.retention.vacuum import StorageClock
 
 from kstore import Store
-from kstore.config import MAX_UNCOMMITTED_MS, MIN_ORPHAN_AGE_MS
+from kstore.config import (
+    MAX_UNCOMMITTED_MS,
+    MIN_FILE_DELETE_DELAY_MS,
+    MIN_ORPHAN_AGE_MS,
+    read_config,
+)
 from kstore.errors import InvalidConfigurationError, StaleWriteError
 from kstore.log import RetryPolicy
 from kstore.producer import Producer
 from kstore.storage import Storage
+from tests.test_jobs_support import append
 
 ELEVEN_MINUTES_MS = 11 * 60_000
 
@@ -120,3 +130,95 @@ def test_bounds_above_the_orphan_age_are_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidConfigurationError, match="timeout_s"):
         RetryPolicy(timeout_s=MAX_UNCOMMITTED_MS / 1000)
     assert MAX_UNCOMMITTED_MS < MIN_ORPHAN_AGE_MS
+
+
+# -- removed files: the grace period by the storage's clock -----------------------------------
+
+
+def compact_topic(store: Store, name: str, delay_ms: int) -> None:
+    store.create_topic(
+        name,
+        1,
+        {
+            "cleanup.policy": "compact",
+            "min.cleanable.dirty.ratio": 0.0,
+            "file.delete.delay.ms": delay_ms,
+        },
+    )
+    part = store.partition(name, 0)
+    for values in ([b"1", b"2"], [b"3", b"4"]):
+        append(part, [b"k", b"k"], values, wall_ms() - 600_000)  # written 10 minutes ago
+
+
+def offsets(part: Any, state: Any) -> list[int]:
+    return [o for b in part.read(0, state=state) for o in b.column("offset").to_pylist()]
+
+
+def test_a_remover_whose_clock_is_behind_does_not_shorten_the_grace_period(
+    tmp_path: Path,
+) -> None:
+    url = f"file://{tmp_path}/store"
+    store = Store(url)
+    compact_topic(store, "t", 60_000)
+    part = store.partition("t", 0)
+    reader_state = part.state()  # a reader holding the manifest before compaction
+    # The compaction job's wall clock is 2 minutes behind: it writes deletionTimestamps 2
+    # minutes in the past.
+    run_compaction(None, url, verbose=False, now_ms=wall_ms() - 120_000)
+    assert len(part.state().removed) == 2
+    # A second later by the storage's clock, the removed files are a second old, not 2 min.
+    soon = vacuum(None, url, verbose=False, now_ms=wall_ms() + 1000)
+    assert soon.files_deleted == 0
+    assert offsets(part, reader_state) == [0, 1, 2, 3]
+    later = vacuum(None, url, verbose=False, now_ms=wall_ms() + 61_000)
+    assert later.files_deleted == 2
+    assert not part.state().removed
+
+
+def test_the_delete_delay_has_a_floor(tmp_path: Path) -> None:
+    store = Store(f"file://{tmp_path}/store")
+    for value in (0, MIN_FILE_DELETE_DELAY_MS - 1):
+        with pytest.raises(InvalidConfigurationError, match=r"file\.delete\.delay\.ms.*10000"):
+            store.create_topic("t", 1, {"file.delete.delay.ms": value})
+    store.create_topic("t", 1, {"file.delete.delay.ms": MIN_FILE_DELETE_DELAY_MS})
+    with pytest.raises(InvalidConfigurationError, match=r"file\.delete\.delay\.ms"):
+        store.alter_topic_config("t", {"file.delete.delay.ms": 0})
+    # A value stored before the floor existed still loads, read as the floor.
+    assert read_config({"file.delete.delay.ms": 0}) == {
+        "file.delete.delay.ms": MIN_FILE_DELETE_DELAY_MS
+    }
+
+
+def test_vacuum_clamps_a_smaller_stored_delay_at_use(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/store"
+    store = Store(url)
+    compact_topic(store, "t", MIN_FILE_DELETE_DELAY_MS)
+    run_compaction(None, url, verbose=False)
+    meta = store.topic("t")
+    # As a topic whose stored config says 0 would reach vacuum without the clamp on reading.
+    item = WorkItem("t", meta.topic_id, 0, {**meta.effective_config, "file.delete.delay.ms": 0})
+    options = {
+        "now_ms": wall_ms() + MIN_FILE_DELETE_DELAY_MS // 2,
+        "orphan_age_ms": MIN_ORPHAN_AGE_MS,
+        "log_retention_ms": MIN_LOG_RETENTION_MS,
+    }
+    assert vacuum_partition(store, item, options).files_deleted == 0
+    options["now_ms"] = wall_ms() + MIN_FILE_DELETE_DELAY_MS + 1000
+    assert vacuum_partition(store, item, options).files_deleted == 2
+
+
+@pytest.mark.s3
+def test_on_an_object_store_vacuum_takes_now_from_a_probe_it_deletes(
+    moto_store: tuple[str, dict[str, Any]],
+) -> None:
+    store = Store(*moto_store)
+    store.storage.put("d/file", b"x")
+    now, listing = StorageClock(store.storage, "d", None, dry_run=False).list()
+    assert [i.name for i in listing] == ["file"]  # the probe is not listed as a file
+    assert [i.name for i in store.storage.list_dir("d")] == ["file"]  # and it is gone
+    (written,) = (i.mtime_ms for i in listing)
+    assert written is not None
+    assert now >= written  # the storage's time, after the file's
+    # A dry run writes nothing: this machine's clock.
+    _, listing = StorageClock(store.storage, "d", None, dry_run=True).list()
+    assert [i.name for i in listing] == ["file"]
