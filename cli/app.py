@@ -25,6 +25,7 @@ from kstore.cli.common import (
     OutputOpt,
     RootOptions,
     StoreOpt,
+    WaitNotes,
     begin_invocation,
     human_bytes,
     new_table,
@@ -58,6 +59,10 @@ class KstoreGroup(TyperGroup):
         return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: Any) -> Any:
+        from kstore.storage import set_wait_reporter
+
+        # What a slow storage call waits for goes to stderr: stdout stays the command's output.
+        set_wait_reporter(WaitNotes())
         try:
             return super().invoke(ctx)
         except _PASS_THROUGH:
@@ -71,6 +76,8 @@ class KstoreGroup(TyperGroup):
         except Exception as exc:
             report_error(exc)
             raise typer.Exit(EXIT_FAILURE) from None
+        finally:
+            set_wait_reporter(None)
 
 
 app = typer.Typer(

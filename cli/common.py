@@ -446,6 +446,25 @@ def note(message: str) -> None:
     sys.stderr.flush()
 
 
+class WaitNotes:
+    """Tells people, on stderr, what a storage call has been waiting for more than a second
+    (``waiting for s3://bucket/ks (listing 'topics')...``): at most one line every few
+    seconds, so that a slow store does not flood the terminal."""
+
+    INTERVAL_S = 5.0
+
+    def __init__(self) -> None:
+        self._last = float("-inf")
+
+    def __call__(self, description: str) -> None:
+        import time
+
+        now = time.monotonic()
+        if now - self._last >= self.INTERVAL_S:
+            self._last = now
+            note(f"waiting for {description}...")
+
+
 def ms_to_iso(ms: int | None) -> str:
     if ms is None:
         return "-"

@@ -126,6 +126,11 @@ class StorageError(KStoreError):
     retriable = True
 
 
+class StorageTimeoutError(StorageError):
+    """The storage did not answer a call within its deadline (the storage option
+    ``timeout_ms``). Like any storage failure, a write may or may not have landed."""
+
+
 # --- producers, groups -------------------------------------------------------------------------
 
 

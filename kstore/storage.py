@@ -1,9 +1,15 @@
 """The one storage abstraction everything goes through.
 
 Every backend offers the same small set of operations on paths relative to the store root:
-``read``, ``put`` (overwrite; only for files with unique names or hints), ``put_if_absent``
-(the commit primitive), ``put_new`` (a file under a fresh unique name that nothing references
-yet: segments), ``exists``, ``list_dir``, ``delete`` and ``delete_tree``.
+``read`` (one GET on S3, never a HEAD first), ``read_many`` (absent files left out, any other
+failure raised), ``put`` (overwrite; only for files with unique names or hints),
+``put_if_absent`` (the commit primitive), ``put_new`` (a file under a fresh unique name that
+nothing references yet: segments; "exists" there is the write's own earlier attempt),
+``exists``, ``list_dir``, ``delete`` and ``delete_tree``.
+
+On S3 every call runs on s3fs's event loop under a deadline (the storage options
+``timeout_ms`` and ``attempt_timeout_ms``) and fails with :class:`StorageTimeoutError`
+naming the endpoint when it passes; :meth:`Storage.count_requests` counts the requests sent.
 
 ``put_if_absent`` must be atomic: of two concurrent calls for one path exactly one succeeds and
 the other raises :class:`FileExistsError`, and no reader ever sees a half-written file.
@@ -25,16 +31,25 @@ modification times (leases are judged by them).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import os
 import random
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from kstore.errors import InvalidStoreError, StorageError, UnsafeStorageError
+from kstore.errors import (
+    InvalidStoreError,
+    StorageError,
+    StorageTimeoutError,
+    UnsafeStorageError,
+)
+
+_T = TypeVar("_T")
 
 _LOCAL_PROTOCOLS = ("file", "local")
 _S3_PROTOCOLS = ("s3", "s3a")
@@ -43,6 +58,52 @@ _MEMORY_LOCK = threading.Lock()
 ATOMIC_CREATE_KINDS = ("link", "if-none-match", "lock")
 _LocalWrite = Literal["link", "replace", "new"]
 _SECRET_WORDS = ("secret", "password", "token", "key", "credential", "session")
+
+# Storage options kstore reads itself; they never reach the filesystem (OPERATIONS.md,
+# "Timeouts"). ``timeout_ms``: how long one storage call may wait for the server,
+# its retries included. ``attempt_timeout_ms``: how long one attempt may wait to connect or for
+# the next bytes of an answer before it is given up and retried.
+TIMEOUT_OPTION = "timeout_ms"
+ATTEMPT_TIMEOUT_OPTION = "attempt_timeout_ms"
+DEFAULT_TIMEOUT_MS = 30_000
+DEFAULT_ATTEMPT_TIMEOUT_MS = 10_000
+_MAX_TIMEOUT_MS = 24 * 3600 * 1000
+# A write may take one more second per MiB of body: a large upload on a slow link is not cut
+# off by a deadline meant for a silent server.
+_UPLOAD_BYTES_PER_S = 1 << 20
+# A GET whose body breaks off is sent again, at most this many times in all.
+_GET_ATTEMPTS = 3
+# Concurrent GETs of one read_many.
+_READ_CONCURRENCY = 32
+# Request kinds of the S3 operations kstore sends (what count_requests reports).
+_REQUEST_KINDS = {
+    "GetObject": "GET",
+    "PutObject": "PUT",
+    "CreateMultipartUpload": "PUT",
+    "UploadPart": "PUT",
+    "CompleteMultipartUpload": "PUT",
+    "HeadObject": "HEAD",
+    "HeadBucket": "HEAD",
+    "ListObjectsV2": "LIST",
+    "ListObjects": "LIST",
+    "ListObjectVersions": "LIST",
+    "ListBuckets": "LIST",
+    "DeleteObject": "DELETE",
+    "DeleteObjects": "DELETE",
+}
+
+# Called, once per storage call, when that call has waited longer than ``_WAIT_REPORT_S``
+# (the CLI tells people what it is waiting for). Set with :func:`set_wait_reporter`.
+_wait_reporter: Callable[[str], None] | None = None
+_WAIT_REPORT_S = 1.0
+
+
+def set_wait_reporter(reporter: Callable[[str], None] | None, after_s: float = 1.0) -> None:
+    """Have ``reporter(description)`` called when a call to a remote store has been waiting for
+    more than ``after_s`` seconds, e.g. ``"s3://bucket/ks (listing 'topics')"``. It runs on the
+    storage's I/O thread and must be quick; None turns reporting off."""
+    global _wait_reporter, _WAIT_REPORT_S
+    _wait_reporter, _WAIT_REPORT_S = reporter, after_s
 
 
 # Unique names come from a private generator seeded by the OS rather than from os.urandom: each
@@ -91,6 +152,27 @@ def redact_url(url: str) -> str:
     return f"{scheme}{sep}{authority}{slash}{path}"
 
 
+def _timeout_option(options: Mapping[str, Any], name: str, default: int) -> int:
+    """A timeout option in milliseconds: an integer (or a string of digits, as Spark and the
+    environment give them) from 1 to one day."""
+    value = options.get(name, default)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidStoreError(
+            f"storage option {name!r} must be a whole number of milliseconds, got {value!r}"
+        )
+    if not 1 <= value <= _MAX_TIMEOUT_MS:
+        raise InvalidStoreError(
+            f"storage option {name!r} must be from 1 to {_MAX_TIMEOUT_MS} ms, got {value}"
+        )
+    return value
+
+
+class _NoAnswerError(Exception):
+    """A deadline passed while waiting for the server (raised on the I/O loop)."""
+
+
 class Storage:
     """A store root on some filesystem. Picklable: Spark ships it to executors."""
 
@@ -112,6 +194,12 @@ class Storage:
         self.url = f"{scheme}{sep}{rest.rstrip('/')}" if sep else (url.rstrip("/") or url)
         self.storage_options: dict[str, Any] = dict(storage_options or {})
         self.allow_unsafe_writes = allow_unsafe_writes
+        timeout_ms = _timeout_option(self.storage_options, TIMEOUT_OPTION, DEFAULT_TIMEOUT_MS)
+        attempt_ms = _timeout_option(
+            self.storage_options, ATTEMPT_TIMEOUT_OPTION, DEFAULT_ATTEMPT_TIMEOUT_MS
+        )
+        self.timeout_s = timeout_ms / 1000
+        self.attempt_timeout_s = min(attempt_ms, timeout_ms) / 1000
         protocol, _, rest = self.url.partition("://")
         if not _:
             protocol, rest = "file", self.url  # a bare path means the local disk
@@ -204,18 +292,34 @@ class Storage:
             )
 
     @property
+    def is_s3(self) -> bool:
+        """S3 through s3fs: calls run on its event loop under kstore's deadlines."""
+        return self.protocol in _S3_PROTOCOLS
+
+    @property
     def fs(self) -> Any:
         if self._fs is None and self._fs_cls is None:  # the local disk, reached through fsspec
             import fsspec
 
             self._fs_cls = fsspec.get_filesystem_class("file")
         if self._fs is None:
-            options = dict(self.storage_options)
-            if self.protocol in _S3_PROTOCOLS:
+            options = {
+                k: v
+                for k, v in self.storage_options.items()
+                if k not in (TIMEOUT_OPTION, ATTEMPT_TIMEOUT_OPTION)
+            }
+            if self.is_s3:
                 # No listings cache: s3fs answers reads and existence checks of files in a
                 # directory it once listed from that listing, so a tailing reader would never
                 # see the next log version another process commits.
                 options.setdefault("use_listings_cache", False)
+                # Each attempt gives up on a silent server after attempt_timeout_ms (botocore's
+                # connect and read timeouts); the deadline of the whole call is kstore's.
+                config = dict(options.get("config_kwargs") or {})
+                config.setdefault("connect_timeout", self.attempt_timeout_s)
+                config.setdefault("read_timeout", self.attempt_timeout_s)
+                config.setdefault("retries", {"max_attempts": 3, "mode": "standard"})
+                options["config_kwargs"] = config
             try:
                 self._fs = self._fs_cls(**options)
             except TypeError as exc:
@@ -225,6 +329,141 @@ class Storage:
                 ) from None
         return self._fs
 
+    @property
+    def endpoint(self) -> str:
+        """Where requests go, for messages: the endpoint URL (credentials removed), or the
+        protocol's default service."""
+        if not self.is_remote:
+            return self.display_url
+        kwargs = self.storage_options.get("client_kwargs")
+        endpoint = self.storage_options.get("endpoint_url")
+        if isinstance(kwargs, Mapping):
+            endpoint = kwargs.get("endpoint_url", endpoint)
+        if isinstance(endpoint, str) and endpoint:
+            return redact_url(endpoint)
+        return "AWS S3" if self.is_s3 else self.protocol
+
+    # -- S3 calls: on s3fs's event loop, each bounded by the deadline -----------------------
+
+    def _s3_call(
+        self,
+        what: str,
+        rel: str,
+        make: Callable[[], Awaitable[_T]],
+        *,
+        deadline_s: float | None = None,
+        own_deadline: bool = False,
+    ) -> _T:
+        """Run ``make()`` on the filesystem's event loop. The whole call must end within
+        ``deadline_s`` (the storage's deadline by default), unless ``own_deadline``: then
+        ``make`` bounds its own waits (reads, :meth:`_s3_get`) and raises :class:`_NoAnswerError`. A call waiting longer than a second is
+        reported (:func:`set_wait_reporter`)."""
+        from fsspec.asyn import sync
+
+        fs = self.fs
+        limit = self.timeout_s if deadline_s is None else deadline_s
+        description = f"{what} {rel!r}" if rel else what
+
+        async def run() -> _T:
+            import asyncio  # loaded by fsspec already; not at start-up for local stores
+
+            loop = asyncio.get_running_loop()
+            reporter = _wait_reporter
+            report = (
+                loop.call_later(_WAIT_REPORT_S, reporter, f"{self.display_url} ({description})")
+                if reporter is not None
+                else None
+            )
+            try:
+                if own_deadline:
+                    return await make()
+                try:
+                    async with asyncio.timeout(limit) as scope:
+                        return await make()
+                except TimeoutError:
+                    if scope.expired():
+                        raise _NoAnswerError from None
+                    raise
+            finally:
+                if report is not None:
+                    report.cancel()
+
+        try:
+            result: _T = sync(fs.loop, run)
+        except _NoAnswerError:
+            raise StorageTimeoutError(
+                f"{description} in {self.display_url}: no answer from {self.endpoint} within "
+                f"{limit:g} s (storage option {TIMEOUT_OPTION} sets this deadline)"
+            ) from None
+        return result
+
+    async def _s3_get(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        """One GET of a whole object, or of bytes [start, end): never a HEAD first (s3fs's
+        ``cat_file`` sends one whenever its ``max_concurrency`` is above 1). Waiting for the
+        answer (its retries included) is bounded by the deadline; the body then streams for as
+        long as it keeps moving (each read is bounded by the attempt timeout), and a body that
+        breaks off is fetched again, at most ``_GET_ATTEMPTS`` times in all."""
+        import asyncio
+
+        fs = self.fs
+        bucket, key, version = fs.split_path(path)
+        extra: dict[str, Any] = {}
+        if start is not None and end is not None:
+            extra["Range"] = f"bytes={start}-{end - 1}"
+        if version:
+            extra["VersionId"] = version
+        waited = 0.0
+        for attempt in range(_GET_ATTEMPTS):
+            began = time.monotonic()
+            try:
+                async with asyncio.timeout(max(self.timeout_s - waited, 0.001)) as scope:
+                    response = await fs._call_s3("get_object", Bucket=bucket, Key=key, **extra)
+            except TimeoutError:
+                if scope.expired():
+                    raise _NoAnswerError from None
+                raise
+            waited += time.monotonic() - began
+            body = response["Body"]
+            try:
+                data: bytes = await body.read()
+                return data
+            except Exception:
+                if attempt + 1 == _GET_ATTEMPTS:
+                    raise
+            finally:
+                body.close()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def s3_client(self) -> Any:
+        """The botocore client s3fs uses (for hooks on its events); S3 stores only."""
+        if not self.is_s3:
+            raise InvalidStoreError(f"store {self.display_url!r} is not on S3")
+        from fsspec.asyn import sync
+
+        fs = self.fs
+        return sync(fs.loop, fs.set_session)
+
+    @contextlib.contextmanager
+    def count_requests(self) -> Iterator[collections.Counter[str]]:
+        """Count the requests sent to S3 while the block runs, by kind (``GET``, ``PUT``,
+        ``HEAD``, ``LIST``, ``DELETE``; other operations by their name), every HTTP attempt
+        included. The count covers the filesystem instance, which every Storage with the same
+        options shares (fsspec caches instances), so run nothing else against it meanwhile."""
+        counts: collections.Counter[str] = collections.Counter()
+        lock = threading.Lock()
+
+        def count(event_name: str, **_: Any) -> None:
+            operation = event_name.rsplit(".", 1)[-1]
+            with lock:
+                counts[_REQUEST_KINDS.get(operation, operation)] += 1
+
+        events = self.s3_client().meta.events
+        events.register("before-send.s3", count)
+        try:
+            yield counts
+        finally:
+            events.unregister("before-send.s3", count)
+
     def full_path(self, rel: str) -> str:
         if self.is_local:
             return os.path.join(self.root, *rel.split("/")) if rel else self.root
@@ -233,20 +472,23 @@ class Storage:
     # -- reads -------------------------------------------------------------------------------
 
     def read(self, rel: str) -> bytes:
-        """The whole file. Raises FileNotFoundError when absent."""
+        """The whole file. Raises FileNotFoundError when absent; any other failure is a
+        :class:`StorageError` naming the path."""
         path = self.full_path(rel)
-        if self.is_local:
-            with open(path, "rb") as f:
-                return f.read()
         try:
+            if self.is_local:
+                with open(path, "rb") as f:
+                    return f.read()
+            if self.is_s3:
+                return self._s3_call("reading", rel, lambda: self._s3_get(path), own_deadline=True)
             data: bytes = self.fs.cat_file(path)
-        except FileNotFoundError:
+            return data
+        except (FileNotFoundError, StorageError):
             raise
         except Exception as exc:
             raise StorageError(
-                f"reading {rel!r} from {redact_url(self.url)!r} failed: {exc}"
+                f"reading {rel!r} from {self.display_url!r} failed: {_reason(exc)}"
             ) from exc
-        return data
 
     def read_if_exists(self, rel: str) -> bytes | None:
         try:
@@ -255,8 +497,9 @@ class Storage:
             return None
 
     def read_many(self, rels: list[str]) -> dict[str, bytes]:
-        """Several whole files at once (concurrently on an object store); absent ones are
-        left out of the result."""
+        """Several whole files at once (concurrently on an object store). Absent files
+        (FileNotFoundError) are left out of the result; any other failure raises
+        :class:`StorageError` naming the path: a file that could not be read is not absent."""
         if len(rels) == 1 or not self.is_remote:
             out = {}
             for rel in rels:
@@ -264,23 +507,80 @@ class Storage:
                 if data is not None:
                     out[rel] = data
             return out
+        if not rels:
+            return {}
+        if self.is_s3:
+            return self._s3_call(
+                f"reading {len(rels)} files",
+                "",
+                lambda: self._s3_read_many(rels),
+                own_deadline=True,
+            )
         paths = {self.full_path(rel): rel for rel in rels}
         try:
-            found = self.fs.cat(list(paths), on_error="omit")
+            found = self.fs.cat(list(paths), on_error="return")
         except Exception as exc:
             raise StorageError(
-                f"reading {len(rels)} files from {redact_url(self.url)!r} failed: {exc}"
+                f"reading {len(rels)} files from {self.display_url!r} failed: {_reason(exc)}"
             ) from exc
-        return {paths[p]: data for p, data in found.items() if p in paths}
+        out = {}
+        for path, rel in paths.items():
+            if path not in found:  # a filesystem that left it out: ask for it alone
+                data = self.read_if_exists(rel)
+                if data is not None:
+                    out[rel] = data
+                continue
+            data = found[path]
+            if isinstance(data, FileNotFoundError):
+                continue
+            if isinstance(data, BaseException):
+                raise StorageError(
+                    f"reading {rel!r} from {self.display_url!r} failed: {_reason(data)}"
+                ) from data
+            out[rel] = data
+        return out
+
+    async def _s3_read_many(self, rels: list[str]) -> dict[str, bytes]:
+        """GETs of several objects, ``_READ_CONCURRENCY`` at a time; the first failure other
+        than an absent object cancels the rest and is raised."""
+        import asyncio
+
+        gate = asyncio.Semaphore(_READ_CONCURRENCY)
+        out: dict[str, bytes] = {}
+
+        async def one(rel: str) -> None:
+            async with gate:
+                try:
+                    out[rel] = await self._s3_get(self.full_path(rel))
+                except FileNotFoundError:
+                    pass
+                except _NoAnswerError:
+                    raise
+                except Exception as exc:
+                    raise StorageError(
+                        f"reading {rel!r} from {self.display_url!r} failed: {_reason(exc)}"
+                    ) from exc
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for rel in rels:
+                    group.create_task(one(rel))
+        except BaseExceptionGroup as failures:
+            raise failures.exceptions[0] from None
+        return out
 
     def exists(self, rel: str) -> bool:
         path = self.full_path(rel)
         if self.is_local:
             return os.path.exists(path)
         try:
+            if self.is_s3:
+                return bool(self._s3_call("checking", rel, lambda: self.fs._exists(path)))
             return bool(self.fs.exists(path))
+        except StorageError:
+            raise
         except Exception as exc:
-            raise StorageError(f"checking {rel!r} failed: {exc}") from exc
+            raise StorageError(f"checking {rel!r} failed: {_reason(exc)}") from exc
 
     def list_dir(self, rel: str) -> list[FileInfo]:
         """Direct children of a directory (files and sub-directories); [] if it is absent."""
@@ -300,11 +600,18 @@ class Storage:
             return out
         try:
             self.fs.invalidate_cache(path)
-            items = self.fs.ls(path, detail=True)
+            if self.is_s3:
+                items = self._s3_call(
+                    "listing", rel, lambda: self.fs._ls(path, detail=True, refresh=True)
+                )
+            else:
+                items = self.fs.ls(path, detail=True)
         except FileNotFoundError:
             return []
+        except StorageError:
+            raise
         except Exception as exc:
-            raise StorageError(f"listing {rel!r} failed: {exc}") from exc
+            raise StorageError(f"listing {rel!r} failed: {_reason(exc)}") from exc
         out = []
         for item in items:
             name = str(item["name"]).rstrip("/").rsplit("/", 1)[-1]
@@ -327,15 +634,24 @@ class Storage:
             )
         if self.is_local:
             self._local_put(rel, data, durable=durable, how="link")
-        elif self.protocol in _S3_PROTOCOLS or self.declared_atomic_create is not None:
+        elif self.is_s3 or self.declared_atomic_create is not None:
+            path = self.full_path(rel)
             try:
-                self.fs.pipe_file(self.full_path(rel), data, mode="create")
-            except FileExistsError:
+                if self.is_s3:
+                    self._s3_call(
+                        "writing",
+                        rel,
+                        lambda: self.fs._pipe_file(path, data, mode="create"),
+                        deadline_s=self._write_deadline(len(data)),
+                    )
+                else:
+                    self.fs.pipe_file(path, data, mode="create")
+            except (FileExistsError, StorageError):
                 raise
             except Exception as exc:
                 if _is_precondition_failed(exc):
                     raise FileExistsError(errno.EEXIST, "exists", rel) from exc
-                raise StorageError(f"conditional write of {rel!r} failed: {exc}") from exc
+                raise StorageError(f"conditional write of {rel!r} failed: {_reason(exc)}") from exc
         elif self.protocol == "memory":
             path = self.full_path(rel)
             with _MEMORY_LOCK:
@@ -356,12 +672,35 @@ class Storage:
         link: two system calls fewer per segment. An interrupted write leaves a partial file
         under its final name, which is an orphan like any segment never committed (PROTOCOL
         12.6). Elsewhere it is :meth:`put_if_absent`.
+
+        The name is this write's alone, so "already exists" can only be this write's own
+        earlier attempt (a client library that sent the PUT again after its answer was lost
+        gets 412): the file is read back, and if it holds ``data`` the write has succeeded.
+        Any other content there is a :class:`StorageError` (PROTOCOL 12.2).
         """
-        if not self.is_local:
-            self.put_if_absent(rel, data, durable=durable)
-            return
-        self.check_writable()
-        self._local_put(rel, data, durable=durable, how="new")
+        try:
+            if self.is_local:
+                self.check_writable()
+                self._local_put(rel, data, durable=durable, how="new")
+            else:
+                self.put_if_absent(rel, data, durable=durable)
+        except FileExistsError:
+            self._check_own_write(rel, data)
+
+    def _check_own_write(self, rel: str, data: bytes | memoryview) -> None:
+        """``rel`` was reported as existing after a write of ``data`` to it: succeed if it
+        holds exactly ``data``."""
+        try:
+            found = self.read(rel)
+        except FileNotFoundError:
+            raise StorageError(
+                f"writing {rel!r}: the storage reported it as existing, but it cannot be read"
+            ) from None
+        if found != data:
+            raise StorageError(
+                f"writing {rel!r}: a file of that unique name already exists with other "
+                f"content ({len(found)} bytes, {len(data)} written)"
+            )
 
     def put(self, rel: str, data: bytes, *, durable: bool = True) -> None:
         """Write ``rel`` whole, replacing any previous file. Readers see old or new, never half."""
@@ -369,10 +708,24 @@ class Storage:
         if self.is_local:
             self._local_put(rel, data, durable=durable, how="replace")
             return
+        path = self.full_path(rel)
         try:
-            self.fs.pipe_file(self.full_path(rel), data)
+            if self.is_s3:
+                self._s3_call(
+                    "writing",
+                    rel,
+                    lambda: self.fs._pipe_file(path, data),
+                    deadline_s=self._write_deadline(len(data)),
+                )
+            else:
+                self.fs.pipe_file(path, data)
+        except StorageError:
+            raise
         except Exception as exc:
-            raise StorageError(f"writing {rel!r} failed: {exc}") from exc
+            raise StorageError(f"writing {rel!r} failed: {_reason(exc)}") from exc
+
+    def _write_deadline(self, size: int) -> float:
+        return self.timeout_s + size / _UPLOAD_BYTES_PER_S
 
     def delete(self, rels: Iterable[str]) -> None:
         """Delete files; files already gone are not an error."""
@@ -387,11 +740,16 @@ class Storage:
             return
         for path in paths:
             try:
-                self.fs.rm_file(path)
+                if self.is_s3:
+                    self._s3_call("deleting", path, _bind(self.fs._rm_file, path))
+                else:
+                    self.fs.rm_file(path)
             except FileNotFoundError:
                 pass
+            except StorageError:
+                raise
             except Exception as exc:
-                raise StorageError(f"deleting {path!r} failed: {exc}") from exc
+                raise StorageError(f"deleting {path!r} failed: {_reason(exc)}") from exc
 
     def delete_tree(self, rel: str) -> None:
         """Delete a directory and everything below it; absent is not an error."""
@@ -406,18 +764,26 @@ class Storage:
             return
         try:
             self.fs.invalidate_cache(path)
-            if self.fs.exists(path):
-                s3 = self.protocol in _S3_PROTOCOLS
-                files = self.fs.find(path) if s3 else []
+            if self.is_s3:
+                self._s3_call("deleting", rel, lambda: self._s3_delete_tree(path))
+            elif self.fs.exists(path):
                 self.fs.rm(path, recursive=True)
-                if s3:
-                    self._remove_directory_entries(path, files)
         except FileNotFoundError:
             pass
+        except StorageError:
+            raise
         except Exception as exc:
-            raise StorageError(f"deleting {rel!r} failed: {exc}") from exc
+            raise StorageError(f"deleting {rel!r} failed: {_reason(exc)}") from exc
 
-    def _remove_directory_entries(self, path: str, files: list[str]) -> None:
+    async def _s3_delete_tree(self, path: str) -> None:
+        fs = self.fs
+        if not await fs._exists(path):
+            return
+        files = await fs._find(path)
+        await fs._rm(path, recursive=True)
+        await self._remove_directory_entries(path, files)
+
+    async def _remove_directory_entries(self, path: str, files: list[str]) -> None:
         """SeaweedFS keeps a directory entry after the last file below it is deleted (listings
         still show it and ``exists`` stays true); deleting the key ``<dir>/`` removes it. On
         plain S3 no such keys exist and each DELETE is a no-op."""
@@ -430,7 +796,7 @@ class Storage:
         for directory in sorted(dirs, key=len, reverse=True):  # children before parents
             bucket, key, _ = self.fs.split_path(directory)
             if key:
-                self.fs.call_s3("delete_object", Bucket=bucket, Key=key + "/")
+                await self.fs._call_s3("delete_object", Bucket=bucket, Key=key + "/")
         self.fs.invalidate_cache(path)
 
     # -- local disk ----------------------------------------------------------------------------
@@ -478,7 +844,7 @@ class Storage:
                     os.unlink(tmp)
             if isinstance(exc, FileExistsError):
                 raise
-            raise StorageError(f"writing {rel!r} failed: {exc}") from exc
+            raise StorageError(f"writing {rel!r} failed: {_reason(exc)}") from exc
         if durable:
             _fsync_dir(directory)
 
@@ -517,6 +883,22 @@ def _is_precondition_failed(exc: BaseException) -> bool:
         meta = response.get("ResponseMetadata") or {}
         return bool(error.get("Code") == "PreconditionFailed" or meta.get("HTTPStatusCode") == 412)
     return False
+
+
+def _reason(exc: BaseException) -> str:
+    """An error's text, led by the S3 error code when there is one (s3fs's translated errors
+    keep only the message: "SignatureDoesNotMatch" says more than its sentence)."""
+    text = str(exc) or type(exc).__name__
+    response = getattr(exc.__cause__, "response", None) or getattr(exc, "response", None)
+    if isinstance(response, Mapping):
+        code = (response.get("Error") or {}).get("Code")
+        if isinstance(code, str) and code and code not in text:
+            return f"{code}: {text}"
+    return text
+
+
+def _bind(func: Callable[[str], Awaitable[Any]], arg: str) -> Callable[[], Awaitable[Any]]:
+    return lambda: func(arg)
 
 
 def _fsync_dir(directory: str) -> None:
