@@ -308,6 +308,58 @@ def test_a_client_refused_a_corrupt_or_missing_file() -> None:
     assert check(events).ok
 
 
+def tombstone_history(*, dropped: bool, keep_old: bool) -> list[Event]:
+    """The good compacted history, then a:4, a tombstone of k0 at offset 4 (the latest of k0);
+    compaction removed a:0 and a:2, the earlier records of k0, unless ``keep_old``; and the
+    tombstone itself when ``dropped``."""
+    events = good_history(compacted=True)
+    events = [e for e in events if e["ev"] != "bounds"] + [bounds(0, 0, 5)]
+    events += [{**send("a", 4, key="k0"), "tombstone": True}, ack("a", 4, 0, 4)]
+    events.append({**read("a:4", 0, 4, final=True), "tombstone": True})
+    removed = {"a:0", "a:2"} if not keep_old else set()
+    if dropped:
+        removed.add("a:4")
+    return [e for e in events if not (e.get("final") and e["value"] in removed)]
+
+
+def test_a_tombstone_removed_with_the_records_of_its_key_is_no_loss() -> None:
+    assert check(tombstone_history(dropped=False, keep_old=False)).ok
+    assert check(tombstone_history(dropped=True, keep_old=False)).ok
+
+
+def test_a_tombstone_removed_while_an_older_record_of_its_key_stays() -> None:
+    events = tombstone_history(dropped=True, keep_old=True)
+    assert kinds_of(events) == {"tombstone-resurrected"}
+    # While the tombstone is there, the older records may still be (not yet cleaned).
+    assert check(tombstone_history(dropped=False, keep_old=True)).ok
+
+
+def test_a_record_that_is_not_a_tombstone_is_still_the_latest_to_keep() -> None:
+    events = tombstone_history(dropped=True, keep_old=False)
+    events = [{**e, "tombstone": False} if e.get("value") == "a:4" else e for e in events]
+    assert "compaction-lost-latest" in kinds_of(events)
+
+
+def copy_history(*, copied: list[str], caught_up: bool) -> list[Event]:
+    events = good_history()
+    events.append(ev("topic", topic="c", compacted=False, derived=True))
+    for i, vid in enumerate(copied):
+        events.append({**read(vid, 0, i, final=True), "topic": "c"})
+    events.append(bounds(0, 0, len(copied)) | {"topic": "c"})
+    if caught_up:
+        events.append(ev("copy_complete", source="t", target="c"))
+    return events
+
+
+def test_a_copy_that_caught_up_must_hold_every_source_record() -> None:
+    assert check(copy_history(copied=["a:0", "a:1", "a:2", "a:3"], caught_up=True)).ok
+    events = copy_history(copied=["a:0", "a:1", "a:3"], caught_up=True)
+    assert kinds_of(events) == {"copy-incomplete"}
+    assert "a:2" in check(events).report()
+    # A copy that was stopped before catching up is only checked for duplicates.
+    assert check(copy_history(copied=["a:0", "a:1"], caught_up=False)).ok
+
+
 def test_every_kind_is_covered_by_a_test_here() -> None:
     source = Path(__file__).read_text()
     for kind in ANOMALY_KINDS:

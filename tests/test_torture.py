@@ -1,7 +1,11 @@
 """Test-sized torture runs (tests/reliability/torture.py): producers (threads and processes,
-idempotent and transactional), a consumer group, compaction, merging, retention and vacuum,
-a Spark streaming copy, injected storage faults, kill -9, SIGSTOP and injected crashes, and (on
-SeaweedFS) a storage restart, all at once; then the history checker must find 0 anomalies.
+idempotent and transactional, tombstones among their records), a consumer group, compaction,
+merging, retention and vacuum, a Spark streaming copy (checked for completeness after it caught
+up), injected storage faults, kill -9, SIGSTOP and injected crashes, and (on SeaweedFS) a
+storage restart, all at once; then the history checker must find 0 anomalies. Smoke versions
+of the other modes: long pauses of clients and jobs (some producers stop themselves between a
+segment write and its commit), per-process clock skews of minutes both ways, and a machine
+crash on local disk that drops every unsynced write.
 
 Each run picks a new seed unless ``KSTORE_TORTURE_SEED`` is set, prints it, and names it in the
 failure message; replay with ``KSTORE_TORTURE_SEED=<seed> pytest tests/test_torture.py`` or
@@ -52,6 +56,29 @@ def test_torture_on_local_disk(tmp_path: Path, capsys: pytest.CaptureFixture[str
     stats, result = run_torture(config)
     _assert_clean(stats, result, min_acks=400)
     assert stats.copy_records > 0  # the Spark copy ran (and was checked for duplicates)
+    assert stats.copy_caught_up  # and for completeness
+
+
+def test_torture_with_pauses_clock_skew_and_a_machine_crash(tmp_path: Path) -> None:
+    """Short pauses here (the orphan age is 10 minutes at least: the long runs pause past it),
+    skews of up to 3 minutes either way, and the machine crashed at the end: every record
+    acknowledged at acks=all must be in the final scan of what the crash left."""
+    config = TortureConfig(
+        url=(tmp_path / "store").as_uri(),
+        storage_options={},
+        workdir=str(tmp_path / "work"),
+        duration_s=35.0,
+        seed=SEED,
+        backend="local",
+        skew_s=180.0,
+        long_pause_s=6.0,
+        machine_crash=True,
+    )
+    stats, result = run_torture(config)
+    _assert_clean(stats, result, min_acks=400)
+    assert stats.long_pauses > 0
+    assert max(stats.skews) > 0 > min(stats.skews)
+    assert stats.machine_crash["files"] > 0
 
 
 @pytest.mark.s3
@@ -69,6 +96,8 @@ def test_torture_on_seaweedfs_with_a_restart(tmp_path: Path) -> None:
             seed=SEED,
             backend="seaweed",
             restart_storage=server.restart,
+            skew_s=180.0,
+            long_pause_s=6.0,
         )
         stats, result = run_torture(config)
     finally:

@@ -17,6 +17,10 @@ and can crash the process (``os._exit``) at a named point of the commit protocol
   file is left behind, as a process dying inside ``write`` would leave it);
 - ``before-commit``: a log version is about to be written.
 
+A crash rule with ``"action": "stop"`` pauses the process there instead (it sends itself
+SIGSTOP and carries on once someone sends SIGCONT): a writer paused between its segment write
+and its commit, for as long as the test wants. Such pauses are counted as ``pause:<point>``.
+
 A ``Storage`` runs over it with the target's put-if-absent semantics through the hook of
 ``kstore/storage.py``: the instance's ``kstore_atomic_create`` names the kind it forwards to
 (``if-none-match`` for S3, ``link`` for the local disk, ``lock`` for memory), and its
@@ -42,6 +46,7 @@ import json
 import os
 import random
 import re
+import signal
 import threading
 import time
 import uuid
@@ -98,12 +103,17 @@ class Crash:
     p: float = 0.0  # probability at each passage of the point
     at: int | None = None  # or: crash at exactly this passage (1-based)
     path: str = ""
+    # "exit": os._exit (a crash); "stop": the process SIGSTOPs itself there (a pause, until
+    # someone sends SIGCONT), then carries on.
+    action: str = "exit"
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> Crash:
         crash = cls(**dict(spec))
         if crash.point not in CRASH_POINTS:
             raise ValueError(f"unknown crash point {crash.point!r}; known: {CRASH_POINTS}")
+        if crash.action not in ("exit", "stop"):
+            raise ValueError(f"unknown crash action {crash.action!r}; known: exit, stop")
         return crash
 
 
@@ -194,7 +204,8 @@ class FaultFileSystem(AbstractFileSystem):  # type: ignore[misc]
         self.rng = random.Random(seed)
         self.events_path = events_path
         self.injected: dict[str, int] = {}
-        self._passages: dict[str, int] = {}
+        self._passages: dict[tuple[str, str], int] = {}
+        self._durable_dirs: set[str] = set()
         self._lock = threading.Lock()
         self.enabled = True
 
@@ -230,18 +241,28 @@ class FaultFileSystem(AbstractFileSystem):  # type: ignore[misc]
         return None
 
     def _crash_point(self, point: str, path: str) -> bool:
+        """True when the process must crash here; a ``stop`` rule pauses it here instead."""
         if not self.enabled:
             return False
+        stop = False
         with self._lock:
             for crash in self.crashes:
                 if crash.point != point or (crash.path and not re.search(crash.path, path)):
                     continue
-                n = self._passages[point] = self._passages.get(point, 0) + 1
+                n = self._passages[(point, crash.action)] = (
+                    self._passages.get((point, crash.action), 0) + 1
+                )
                 if (crash.at is not None and n == crash.at) or (
                     crash.at is None and self.rng.random() < crash.p
                 ):
+                    if crash.action == "stop":
+                        self._record(f"pause:{point}", "create", path)
+                        stop = True
+                        break
                     self._record(f"crash:{point}", "create", path)
                     return True
+        if stop:  # outside the lock: other threads of the process carry on until it lands
+            os.kill(os.getpid(), signal.SIGSTOP)
         return False
 
     def _die(self) -> None:
@@ -311,32 +332,44 @@ class FaultFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def _write(self, target: str, data: bytes, *, create: bool) -> None:
         if not create:
             if self.target_protocol == "file":  # readers see the old or the new file, never half
-                directory = os.path.dirname(target)
-                os.makedirs(directory, exist_ok=True)
+                directory = self._durable_dir(target)
                 tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
-                with open(tmp, "wb") as f:
-                    f.write(data)
+                _write_synced(tmp, data)
                 os.replace(tmp, target)
+                _fsync_dir(directory)
             else:
                 self.target.pipe_file(target, data)
             return
         if self.target_protocol == "s3":
             self.target.pipe_file(target, data, mode="create")
         elif self.target_protocol == "file":
-            directory = os.path.dirname(target)
-            os.makedirs(directory, exist_ok=True)
+            directory = self._durable_dir(target)
             tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
-            with open(tmp, "wb") as f:
-                f.write(data)
+            _write_synced(tmp, data)
             try:
                 os.link(tmp, target)  # atomic; EEXIST when another writer won
             finally:
                 os.unlink(tmp)
+            _fsync_dir(directory)
         else:
             with _MEMORY_LOCK:
                 if self.target.exists(target):
                     raise FileExistsError(errno.EEXIST, "exists", target)
                 self.target.pipe_file(target, data)
+
+    def _durable_dir(self, target: str) -> str:
+        """The directory of ``target``, created if missing, every level of it durable: local
+        writes are as durable as kstore's own (fsync of the file and of each directory), so a
+        simulated machine crash (tests/reliability/machine.py) loses nothing they wrote."""
+        directory = os.path.dirname(target)
+        if directory not in self._durable_dirs:
+            os.makedirs(directory, exist_ok=True)
+            level = directory
+            while level not in self._durable_dirs and os.path.dirname(level) != level:
+                _fsync_dir(os.path.dirname(level))
+                self._durable_dirs.add(level)
+                level = os.path.dirname(level)
+        return directory
 
     def rm_file(self, path: str) -> None:
         target = self._t(path)
@@ -399,6 +432,21 @@ class FaultFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def counts(self) -> dict[str, int]:
         return dict(self.injected)
+
+
+def _write_synced(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def fault_counts(events: Iterable[Mapping[str, Any]]) -> dict[str, int]:

@@ -35,7 +35,16 @@ fenced-commit          a group log holds an offset commit its member was not all
 zombie-commit-accepted a member known to be expelled was told its offset commit succeeded (7)
 corruption-seen        a client or job was refused a file as corrupt or missing (a half-written
                        commit or segment, or a file deleted under a reader) (3, 6)
+tombstone-resurrected  in a compacted topic, a key's latest record is a tombstone that
+                       compaction removed, yet an earlier record of the key is still there (5)
+copy-incomplete        a copy that was let catch up (a ``copy_complete`` event) lacks a record
+                       its source topic holds in the final scan
 =====================  ======================================================================
+
+A tombstone (``send`` with ``tombstone`` set; a null value) carries its value id in a header;
+readers record that id as the ``value`` of the read, with ``tombstone`` set. A compacted topic
+may drop a tombstone that is the latest record of its key (after ``delete.retention.ms``),
+so its absence is no loss, but then no earlier record of the key may remain.
 
 Clients record their errors (``error`` events, ``"<ErrorType>: <message>"``); those that are
 expected under injected faults (``StorageError``, conflicts, fencing, commit failures) are not
@@ -56,6 +65,10 @@ from typing import Any
 
 Event = dict[str, Any]
 TP = tuple[str, int]
+# Event times come from the real wall clock even in a process whose ``time.time`` is skewed
+# (bound at import, before a worker shifts its clock): the checker compares them across
+# processes.
+_wall_clock = time.time
 
 ANOMALY_KINDS = (
     "lost",
@@ -72,6 +85,8 @@ ANOMALY_KINDS = (
     "fenced-commit",
     "zombie-commit-accepted",
     "corruption-seen",
+    "tombstone-resurrected",
+    "copy-incomplete",
 )
 # Errors that mean a reader met a half-written, corrupt or prematurely deleted file.
 CORRUPTION_ERRORS = (
@@ -97,7 +112,7 @@ class Recorder:
         self._lock = threading.Lock()
 
     def __call__(self, ev: str, **fields: Any) -> None:
-        event = {"ev": ev, "t": time.time(), **fields}
+        event = {"ev": ev, "t": _wall_clock(), **fields}
         line = (json.dumps(event, separators=(",", ":")) + "\n").encode()
         with self._lock:
             os.write(self._fd, line)
@@ -240,6 +255,7 @@ class _Checker:
         self.check_group_logs()
         self.check_zombies()
         self.check_errors()
+        self.check_copies()
         return Result(self.anomalies, self.summary)
 
     def observations(self) -> Iterator[Event]:
@@ -343,6 +359,8 @@ class _Checker:
             and latest.get((tp[0], tp[1], key), -1) > int(e["offset"])
         ):
             return "a later record of its key (compaction)"
+        if self.compacted(tp[0]) and self.sends.get(e["value"], {}).get("tombstone"):
+            return "a tombstone (compaction drops it after delete.retention.ms)"
         return None
 
     def check_lost(self) -> None:
@@ -461,16 +479,50 @@ class _Checker:
             k = (e["topic"], int(e["partition"]), key)
             if k not in latest or int(e["offset"]) > int(latest[k]["offset"]):
                 latest[k] = e
+        final_of_key: dict[tuple[str, int, str], list[Event]] = defaultdict(list)
+        for e in self.final_rc:
+            key = self.sends.get(e["value"], {}).get("key")
+            if key is not None and self.compacted(e["topic"]):
+                final_of_key[(e["topic"], int(e["partition"]), key)].append(e)
         for (topic, p, key), e in sorted(latest.items()):
             bounds = self.bounds.get((topic, p))
             if bounds is None or int(e["offset"]) < int(bounds["log_start"]):
                 continue
-            if (topic, p, int(e["offset"])) not in final:
+            if (topic, p, int(e["offset"])) in final:
+                continue
+            if self.sends.get(e["value"], {}).get("tombstone"):
+                older = [o for o in final_of_key[(topic, p, key)] if o["offset"] < e["offset"]]
+                if older:
+                    self.add(
+                        "tombstone-resurrected",
+                        f"{topic}-{p} key {key!r}: its latest record, tombstone {e['value']} at "
+                        f"offset {e['offset']}, was removed but {len(older)} earlier record(s) "
+                        f"remain (e.g. {older[0]['value']} at offset {older[0]['offset']})",
+                        [e, *older[:4]],
+                    )
+            else:
                 self.add(
                     "compaction-lost-latest",
                     f"{topic}-{p} key {key!r}: its latest record {e['value']} at offset "
                     f"{e['offset']} is gone",
                     [e, bounds],
+                )
+
+    def check_copies(self) -> None:
+        """A copy let catch up with its source holds every record of the source's final
+        scan (its completeness; duplicates and phantoms are checked with every topic)."""
+        for done in self.by["copy_complete"]:
+            source, target = done["source"], done["target"]
+            copied = {e["value"] for e in self.final_rc if e["topic"] == target}
+            missing = [
+                e for e in self.final_rc if e["topic"] == source and e["value"] not in copied
+            ]
+            if missing:
+                self.add(
+                    "copy-incomplete",
+                    f"{target}, a copy of {source} that caught up, lacks {len(missing)} of the "
+                    f"source's records (e.g. {[e['value'] for e in missing[:3]]})",
+                    [done, *missing[:6]],
                 )
 
     def check_group_logs(self) -> None:

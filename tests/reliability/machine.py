@@ -99,7 +99,10 @@ class _Shadow:
         entries: dict[str, list[Any]] = {}
         with os.scandir(directory) as it:
             for entry in it:
-                st = entry.stat(follow_symlinks=False)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # removed since the listing (a temporary file after its link)
                 kind = "dir" if stat.S_ISDIR(st.st_mode) else "file"
                 entries[entry.name] = [kind, st.st_ino, self.generation(st.st_ino)]
         path = os.path.join(self.path, "dirs", f"{ino}.{self.generation(ino)}.json")

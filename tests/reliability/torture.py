@@ -8,15 +8,29 @@ restarts at once on one store, then the history checker over everything that hap
   restarts, so each new instance finishes the transaction its killed predecessor left open);
 - group-member processes of one consumer group (``read_committed``, committing after every
   poll), SIGKILLed, SIGSTOPped past their session timeout and resumed (zombies), restarted;
-- compaction, merging, retention and vacuum in a thread, in this process (``spark=None``);
+- compaction, merging and retention in one process, vacuum in another (``spark=None``), each
+  SIGKILLed and restarted like the clients;
 - optionally a Spark Structured Streaming copy of ``events`` into ``copy`` (format
   ``kstore``), a driver process SIGKILLed and restarted from its checkpoint;
 - every client over the fault-injecting filesystem (``faultfs``): failed, ambiguous, delayed
   and torn writes, failed and delayed reads, and ``os._exit`` crashes of worker processes at
   named points of the commit protocol;
-- optionally a storage restart (SeaweedFS stopped and started) mid-run.
+- optionally a storage restart (SeaweedFS stopped and started) mid-run;
+- optionally (``skew_s``) a wall clock skewed per worker process, by up to ``skew_s`` seconds
+  either way (a new skew at each restart);
+- optionally (``long_pause_s``) producers, group members and jobs SIGSTOPped for
+  ``long_pause_s`` and resumed, some by the driver at random moments, some at the worst one
+  (a producer stops itself right after writing a segment, before committing it);
+- optionally (``machine_crash``, local disk) a machine crash at the end: every process writing
+  to the store records what it made durable, and the store is rebuilt from that alone
+  (``tests/reliability/machine.py``) before the final scan. The idempotent producers then
+  write through kstore's own local path (no faults, no crash points: its fsyncs are what is
+  judged); the other clients and jobs keep the fault-injecting wrapper, whose local writes are
+  always durable.
 
-Then it stops everything, finishes the transactions killed producers left open, scans every
+Producers send tombstones (null values) to the compacted topic too. Then it stops everything,
+(crashes the machine,) finishes the transactions killed producers left open, lets the Spark copy
+catch up (``availableNow``) so that it can be checked for completeness, scans every
 partition with faults off (``read_committed`` and ``read_uncommitted``), reads every version of
 the group log, and checks the whole history. The random choices of the driver (what to kill and
 when, fault decisions) derive from the seed; thread and process timing does not, so a replay
@@ -45,13 +59,14 @@ from kstore.groups import Group
 from kstore.producer import Producer
 from kstore.records import TopicPartition
 from kstore.store import Store
-from tests.reliability import faultfs
+from tests.reliability import faultfs, machine
 from tests.reliability.history import Recorder, Result, check, load_events
 from tests.reliability.worker import (
     COPY_TOPIC,
     GROUP,
     TOPICS,
     produce_loop,
+    record_id,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,6 +98,12 @@ CRASHES = [
     {"point": "before-commit", "p": 0.002},
     {"point": "checkpoint-write", "p": 0.05},
 ]
+# With long pauses on: a producer stops itself (SIGSTOP) right after a segment write, before
+# its commit, at about one passage in 2,000; the driver resumes it ``long_pause_s`` later.
+SELF_PAUSE = {"point": "segment-written", "p": 0.0005, "action": "stop"}
+# The maintenance processes: (name prefix, jobs). Two processes, two clocks when skewed: the
+# job that removes a file stamps the removal, vacuum judges the delay since it.
+MAINTENANCE = [("rewrite", ["compaction", "merge", "retention"]), ("vacuum", ["vacuum"])]
 
 SPARK_DRIVER = """
 import json, os, sys, warnings
@@ -92,6 +113,7 @@ from pyspark.sql import SparkSession
 from kstore.spark_ext import register
 
 url, options, checkpoint = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+catch_up = len(sys.argv) > 4 and sys.argv[4] == "catch-up"  # copy what is there, then stop
 spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
          .config("spark.sql.shuffle.partitions", "1").config("spark.driver.memory", "512m")
          .getOrCreate())
@@ -106,7 +128,8 @@ query = (
     .selectExpr("key", "value")
     .writeStream.format("kstore").options(**store).option("topic", "copy")
     .option("checkpointLocation", checkpoint)
-    .trigger(processingTime="200 milliseconds").start()
+    .trigger(**({"availableNow": True} if catch_up else {"processingTime": "200 milliseconds"}))
+    .start()
 )
 query.awaitTermination()
 """
@@ -131,6 +154,9 @@ class TortureConfig:
     # Stops and starts the storage (SeaweedFS) once mid-run; None: no storage restart.
     restart_storage: Callable[[], None] | None = None
     storage_restarts: int = 1  # how many times, at random moments
+    skew_s: float = 0.0  # each worker process's wall clock off by up to this, either way
+    long_pause_s: float = 0.0  # SIGSTOP producers, members and jobs this long (0: never)
+    machine_crash: bool = False  # local disk only: crash the machine at the end
     log: Callable[[str], None] = print
 
 
@@ -154,6 +180,11 @@ class TortureStats:
     restarts: int = 0
     spark_kills: int = 0
     storage_restarts: int = 0
+    long_pauses: int = 0  # SIGSTOPs for long_pause_s, by the driver or by the process itself
+    long_pauses_completed: int = 0  # of them, resumed (not ended by the end of the run)
+    skews: list[float] = field(default_factory=list)  # the skew of each process started
+    machine_crash: dict[str, int] = field(default_factory=dict)  # what the crash lost
+    copy_caught_up: bool = False
     final_records: int = 0
     copy_records: int = 0  # records the Spark copy wrote (final scan)
     anomalies: int = 0
@@ -162,8 +193,14 @@ class TortureStats:
         return self.sends + self.reads + self.offset_commits + self.maintenance_runs
 
     def describe(self) -> str:
-        injected = sum(v for k, v in self.faults.items() if not k.startswith("crash:"))
+        injected = sum(v for k, v in self.faults.items() if not k.startswith(("crash:", "pause:")))
         crashes = {k: v for k, v in self.faults.items() if k.startswith("crash:")}
+        skews = (
+            f"clock skews {min(self.skews):+.0f} to {max(self.skews):+.0f} s over "
+            f"{len(self.skews)} processes, "
+            if self.skews
+            else ""
+        )
         return (
             f"seed {self.seed}, backend {self.backend}, {self.duration_s:.0f} s: "
             f"{self.operations()} operations ({self.sends} records sent, {self.acks} "
@@ -173,8 +210,11 @@ class TortureStats:
             f"{injected} faults injected {self.faults}, {sum(crashes.values())} injected "
             f"crashes, {self.kills} SIGKILLs of clients, {self.stops} SIGSTOPs, "
             f"{self.restarts} client restarts, {self.spark_kills} Spark driver kills, "
-            f"{self.storage_restarts} storage restarts; {self.final_records} records in the "
-            f"final scan ({self.copy_records} in the Spark copy); {self.anomalies} anomalies"
+            f"{self.storage_restarts} storage restarts, {self.long_pauses} long pauses "
+            f"({self.long_pauses_completed} resumed), {skews}"
+            f"machine crash {self.machine_crash or 'none'}; {self.final_records} records in "
+            f"the final scan ({self.copy_records} in the Spark copy"
+            f"{', caught up' if self.copy_caught_up else ''}); {self.anomalies} anomalies"
         )
 
 
@@ -186,6 +226,7 @@ class _Proc:
     process: subprocess.Popen[bytes]
     stopped: bool = False
     started: float = field(default_factory=time.monotonic)
+    resume_at: float | None = None  # a long pause: resumed then (monotonic)
 
 
 class Torture:
@@ -205,18 +246,31 @@ class Torture:
         self.procs: list[_Proc] = []
         self.spark: subprocess.Popen[bytes] | None = None
         self.counter = 0
+        self.ends_at: float | None = None
         self.error_samples: list[str] = []
         self.spark_restarted_at: int | None = None
         self.log = config.log
+        self.shadow = str(self.work / "machine-shadow")
+        if config.machine_crash and not config.url.startswith("file://"):
+            raise ValueError(f"machine_crash needs a file:// store on local disk, not {config.url}")
 
     # -- set-up ----------------------------------------------------------------------------------
 
-    def faulty(self, seed: int, *, crashes: bool) -> tuple[str, dict[str, Any]]:
+    def faulty(
+        self, seed: int, *, crashes: bool, pauses: bool = False, producer: bool = False
+    ) -> tuple[str, dict[str, Any]]:
+        if producer and self.config.machine_crash:
+            # kstore's own local writes, whose fsyncs the machine crash judges (the wrapper's
+            # local writes are durable whatever kstore asked for).
+            return self.config.url, dict(self.config.storage_options)
+        points = list(CRASHES) if crashes and self.config.crashes else []
+        if pauses and self.config.long_pause_s > 0:
+            points.append(SELF_PAUSE)
         return faultfs.wrap_url(
             self.config.url,
             self.config.storage_options,
             faults=fault_rules(self.config.fault_rate),
-            crashes=CRASHES if crashes and self.config.crashes else (),
+            crashes=points,
             seed=seed,
             events_path=self.events_path,
         )
@@ -244,8 +298,14 @@ class Torture:
         return f"{prefix}{self.counter}-{uuid.uuid4().hex[:6]}"
 
     def start_process(self, role: str, extra: dict[str, Any] | None = None) -> _Proc:
-        name = self.next_name({"producer": "p", "txn": "x", "consumer": "c"}[role])
-        url, options = self.faulty(self.rng.randrange(10**9), crashes=role != "consumer")
+        prefix = {"producer": "p", "txn": "x", "consumer": "c", "maintenance": "m"}[role]
+        name = self.next_name(prefix)
+        url, options = self.faulty(
+            self.rng.randrange(10**9),
+            crashes=role in ("producer", "txn"),
+            pauses=role == "producer",
+            producer=role == "producer",
+        )
         config = {
             "url": url,
             "options": options,
@@ -254,6 +314,11 @@ class Torture:
             "seed": self.rng.randrange(10**9),
             **(extra or {}),
         }
+        if self.config.skew_s:
+            config["skew_s"] = round(self.rng.uniform(-self.config.skew_s, self.config.skew_s), 1)
+            self.stats.skews.append(config["skew_s"])
+        if self.config.machine_crash:
+            config["machine"] = {"root": self.store_root(), "shadow": self.shadow}
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with open(self.work / f"{name}.stderr", "wb") as stderr:  # the child keeps its copy
             process = subprocess.Popen(
@@ -269,7 +334,7 @@ class Torture:
 
     def start_thread_producer(self, i: int) -> None:
         name = self.next_name("t")
-        url, options = self.faulty(self.rng.randrange(10**9), crashes=False)
+        url, options = self.faulty(self.rng.randrange(10**9), crashes=False, producer=True)
         store = Store(url, options, create=False)
         record = self.recorder(name)
         rng = random.Random(self.rng.randrange(10**9))
@@ -282,45 +347,10 @@ class Torture:
         thread.start()
         self.threads.append(thread)
 
-    def maintenance_loop(self) -> None:
-        from kstore.compaction import merge_segments, run_compaction
-        from kstore.retention import MIN_ORPHAN_AGE_MS, run_retention, vacuum
+    def store_root(self) -> str:
+        return self.config.url.removeprefix("file://")
 
-        url, options = self.faulty(self.rng.randrange(10**9), crashes=False)
-        store = Store(url, options, create=False)
-        rng = random.Random(self.rng.randrange(10**9))
-        record = self.recorder("maintenance")
-        jobs: list[tuple[str, Callable[[], Any]]] = [
-            ("compaction", lambda: run_compaction(None, store, verbose=False)),
-            ("merge", lambda: merge_segments(None, store, verbose=False)),
-            ("retention", lambda: run_retention(None, store, verbose=False)),
-            (
-                "vacuum",
-                lambda: vacuum(None, store, verbose=False, orphan_age_ms=MIN_ORPHAN_AGE_MS),
-            ),
-        ]
-        while not self.stop_event.is_set():
-            name, job = rng.choice(jobs)
-            began = time.monotonic()
-            try:
-                summary = job()
-                record("job", job=name, seconds=round(time.monotonic() - began, 3))
-                for result in summary.partitions:
-                    what = f"{result.operation}:{result.outcome}"
-                    self.stats.maintenance[what] = self.stats.maintenance.get(what, 0) + 1
-                    if result.outcome == "error":
-                        record("error", who=f"maintenance-{what}", error=result.reason[:500])
-                        if len(self.error_samples) < 20:
-                            self.error_samples.append(f"{what} {result.reason[:160]}")
-            except Exception as exc:
-                record("error", who="maintenance", error=f"{type(exc).__name__}: {exc}"[:500])
-                self.stats.maintenance_errors += 1
-                if len(self.error_samples) < 20:
-                    self.error_samples.append(f"maintenance: {type(exc).__name__}: {exc}"[:200])
-            self.stats.maintenance_runs += 1
-            self.stop_event.wait(rng.uniform(0.1, 0.6))
-
-    def start_spark(self) -> None:
+    def start_spark(self, *, catch_up: bool = False) -> None:
         script = self.work / "spark_driver.py"
         script.write_text(SPARK_DRIVER)
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
@@ -332,6 +362,7 @@ class Torture:
                     self.config.url,
                     json.dumps(self.config.storage_options),
                     str(self.work / "spark-checkpoint"),
+                    *(["catch-up"] if catch_up else []),
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
@@ -357,9 +388,18 @@ class Torture:
         """One random disturbance: kill, stop (and later resume) or restart a client."""
         # Only processes that have had time to start (imports, store, group join) are victims.
         now = time.monotonic()
-        live = [p for p in self.procs if p.process.poll() is None and now - p.started > 4.0]
+        live = [
+            p
+            for p in self.procs
+            if p.process.poll() is None and now - p.started > 4.0 and p.resume_at is None
+        ]
         roll = self.rng.random()
-        if live and roll < 0.4:
+        if live and roll < 0.05 and self.may_pause_long():
+            victim = self.rng.choice([p for p in live if not p.stopped] or live)
+            if not victim.stopped:
+                victim.process.send_signal(signal.SIGSTOP)
+            self.pause_long(victim)
+        elif live and roll < 0.4:
             victim = self.rng.choice(live)
             if victim.stopped:
                 victim.process.send_signal(signal.SIGCONT)
@@ -375,9 +415,41 @@ class Torture:
                 victim.stopped = True
                 self.stats.stops += 1
 
-    def resume_stopped(self) -> None:
+    def may_pause_long(self) -> bool:
+        """At most two long pauses at once, and each must end before the run does."""
+        c = self.config
+        if c.long_pause_s <= 0 or self.ends_at is None:
+            return False
+        paused = sum(1 for p in self.procs if p.resume_at is not None)
+        return paused < 2 and time.monotonic() + c.long_pause_s + 5 < self.ends_at
+
+    def pause_long(self, p: _Proc) -> None:
+        p.stopped = True
+        p.resume_at = time.monotonic() + self.config.long_pause_s
+        self.stats.long_pauses += 1
+        self.log(f"torture: {p.name} paused for {self.config.long_pause_s:.0f} s")
+
+    def find_self_paused(self) -> None:
+        """Producers stop themselves between a segment write and its commit (``SELF_PAUSE``):
+        a long pause if one may start now, else a short one."""
         for p in self.procs:
-            if p.stopped and self.rng.random() < 0.5:
+            if p.stopped or p.process.poll() is not None or not _is_stopped(p.process.pid):
+                continue
+            if self.may_pause_long():
+                self.pause_long(p)
+            else:
+                p.process.send_signal(signal.SIGCONT)
+
+    def resume_stopped(self) -> None:
+        now = time.monotonic()
+        for p in self.procs:
+            if p.resume_at is not None:
+                if now >= p.resume_at:
+                    p.process.send_signal(signal.SIGCONT)
+                    p.stopped, p.resume_at = False, None
+                    self.stats.long_pauses_completed += 1
+                    self.log(f"torture: {p.name} resumed")
+            elif p.stopped and self.rng.random() < 0.5:
                 p.process.send_signal(signal.SIGCONT)
                 p.stopped = False
 
@@ -387,7 +459,7 @@ class Torture:
             if p.process.poll() is None:
                 continue
             self.procs.remove(p)
-            extra = {"tid": p.config["tid"]} if p.role == "txn" else None
+            extra: dict[str, Any] = {k: p.config[k] for k in ("tid", "jobs") if k in p.config}
             self.start_process(p.role, extra)
             self.stats.restarts += 1
 
@@ -412,7 +484,13 @@ class Torture:
         faultfs.register()
         quiet_logs()
         self.setup()
+        if c.machine_crash:
+            # Everything so far is durable; from now on this process records too (its
+            # producer threads).
+            machine.baseline(self.store_root(), self.shadow)
+            machine.install(self.store_root(), self.shadow)
         started = time.monotonic()
+        self.ends_at = started + c.duration_s
         try:
             for i in range(c.thread_producers):
                 self.start_thread_producer(i)
@@ -423,9 +501,8 @@ class Torture:
             for _ in range(c.consumers):
                 self.start_process("consumer")
             if c.maintenance:
-                thread = threading.Thread(target=self.maintenance_loop, daemon=True)
-                thread.start()
-                self.threads.append(thread)
+                for _, jobs in MAINTENANCE:
+                    self.start_process("maintenance", {"jobs": jobs})
             if c.spark:
                 self.start_spark()
             # The Spark driver is killed at set moments (its JVM takes ~15 s to start on a
@@ -449,6 +526,7 @@ class Torture:
             while time.monotonic() - started < c.duration_s:
                 time.sleep(self.rng.uniform(1.0, 3.0))
                 self.disturb()
+                self.find_self_paused()
                 self.resume_stopped()
                 self.replace_dead()
                 if spark_kills and time.monotonic() >= spark_kills[0]:
@@ -471,8 +549,43 @@ class Torture:
         finally:
             self.stats.duration_s = time.monotonic() - started
             self.shut_down()
+            if c.machine_crash:
+                machine.uninstall()
+        if c.machine_crash:
+            # The Spark executors do not record: the copy's subtree is kept as it is.
+            self.stats.machine_crash = machine.crash(
+                self.store_root(), self.shadow, keep=[f"topics/{COPY_TOPIC[0]}"]
+            )
+            self.log(f"torture: machine crashed: {self.stats.machine_crash}")
+        self.finish_transactions()
+        if c.spark:
+            self.catch_up_copy()
         self.finish()
         return self.finish_check()
+
+    def finish_transactions(self) -> None:
+        store = Store(self.config.url, self.config.storage_options, create=False)
+        for i in range(self.config.txn_producers):
+            Producer(store, transactional_id=f"torture-txn-{i}").close()  # finishes a dead txn
+
+    def catch_up_copy(self) -> None:
+        """Let the Spark copy copy everything (faults off, nothing else running), so that it
+        can be checked for completeness as well as for duplicates."""
+        self.start_spark(catch_up=True)
+        assert self.spark is not None
+        try:
+            code = self.spark.wait(600)
+        except subprocess.TimeoutExpired:
+            self.kill_spark()
+            self.log("torture: the Spark copy did not catch up within 600 s")
+            return
+        if code != 0:
+            self.log(f"torture: the Spark catch-up run exited with {code} (see spark.stderr)")
+            return
+        self.stats.copy_caught_up = True
+        record = self.recorder("catch-up")
+        record("copy_complete", source="events", target=COPY_TOPIC[0])
+        record.close()
 
     def shut_down(self) -> None:
         self.stop_event.set()
@@ -492,8 +605,6 @@ class Torture:
         """With faults off: finish open transactions, scan every partition, read the group log."""
         record = self.recorder("final")
         store = Store(self.config.url, self.config.storage_options, create=False)
-        for i in range(self.config.txn_producers):
-            Producer(store, transactional_id=f"torture-txn-{i}").close()  # finishes a dead txn
         for name, partitions, _ in [*TOPICS, COPY_TOPIC]:
             for p in range(partitions):
                 tp = TopicPartition(name, p)
@@ -519,6 +630,7 @@ class Torture:
                             )
                         for records in consumer.poll(timeout_ms=500).values():
                             for r in records:
+                                vid, tombstone = record_id(r)
                                 record(
                                     "read",
                                     reader="final",
@@ -528,7 +640,8 @@ class Torture:
                                     topic=name,
                                     partition=p,
                                     offset=r.offset,
-                                    value=None if r.value is None else r.value.decode(),
+                                    value=vid,
+                                    tombstone=tombstone,
                                 )
                     consumer.close()
         group = Group(store, GROUP)
@@ -566,9 +679,25 @@ class Torture:
         )
         s.offset_commits = sum(1 for e in events if e["ev"] == "offset_commit")
         s.client_errors = sum(1 for e in events if e["ev"] == "error")
+        for e in events:
+            if e["ev"] != "job":
+                continue
+            s.maintenance_runs += 1
+            s.maintenance_errors += bool(e.get("failed"))
+            for what, n in (e.get("outcomes") or {}).items():
+                s.maintenance[what] = s.maintenance.get(what, 0) + n
         s.faults = faultfs.fault_counts(faultfs.read_events(self.events_path))
         s.anomalies = len(result.anomalies)
         return s, result
+
+
+def _is_stopped(pid: int) -> bool:
+    """True when process ``pid`` is stopped (by a signal), from ``/proc/<pid>/stat``."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
 
 
 def quiet_logs() -> None:

@@ -6,9 +6,13 @@ which the fault-injecting filesystem may crash with ``os._exit``)::
 
     python -m tests.reliability.worker ROLE CONFIG_JSON
 
-ROLE is ``producer``, ``txn`` or ``consumer``; CONFIG_JSON holds ``url``, ``options`` (storage
-options, possibly of ``faultfs``), ``name``, ``history`` (the JSON-lines file), ``seed`` and,
-for ``txn``, ``tid`` (the transactional id). A process runs until it is killed.
+ROLE is ``producer``, ``txn``, ``consumer`` or ``maintenance``; CONFIG_JSON holds ``url``,
+``options`` (storage options, possibly of ``faultfs``), ``name``, ``history`` (the JSON-lines
+file), ``seed``; for ``txn``, ``tid`` (the transactional id); for ``maintenance``, ``jobs``
+(names of :data:`JOBS`). Optional: ``skew_s``, seconds added to this process's wall clock
+(``time.time``, ``time.time_ns``: an injected clock skew), and ``machine``, ``{"root",
+"shadow"}`` to record what this process makes durable for a simulated machine crash
+(``tests/reliability/machine.py``). A process runs until it is killed.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from typing import Any
 from kstore.consumer import Consumer
 from kstore.errors import CommitFailedError, KStoreError
 from kstore.producer import Producer
+from kstore.records import ConsumerRecord
 from kstore.store import Store
-from tests.reliability import faultfs
+from tests.reliability import faultfs, machine
 from tests.reliability.history import Recorder
 
 # The topics of a run: (name, partitions, config).
@@ -39,7 +44,7 @@ TOPICS: list[tuple[str, int, dict[str, Any]]] = [
             "retention.bytes": 150_000,
             "segment.bytes": 65_536,
             "segment.ms": 500,
-            "file.delete.delay.ms": 3_000,
+            "file.delete.delay.ms": 10_000,
         },
     ),
     (
@@ -50,19 +55,40 @@ TOPICS: list[tuple[str, int, dict[str, Any]]] = [
             "min.cleanable.dirty.ratio": 0.01,
             "segment.bytes": 65_536,
             "segment.ms": 500,
-            "file.delete.delay.ms": 3_000,
+            "file.delete.delay.ms": 10_000,
+            # Tombstones are dropped soon after a cleaning, so that a run sees it happen.
+            "delete.retention.ms": 2_000,
         },
     ),
 ]
-COPY_TOPIC = ("copy", 2, {"file.delete.delay.ms": 3_000})
+COPY_TOPIC = ("copy", 2, {"file.delete.delay.ms": 10_000})
 GROUP = "torture"
 STATE_KEYS = 40
+TOMBSTONE_SHARE = 0.15  # of the records sent to ``state``
+ID_HEADER = "id"  # a tombstone has no value: its value id travels in this header
 
 Stop = Callable[[], bool]
 
 
 def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def record_id(r: ConsumerRecord) -> tuple[str | None, bool]:
+    """A read record's value id, and whether it is a tombstone (its id in a header)."""
+    if r.value is not None:
+        return r.value.decode(), False
+    ids = [v for k, v in r.headers if k == ID_HEADER]
+    return (ids[0].decode() if ids else None), True
+
+
+def skew_clock(seconds: float) -> None:
+    """Shift this process's wall clock by ``seconds`` (monotonic clocks are untouched, as on a
+    machine whose clock is set wrong)."""
+    real_time, real_ns = time.time, time.time_ns
+    shift_ns = int(seconds * 1e9)
+    time.time = lambda: real_time() + seconds
+    time.time_ns = lambda: real_ns() + shift_ns
 
 
 def produce_loop(store: Store, name: str, record: Recorder, rng: random.Random, stop: Stop) -> int:
@@ -96,10 +122,23 @@ def produce_loop(store: Store, name: str, record: Recorder, rng: random.Random, 
                 else:
                     topic, key = "state", f"k{rng.randrange(STATE_KEYS)}"
                 vid = f"{pname}:{seq}"
-                record("send", producer=pname, seq=seq, topic=topic, key=key, value=vid, txn=None)
+                tombstone = topic == "state" and rng.random() < TOMBSTONE_SHARE
+                record(
+                    "send",
+                    producer=pname,
+                    seq=seq,
+                    topic=topic,
+                    key=key,
+                    value=vid,
+                    txn=None,
+                    tombstone=tombstone,
+                )
                 try:
                     future = producer.send(
-                        topic, key=None if key is None else key.encode(), value=vid.encode()
+                        topic,
+                        key=None if key is None else key.encode(),
+                        value=None if tombstone else vid.encode(),
+                        headers=[(ID_HEADER, vid.encode())] if tombstone else None,
                     )
                 except KStoreError as exc:
                     record("nack", producer=pname, seq=seq, value=vid, error=_error(exc))
@@ -226,6 +265,7 @@ def consume_loop(store: Store, name: str, record: Recorder, stop: Stop) -> int:
         generation = consumer.generation
         for tp, records in polled.items():
             for r in records:
+                vid, tombstone = record_id(r)
                 record(
                     "read",
                     reader=name,
@@ -235,7 +275,8 @@ def consume_loop(store: Store, name: str, record: Recorder, stop: Stop) -> int:
                     topic=tp.topic,
                     partition=tp.partition,
                     offset=r.offset,
-                    value=None if r.value is None else r.value.decode(),
+                    value=vid,
+                    tombstone=tombstone,
                 )
                 reads += 1
         if polled:
@@ -253,10 +294,65 @@ def consume_loop(store: Store, name: str, record: Recorder, stop: Stop) -> int:
     return reads
 
 
+# The maintenance jobs, run in-process (``spark=None``); vacuum at the smallest orphan age it
+# accepts, so that a paused writer's file is taken for an orphan as early as allowed.
+JOBS = ("compaction", "merge", "retention", "vacuum")
+
+
+def _job(name: str, store: Store) -> Callable[[], Any]:
+    from kstore.compaction import merge_segments, run_compaction
+    from kstore.retention import MIN_ORPHAN_AGE_MS, run_retention, vacuum
+
+    return {
+        "compaction": lambda: run_compaction(None, store, verbose=False),
+        "merge": lambda: merge_segments(None, store, verbose=False),
+        "retention": lambda: run_retention(None, store, verbose=False),
+        "vacuum": lambda: vacuum(None, store, verbose=False, orphan_age_ms=MIN_ORPHAN_AGE_MS),
+    }[name]
+
+
+def maintenance_loop(
+    store: Store, name: str, jobs: list[str], record: Recorder, rng: random.Random, stop: Stop
+) -> int:
+    """Runs ``jobs`` (names of :data:`JOBS`) in random turns until ``stop()``; records each
+    run (``job``, with every partition's outcome) or its failure. Returns the runs."""
+    runs = 0
+    while not stop():
+        job = rng.choice(jobs)
+        began = time.monotonic()
+        try:
+            summary = _job(job, store)()
+            outcomes: dict[str, int] = {}
+            for result in summary.partitions:
+                what = f"{result.operation}:{result.outcome}"
+                outcomes[what] = outcomes.get(what, 0) + 1
+                if result.outcome == "error":
+                    record("error", who=f"{name}-{what}", error=str(result.reason)[:500])
+            record(
+                "job",
+                who=name,
+                job=job,
+                seconds=round(time.monotonic() - began, 3),
+                outcomes=outcomes,
+            )
+        except Exception as exc:
+            record("error", who=name, job=job, error=_error(exc))
+            record("job", who=name, job=job, failed=True)
+        runs += 1
+        if stop():
+            break
+        time.sleep(rng.uniform(0.1, 0.6))
+    return runs
+
+
 def main() -> None:
     role, config = sys.argv[1], json.loads(sys.argv[2])
     faultfs.register()
     logging.getLogger("kstore").setLevel(logging.ERROR)
+    if config.get("machine"):
+        machine.install(config["machine"]["root"], config["machine"]["shadow"])
+    if config.get("skew_s"):
+        skew_clock(float(config["skew_s"]))
     record = Recorder(config["history"])
     rng = random.Random(config["seed"])
     store = Store(config["url"], config["options"], create=False)
@@ -267,6 +363,8 @@ def main() -> None:
         txn_loop(store, config["name"], config["tid"], record, rng, never)
     elif role == "consumer":
         consume_loop(store, config["name"], record, never)
+    elif role == "maintenance":
+        maintenance_loop(store, config["name"], list(config["jobs"]), record, rng, never)
     else:
         raise SystemExit(f"unknown role {role!r}")
 
