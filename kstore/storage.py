@@ -2,10 +2,11 @@
 
 Every backend offers the same small set of operations on paths relative to the store root:
 ``read`` (one GET on S3, never a HEAD first), ``read_many`` (absent files left out, any other
-failure raised), ``put`` (overwrite; only for files with unique names or hints),
-``put_if_absent`` (the commit primitive), ``put_new`` (a file under a fresh unique name that
-nothing references yet: segments; "exists" there is the write's own earlier attempt),
-``exists``, ``list_dir``, ``delete`` and ``delete_tree``.
+failure raised), ``read_ranges`` (byte ranges of one file, near ones fetched by one GET),
+``put`` (overwrite; only for files with unique names or hints), ``put_if_absent`` (the commit
+primitive), ``put_new`` (a file under a fresh unique name that nothing references yet:
+segments; "exists" there is the write's own earlier attempt), ``exists``, ``list_dir``,
+``delete`` and ``delete_tree``.
 
 On S3 every call runs on s3fs's event loop under a deadline (the storage options
 ``timeout_ms`` and ``attempt_timeout_ms``) and fails with :class:`StorageTimeoutError`
@@ -38,7 +39,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -73,8 +74,11 @@ _MAX_TIMEOUT_MS = 24 * 3600 * 1000
 _UPLOAD_BYTES_PER_S = 1 << 20
 # A GET whose body breaks off is sent again, at most this many times in all.
 _GET_ATTEMPTS = 3
-# Concurrent GETs of one read_many.
+# Concurrent GETs of one read_many or read_ranges.
 _READ_CONCURRENCY = 32
+# read_ranges fetches ranges this close together in one request: below this, a second
+# request costs more (a round trip, and on S3 a GET's price) than the bytes between.
+COALESCE_GAP = 64 << 10
 # Request kinds of the S3 operations kstore sends (what count_requests reports).
 _REQUEST_KINDS = {
     "GetObject": "GET",
@@ -356,8 +360,9 @@ class Storage:
     ) -> _T:
         """Run ``make()`` on the filesystem's event loop. The whole call must end within
         ``deadline_s`` (the storage's deadline by default), unless ``own_deadline``: then
-        ``make`` bounds its own waits (reads, :meth:`_s3_get`) and raises :class:`_NoAnswerError`. A call waiting longer than a second is
-        reported (:func:`set_wait_reporter`)."""
+        ``make`` bounds its own waits (reads, :meth:`_s3_get`) and raises
+        :class:`_NoAnswerError`. A call waiting longer than a second is reported
+        (:func:`set_wait_reporter`)."""
         from fsspec.asyn import sync
 
         fs = self.fs
@@ -569,6 +574,69 @@ class Storage:
             raise failures.exceptions[0] from None
         return out
 
+    def read_ranges(
+        self, rel: str, ranges: Sequence[tuple[int, int]], *, gap: int = COALESCE_GAP
+    ) -> list[bytes]:
+        """Byte ranges ``[start, end)`` of one file, in the order asked. Ranges that overlap,
+        touch or lie within ``gap`` bytes of each other are fetched together: one GET on S3
+        (one read on local disk) per merged run, the runs concurrently. Bytes past the end of
+        the file are not returned (a range may come back short or empty). Raises
+        FileNotFoundError when the file is absent."""
+        runs = _coalesce(ranges, gap)
+        if not runs:
+            return []
+        path = self.full_path(rel)
+        try:
+            if self.is_local:
+                fetched = _local_ranges(path, [(s, e) for s, e, _ in runs])
+            elif self.is_s3:
+                fetched = self._s3_call(
+                    "reading",
+                    rel,
+                    lambda: self._s3_ranges(path, [(s, e) for s, e, _ in runs]),
+                    own_deadline=True,
+                )
+            else:
+                fetched = [bytes(self.fs.cat_file(path, start=s, end=e)) for s, e, _ in runs]
+        except (FileNotFoundError, StorageError):
+            raise
+        except Exception as exc:
+            raise StorageError(
+                f"reading {rel!r} from {self.display_url!r} failed: {_reason(exc)}"
+            ) from exc
+        out: list[bytes] = [b""] * len(ranges)
+        for (start, _, members), data in zip(runs, fetched, strict=True):
+            for index in members:
+                lo, hi = ranges[index]
+                out[index] = data[lo - start : hi - start]
+        return out
+
+    async def _s3_ranges(self, path: str, runs: list[tuple[int, int]]) -> list[bytes]:
+        import asyncio
+
+        async def one(start: int, end: int) -> bytes:
+            try:
+                return await self._s3_get(path, start, end)
+            except OSError as exc:
+                if "InvalidRange" in _reason(exc) or "not satisfiable" in str(exc).lower():
+                    return b""  # starts at or past the end of the object (416)
+                raise
+
+        gate = asyncio.Semaphore(_READ_CONCURRENCY)
+
+        async def gated(start: int, end: int) -> bytes:
+            async with gate:
+                return await one(start, end)
+
+        tasks: list[asyncio.Task[bytes]] = []
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(gated(s, e)) for s, e in runs if e > s]
+        except BaseExceptionGroup as failures:
+            raise failures.exceptions[0] from None
+        results = iter(task.result() for task in tasks)
+        return [next(results) if e > s else b"" for s, e in runs]
+
     def exists(self, rel: str) -> bool:
         path = self.full_path(rel)
         if self.is_local:
@@ -730,18 +798,18 @@ class Storage:
     def delete(self, rels: Iterable[str]) -> None:
         """Delete files; files already gone are not an error."""
         self.check_writable()
-        paths = [self.full_path(r) for r in rels]
-        if not paths:
+        named = [(r, self.full_path(r)) for r in rels]
+        if not named:
             return
         if self.is_local:
-            for path in paths:
+            for _, path in named:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
             return
-        for path in paths:
+        for rel, path in named:
             try:
                 if self.is_s3:
-                    self._s3_call("deleting", path, _bind(self.fs._rm_file, path))
+                    self._s3_call("deleting", rel, _bind(self.fs._rm_file, path))
                 else:
                     self.fs.rm_file(path)
             except FileNotFoundError:
@@ -883,6 +951,47 @@ def _is_precondition_failed(exc: BaseException) -> bool:
         meta = response.get("ResponseMetadata") or {}
         return bool(error.get("Code") == "PreconditionFailed" or meta.get("HTTPStatusCode") == 412)
     return False
+
+
+def _coalesce(ranges: Sequence[tuple[int, int]], gap: int) -> list[tuple[int, int, list[int]]]:
+    """Merge byte ranges into runs ``(start, end, indexes of the ranges inside)``: ranges that
+    overlap or lie within ``gap`` bytes of each other share a run."""
+    if isinstance(gap, bool) or not isinstance(gap, int) or gap < 0:
+        raise ValueError(f"read_ranges: gap must be a non-negative integer, got {gap!r}")
+    for index, item in enumerate(ranges):
+        ok = isinstance(item, tuple) and len(item) == 2
+        ok = ok and all(isinstance(v, int) and not isinstance(v, bool) for v in item)
+        if not ok or not 0 <= item[0] <= item[1]:
+            raise ValueError(
+                f"read_ranges: range {index} is {item!r}; expected (start, end) with "
+                "0 <= start <= end"
+            )
+    runs: list[tuple[int, int, list[int]]] = []
+    for index in sorted(range(len(ranges)), key=lambda i: ranges[i]):
+        start, end = ranges[index]
+        if runs and start <= runs[-1][1] + gap:
+            first, last, members = runs[-1]
+            runs[-1] = (first, max(last, end), [*members, index])
+        else:
+            runs.append((start, end, [index]))
+    return runs
+
+
+def _local_ranges(path: str, runs: list[tuple[int, int]]) -> list[bytes]:
+    with open(path, "rb") as f:
+        fd = f.fileno()
+        out = []
+        for start, end in runs:
+            parts = []
+            position = start
+            while position < end:
+                chunk = os.pread(fd, end - position, position)
+                if not chunk:
+                    break  # end of file
+                parts.append(chunk)
+                position += len(chunk)
+            out.append(b"".join(parts))
+        return out
 
 
 def _reason(exc: BaseException) -> str:

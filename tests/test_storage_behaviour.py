@@ -145,6 +145,26 @@ def test_read_exists_and_missing_files(any_store: StoreTarget) -> None:
     assert st.exists("bin")  # a directory with something in it exists
 
 
+def test_read_ranges_returns_each_range_in_the_order_asked(any_store: StoreTarget) -> None:
+    st = storage_of(any_store)
+    data = bytes(range(256)) * 4  # 1024 bytes, every byte value
+    st.put_if_absent("r/file", data)
+    asked = [(500, 510), (0, 10), (5, 15), (10, 20), (1000, 1024), (7, 7), (1020, 1100)]
+    expected = [data[lo:hi] for lo, hi in asked]
+    assert st.read_ranges("r/file", asked) == expected  # all in one run
+    assert st.read_ranges("r/file", asked, gap=0) == expected  # several runs
+    assert st.read_ranges("r/file", [(1020, 1100)], gap=0) == [data[1020:]]  # short at the end
+    assert st.read_ranges("r/file", [(2000, 2010)], gap=0) == [b""]  # wholly past the end
+    assert st.read_ranges("r/file", []) == []
+    with pytest.raises(FileNotFoundError):
+        st.read_ranges("r/absent", [(0, 1)])
+    for bad in ([(5, 2)], [(-1, 3)], [(0, 1.5)], [(0,)], [[0, 1]]):
+        with pytest.raises(ValueError, match="read_ranges: range 0"):
+            st.read_ranges("r/file", bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="gap"):
+        st.read_ranges("r/file", [(0, 1)], gap=-1)
+
+
 def test_put_overwrites_whole_file(any_store: StoreTarget) -> None:
     st = storage_of(any_store)
     st.put("p/_last_checkpoint", b'{"version": 100, "padding": "xxxxxxxxxxxxxxxx"}')

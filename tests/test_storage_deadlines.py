@@ -271,6 +271,28 @@ def test_a_whole_file_read_is_one_get_and_no_head(s3_store: tuple[str, dict[str,
     assert dict(counts) == {"PUT": 1, "LIST": 1, "DELETE": 1}
 
 
+def test_read_ranges_coalesces_near_ranges_into_one_get(
+    s3_store: tuple[str, dict[str, Any]],
+) -> None:
+    st = Storage(*s3_store)
+    data = os.urandom(1 << 20)
+    st.put_if_absent("r/segment", data)
+    asked = [(0, 100), (100, 200), (50, 150), (300_000, 300_010), (900_000, 1 << 20)]
+    expected = [data[lo:hi] for lo, hi in asked]
+    with st.count_requests() as counts:
+        assert st.read_ranges("r/segment", asked, gap=1 << 20) == expected
+    assert dict(counts) == {"GET": 1}
+    with st.count_requests() as counts:
+        assert st.read_ranges("r/segment", asked, gap=0) == expected
+    assert dict(counts) == {"GET": 3}  # the three overlapping ranges share one
+    with st.count_requests() as counts:
+        assert st.read_ranges("r/segment", asked) == expected  # 64 KiB: near ones merge
+    assert dict(counts) == {"GET": 3}
+    with st.count_requests() as counts:
+        assert st.read_ranges("r/segment", [(2 << 20, (2 << 20) + 5)]) == [b""]  # a 416
+    assert dict(counts) == {"GET": 1}
+
+
 def test_count_requests_is_for_s3_only(tmp_path: Path) -> None:
     with (
         pytest.raises(InvalidStoreError, match="not on S3"),
