@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import repeat
 from typing import Any, Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -46,6 +47,7 @@ from kstore.records import (
     OffsetAndTimestamp,
     TopicPartition,
 )
+from kstore.segments import fixed_array, numpy_values
 from kstore.store import Store
 
 log = logging.getLogger(__name__)
@@ -78,8 +80,11 @@ def _sizes(column: pa.Array) -> list[int]:
     Typed keys and values have no serialized form: -1 throughout."""
     if not (pa.types.is_binary(column.type) or pa.types.is_string(column.type)):
         return [-1] * len(column)
-    lengths = pc.fill_null(pc.binary_length(column), -1)
-    return lengths.to_numpy(zero_copy_only=False).tolist()  # type: ignore[no-any-return]
+    # Arrow scalars and numpy views built directly: pa.scalar (behind a Python -1) and
+    # Array.to_numpy import pandas on first use, 0.3 s on a consumer's first poll.
+    minus_one = fixed_array(np.array([-1], np.int64), pa.int64())[0]
+    lengths = pc.fill_null(pc.binary_length(column).cast(pa.int64()), minus_one)
+    return numpy_values(lengths, np.int64).tolist()  # type: ignore[no-any-return]
 
 
 class ConsumerRebalanceListener(Protocol):
@@ -739,10 +744,10 @@ class Consumer:
                 if pa.types.is_struct(value_col.type)
                 else value_col.to_pylist()
             )
-            stamps = (
-                batch.column(2).cast(pa.int64()).to_numpy(zero_copy_only=False) // 1000
-            ).tolist()
-            offsets = batch.column(4).to_numpy(zero_copy_only=False).tolist()
+            # Never null (segments refuse null timestamps); read without Array.to_numpy,
+            # which imports pandas on first use.
+            stamps = (numpy_values(batch.column(2).cast(pa.int64()), np.int64) // 1000).tolist()
+            offsets = numpy_values(batch.column(4), np.int64).tolist()
             if header_col.null_count == n:
                 headers: Iterable[Any] = repeat((), n)
             else:

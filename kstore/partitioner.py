@@ -254,8 +254,10 @@ def _arrow_column(array: pa.Array) -> _KeyColumn:
         raise InvalidRecordError(f"keys must be an Arrow binary or string array, not {t}")
     if array.null_count == 0:
         return _KeyColumn(data, starts, lengths, None, True)
-    # Arrow lets a null slot have bytes behind it: they must not be hashed.
-    valid = array.is_valid().to_numpy(zero_copy_only=False)
+    # Arrow lets a null slot have bytes behind it: they must not be hashed. The validity
+    # bitmap is read directly: Array.to_numpy imports pandas on first use (0.3 s).
+    bits = np.frombuffer(array.buffers()[0], np.uint8)
+    valid = np.unpackbits(bits, bitorder="little")[array.offset : array.offset + n].astype(bool)
     return _KeyColumn(data, starts, np.where(valid, lengths, 0), valid, False)
 
 
@@ -457,7 +459,7 @@ def partition_keys_murmur2(keys: Keys, num_partitions: int) -> pa.Int32Array:
     parts = hashes.view(np.int32)  # all below 2**31: the same numbers as int32
     if valid is not None:
         parts[~valid] = NO_PARTITION
-    return pa.array(parts, type=pa.int32())
+    return _int32_array(parts)
 
 
 # --- batch: crc32 ----------------------------------------------------------------------------------
@@ -529,7 +531,13 @@ def partition_keys_crc32(keys: Keys, num_partitions: int) -> pa.Int32Array:
     hashes %= np.uint32(n)
     parts = hashes.view(np.int32)  # all below 2**31: the same numbers as int32
     parts[lengths == 0] = NO_PARTITION  # null keys have length 0 too
-    return pa.array(parts, type=pa.int32())
+    return _int32_array(parts)
+
+
+def _int32_array(values: npt.NDArray[np.int32]) -> pa.Int32Array:
+    # Over the numpy buffer: pa.array imports pandas on first use (0.3 s on a first send).
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(values)])
 
 
 def _hash_all(keys: object, column_hash: _ColumnHash) -> tuple[_U32, _Bool | None, _I64]:

@@ -66,7 +66,10 @@ from kstore.segments import (
     TIMESTAMP_TYPE,
     Layout,
     SegmentFile,
+    binary_array,
+    fixed_array,
     layout_of,
+    numpy_values,
 )
 from kstore.storage import Storage
 from kstore.store import Store, TopicMetadata
@@ -920,9 +923,10 @@ class Producer:
             table = table.set_column(
                 table.schema.get_field_index("timestamp"),
                 "timestamp",
-                pa.array(np.full(table.num_rows, now_us), TIMESTAMP_TYPE),
+                fixed_array(np.full(table.num_rows, now_us, np.int64), TIMESTAMP_TYPE),
             )
-        batch.timestamp_of = table.column("timestamp").cast(pa.int64()).to_numpy() // 1000
+        stamps: Any = numpy_values(table.column("timestamp").cast(pa.int64()), np.int64)
+        batch.timestamp_of = stamps // 1000
         parts = self._place(batch, table, n_parts)
         batch.partition_of = parts
         if self._acks == 0:
@@ -1033,7 +1037,11 @@ class Producer:
         keys = table.column("key")
         if batch.key_type is not None:
             keys = key_bytes(keys, batch.key_type)  # hashed as Kafka's serializer writes them
-        parts = np.array(self._partitioner.partition_batch(keys, n_parts), np.int32)
+        placed = self._partitioner.partition_batch(keys, n_parts)
+        if isinstance(placed, pa.Array) and placed.type == pa.int32() and not placed.null_count:
+            parts = numpy_values(placed, np.int32).copy()  # np.array(placed) imports pandas
+        else:
+            parts = np.array(placed, np.int32)
         if explicit is not None:
             parts = np.where(explicit != NO_PARTITION, explicit, parts).astype(np.int32)
         unkeyed = parts == NO_PARTITION
@@ -1523,25 +1531,34 @@ def _share_outcome(merged: _Batch, group: list[_Batch]) -> None:
 def _build_table(batch: _Batch, layout: Layout) -> pa.Table:
     n = len(batch.values)
     try:
-        # pyarrow's converter, not bytes.join and a lengths pass: a third less time, and its
-        # buffers come from Arrow's pool, which keeps freed pages where join's fresh
-        # allocations fault every page in again.
-        keys = pa.array(batch.keys, layout.key)
-        values = pa.array(batch.values, layout.value)
+        # Binary columns from their buffers: pa.array would import pandas on the first
+        # delivery (0.3 s). Typed topics' columns need pyarrow's converter.
+        binary = (pa.binary(), pa.large_binary())
+        keys = (
+            binary_array(batch.keys, layout.key)
+            if layout.key in binary
+            else pa.array(batch.keys, layout.key)
+        )
+        values = (
+            binary_array(batch.values, layout.value)
+            if layout.value in binary
+            else pa.array(batch.values, layout.value)
+        )
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         # Values were validated when sent; this means the topic's schema changed under them.
         raise InvalidRecordError(f"records do not match the topic's schema: {exc}") from None
     # Seconds to microseconds in Arrow's kernels: a quarter of the time numpy's temporaries
     # take, and this runs on the sender thread, which shares the GIL with send().
-    seconds = pa.array(np.frombuffer(batch.timestamps, np.float64))
-    micros = pc.cast(pc.round(pc.multiply(seconds, 1_000_000.0)), pa.int64())
+    seconds = fixed_array(np.frombuffer(batch.timestamps, np.float64), pa.float64())
+    million = fixed_array(np.array([1e6]), pa.float64())[0]  # pa.scalar imports pandas too
+    micros = pc.cast(pc.round(pc.multiply(seconds, million)), pa.int64())
     if batch.given_timestamps:
         given = batch.given_timestamps
-        exact = micros.to_numpy(zero_copy_only=False).copy()
+        exact = numpy_values(micros, np.int64).copy()
         exact[np.fromiter(given.keys(), np.int64, len(given))] = (
             np.fromiter(given.values(), np.int64, len(given)) * 1000
         )
-        micros = pa.array(exact)
+        micros = fixed_array(exact, pa.int64())
     timestamps = micros.cast(TIMESTAMP_TYPE)
     if batch.headers:
         pairs = batch.headers
@@ -1586,7 +1603,8 @@ def _by_partition(
         rows = parts[start : start + chunk.num_rows]
         start += chunk.num_rows
         order = np.argsort(_sort_key(rows, n_parts), kind="stable")
-        ordered = chunk.take(pa.array(order)) if len(order) > 1 else chunk
+        indices = fixed_array(order.astype(np.int64, copy=False), pa.int64())
+        ordered = chunk.take(indices) if len(order) > 1 else chunk
         counts = np.bincount(rows, minlength=n_parts)
         offset = 0
         for p in np.nonzero(counts)[0].tolist():

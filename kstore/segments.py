@@ -109,6 +109,61 @@ class SegmentFile:
     last_offset: int | None = None
 
 
+# pyarrow's pa.array, pa.scalar and Array.to_numpy import pandas the first time they run (to
+# recognise pandas objects): about 0.3 s, paid by a producer's first delivery and a consumer's
+# first read. The record path builds and reads its arrays through these helpers instead.
+
+_INT32_MAX = (1 << 31) - 1
+
+
+def fixed_array(values: np.ndarray[Any, Any], type: pa.DataType) -> pa.Array:
+    """A fixed-width array without nulls over a 1-d numpy array of the same width (no copy
+    when ``values`` is contiguous)."""
+    values = np.ascontiguousarray(values)
+    if values.ndim != 1 or values.dtype.itemsize * 8 != type.bit_width:
+        raise ValueError(f"cannot view a {values.ndim}-d {values.dtype} array as {type}")
+    return pa.Array.from_buffers(type, len(values), [None, pa.py_buffer(values)])
+
+
+def numpy_values(array: pa.Array | pa.ChunkedArray, dtype: Any) -> np.ndarray[Any, Any]:
+    """The values of a fixed-width array without nulls as numpy ``dtype`` of the same width
+    (no copy for an array or a one-chunk column)."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.chunk(0) if array.num_chunks == 1 else array.combine_chunks()
+    dtype = np.dtype(dtype)
+    if array.null_count or array.type.bit_width != dtype.itemsize * 8:
+        raise ValueError(f"cannot view {array.type} with {array.null_count} nulls as {dtype}")
+    if len(array) == 0:
+        return np.empty(0, dtype)
+    return np.frombuffer(
+        array.buffers()[1], dtype, count=len(array), offset=array.offset * dtype.itemsize
+    )
+
+
+def binary_array(items: list[bytes | None], type: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    """``items`` as a binary or large_binary array, None as null."""
+    n = len(items)
+    validity = None
+    present: list[bytes] = items  # type: ignore[assignment]  # len() refuses a None
+    try:
+        lengths = np.fromiter(map(len, present), np.int64, n)
+    except TypeError:
+        mask = np.fromiter((x is not None for x in items), np.bool_, n)
+        validity = pa.py_buffer(np.packbits(mask, bitorder="little"))
+        present = [b"" if x is None else x for x in items]
+        lengths = np.fromiter(map(len, present), np.int64, n)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if type == pa.binary():
+        if offsets[-1] > _INT32_MAX:
+            return pa.array(items, type)  # past int32 offsets, which pyarrow splits in chunks
+        offsets = offsets.astype(np.int32)
+    elif type != pa.large_binary():
+        raise ValueError(f"binary_array builds binary or large_binary, not {type}")
+    data = pa.py_buffer(b"".join(present))
+    return pa.Array.from_buffers(type, n, [validity, pa.py_buffer(offsets), data])
+
+
 def new_segment_name(extension: str) -> str:
     # Time-ordered and unique: listings sort by age, and no two writers ever collide.
     return f"segments/{int(time.time() * 1000):013d}-{unique_id()}.{extension}"
@@ -127,7 +182,8 @@ def conform(table: pa.Table | pa.RecordBatch, schema: pa.Schema = RECORD_SCHEMA)
         if field.name not in table.column_names:
             if field.name == "timestamp":  # records without a time are stamped now
                 now_us = int(time.time() * 1_000_000)
-                columns.append(pa.array(np.full(table.num_rows, now_us, np.int64)).cast(field.type))
+                stamps = fixed_array(np.full(table.num_rows, now_us, np.int64), pa.int64())
+                columns.append(stamps.cast(field.type))
                 continue
             if field.name in ("key", "headers"):
                 columns.append(pa.nulls(table.num_rows, field.type))
@@ -202,10 +258,9 @@ def write_segment(
     table = conform(table, layout.read_schema if sparse else layout.record_schema)
     first_offset = last_offset = None
     if sparse:
-        offsets = table.column("offset").to_numpy()
-        if table.column("offset").null_count or (
-            len(offsets) > 1 and not bool(np.all(np.diff(offsets) > 0))
-        ):
+        column = table.column("offset")
+        offsets = numpy_values(column, np.int64) if not column.null_count else None
+        if offsets is None or (len(offsets) > 1 and not bool(np.all(np.diff(offsets) > 0))):
             raise InvalidRecordError(
                 "sparse segment offsets must be non-null and strictly increasing"
             )
@@ -294,7 +349,9 @@ def decode_segment(
     if sparse:
         offsets = table.column("offset")
     else:
-        offsets = pa.array(np.arange(base_offset, base_offset + table.num_rows, dtype=np.int64))
+        offsets = fixed_array(
+            np.arange(base_offset, base_offset + table.num_rows, dtype=np.int64), pa.int64()
+        )
     out_cols = [table.column(c) for c in wanted]
     names = list(wanted)
     if columns is None or "offset" in columns:
