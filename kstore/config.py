@@ -33,6 +33,12 @@ MAX_UNCOMMITTED_MS = MIN_ORPHAN_AGE_MS // 2
 # the window in which a reader that loaded the state before the removal opens the files it
 # names, plus the storage clock's resolution (S3 records times to the second).
 MIN_FILE_DELETE_DELAY_MS = 10_000
+# A Spark sink's files wait for the driver's commit under a write intent, which keeps vacuum
+# off them for INTENT_PROTECTION_MS (storage clock). The driver commits a file only within
+# MAX_SINK_UNCOMMITTED_MS of the time in its name (the task's wall clock at the start of the
+# write, against the driver's): the difference is the margin for skew between those clocks.
+INTENT_PROTECTION_MS = 7 * 24 * 3600 * 1000
+MAX_SINK_UNCOMMITTED_MS = 24 * 3600 * 1000
 
 
 @dataclass(frozen=True)

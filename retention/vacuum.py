@@ -43,7 +43,7 @@ from typing import Any
 
 from kstore.compaction.jobs import PartitionResult, WorkItem, name_time_ms
 
-from kstore.config import MIN_FILE_DELETE_DELAY_MS
+from kstore.config import INTENT_PROTECTION_MS, MIN_FILE_DELETE_DELAY_MS
 from kstore.config import MIN_ORPHAN_AGE_MS as MIN_ORPHAN_AGE_MS
 from kstore.errors import InvalidConfigurationError
 from kstore.layout import TOPICS, partition_dir, topic_data_dir, topic_log_dir
@@ -191,7 +191,6 @@ def old_log_files(
 
 
 SPARK_PENDING = "spark/pending"  # the Spark sink's write intents (spark_ext/pending.py)
-INTENT_PROTECTION_MS = 7 * 24 * 3600 * 1000
 
 
 def _written_by_running_spark_jobs(storage: Any, partition_directory: str, now: int) -> set[str]:

@@ -43,11 +43,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from kstore.config import INTENT_PROTECTION_MS, MAX_SINK_UNCOMMITTED_MS
 from kstore.errors import (
     CommitStateUnknownError,
     ConcurrentModificationError,
     InvalidRecordError,
     RecordTooLargeError,
+    StaleWriteError,
     UnknownTopicOrPartitionError,
 )
 from kstore.partition import AppendResult
@@ -376,15 +378,26 @@ class TaskSink:
             configured = meta.effective_config["compression.type"]
             compression = "uncompressed" if configured == "producer" else str(configured)
         partition = self.store.partition(topic, p, meta)
-        written = partition.write_segment(
-            table, compression=compression, durable=self.options.durable
-        )
-        self.written.append(
-            WrittenFile(topic, meta.topic_id, p, written, (self.task, self._sequence))
-        )
-        self._sequence += 1
-        if self.on_written is not None:
-            self.on_written(list(self.written))
+        retry = partition.log.retry
+        while True:
+            written_at = retry.clock()  # before the write: a slow write counts too
+            written = partition.write_segment(
+                table, compression=compression, durable=self.options.durable
+            )
+            self.written.append(
+                WrittenFile(topic, meta.topic_id, p, written, (self.task, self._sequence))
+            )
+            self._sequence += 1
+            if self.on_written is not None:
+                self.on_written(list(self.written))  # from now on the write intent protects it
+            if not retry.too_old(written_at):
+                return
+            # Only the orphan age protected the file until its intent landed, and that took
+            # too long (PROTOCOL.md 23.1): vacuum may have deleted it. Write it again.
+            log.warning(
+                "kstore sink: %s-%d segment too old when recorded; writing it again", topic, p
+            )
+            delete_files(self.store, [self.written.pop()])
 
     def finish(self) -> list[WrittenFile]:
         for key in sorted(self.buffers):
@@ -431,6 +444,25 @@ def delete_uncommitted(store: Store, files: Sequence[FileLike]) -> None:
         committed = {s.path for s in state.segments} | state.removed.keys()
         orphans.extend(f for f in group if f.path not in committed)
     delete_files(store, orphans)
+
+
+def _check_sink_ages(topic: str, p: int, files: Sequence[WrittenFile]) -> None:
+    """Refuse to commit a file written more than MAX_SINK_UNCOMMITTED_MS ago (the time in its
+    name, 5.4 of PROTOCOL.md, is the task's clock at the start of the write): its write intent
+    stops protecting it from vacuum after INTENT_PROTECTION_MS (PROTOCOL.md 23.1)."""
+    now = int(time.time() * 1000)
+    for f in files:
+        stem = f.path.rsplit("/", 1)[-1][:13]
+        if not stem.isdigit():
+            continue  # not a name this sink wrote: no time to judge by
+        age = now - int(stem)
+        if age > MAX_SINK_UNCOMMITTED_MS:
+            raise StaleWriteError(
+                f"kstore sink: {topic}-{p}: segment {f.path} was written {age} ms before this "
+                f"commit, more than {MAX_SINK_UNCOMMITTED_MS} ms (vacuum may delete it "
+                f"{INTENT_PROTECTION_MS} ms after its write); nothing was committed, run the "
+                "batch again"
+            )
 
 
 def _messages(messages: Sequence[WriterCommitMessage | None]) -> list[KStoreCommitMessage]:
@@ -484,6 +516,7 @@ def commit_files(
             raise ConcurrentModificationError(
                 f"kstore sink: topic {topic!r} was deleted and re-created while this write ran"
             )
+        _check_sink_ages(topic, p, files)
         result = store.partition(topic, p, meta).commit_segments(
             [f.file for f in files], txn=txn, durable=durable, operation="SPARK WRITE"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +223,77 @@ def test_on_an_object_store_vacuum_takes_now_from_a_probe_it_deletes(
     # A dry run writes nothing: this machine's clock.
     _, listing = StorageClock(store.storage, "d", None, dry_run=True).list()
     assert [i.name for i in listing] == ["file"]
+
+
+# -- the Spark sink ------------------------------------------------------------------------
+
+
+def sink_options(url: str) -> Any:
+    from kstore.spark_ext.options import parse_write_options
+
+    return parse_write_options({"store": url, "topic": "t"}, streaming=False)
+
+
+def sink_batch() -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({"key": [b"k"], "value": [b"v"]})
+
+
+def segment_names(store: Store, topic: str) -> set[str]:
+    part = store.partition(topic, 0)
+    return {i.name for i in store.storage.list_dir(f"{part.directory}/segments")}
+
+
+def test_the_spark_sink_never_commits_a_file_older_than_its_bound(tmp_path: Path) -> None:
+    from kstore.spark_ext.writer import KStoreCommitMessage, TaskSink, WrittenFile, commit_files
+
+    url = f"file://{tmp_path}/store"
+    store = Store(url)
+    store.create_topic("t", 1)
+    sink = TaskSink(sink_options(url), store, {"key": "key", "value": "value"}, seed="s", task=0)
+    sink.add(sink_batch())
+    (fresh,) = sink.finish()
+    # The same bytes under a name from 25 hours ago: a driver that commits a day late.
+    part = store.partition("t", 0)
+    old_path = f"segments/{wall_ms() - 25 * 3600 * 1000:013d}-{'0' * 32}.arrow"
+    data = store.storage.read(f"{part.directory}/{fresh.path}")
+    store.storage.put_if_absent(f"{part.directory}/{old_path}", data)
+    old = WrittenFile("t", fresh.topic_id, 0, replace(fresh.file, path=old_path), fresh.order)
+    with pytest.raises(StaleWriteError, match="run the batch again"):
+        commit_files(store, [KStoreCommitMessage(files=[old])], txn=None, durable=False)
+    assert part.state().segments == []  # nothing committed
+    assert old_path.rsplit("/", 1)[-1] not in segment_names(store, "t")  # and the file deleted
+    commit_files(store, [KStoreCommitMessage(files=[fresh])], txn=None, durable=False)
+    assert values(store, "t") == [b"v"]
+
+
+def test_a_spark_task_paused_before_its_write_intent_writes_the_segment_again(
+    tmp_path: Path,
+) -> None:
+    from kstore.spark_ext.writer import TaskSink, WrittenFile
+
+    url = f"file://{tmp_path}/store"
+    Store(url).create_topic("t", 1)
+    clock = ManualClock()
+    store = Store(url, retry=RetryPolicy(clock=clock))
+    recorded: list[list[str]] = []
+
+    def on_written(files: list[WrittenFile]) -> None:
+        if not recorded:  # the task pauses between its first write and recording its intent
+            clock.now += ELEVEN_MINUTES_MS / 1000
+        recorded.append([f.path for f in files])
+
+    sink = TaskSink(
+        sink_options(url),
+        store,
+        {"key": "key", "value": "value"},
+        seed="s",
+        task=0,
+        on_written=on_written,
+    )
+    sink.add(sink_batch())
+    (kept,) = sink.finish()
+    assert len(recorded) == 2
+    assert recorded[1] == [kept.path]  # the intent names only the new file
+    assert recorded[0][0] != kept.path
+    # The paused write's file is gone; the new one is there.
+    assert segment_names(store, "t") == {kept.path.rsplit("/", 1)[-1]}
