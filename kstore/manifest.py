@@ -297,11 +297,18 @@ class PartitionState(LogState):
             for s in self.segments
         )
         # Producer entries expire as in Kafka (producer.id.expiration.ms): without it, every
-        # producer instance that ever wrote here would stay in every checkpoint. Judged by the
-        # state's own last commit time, so the checkpoint of a version is deterministic.
-        horizon = (self.last_commit_ms or 0) - PRODUCER_EXPIRATION_MS
+        # producer instance that ever wrote here would stay in every checkpoint. Judged by times
+        # in the state alone, so the checkpoint of a version is deterministic; and since those
+        # are writers' clocks, no single writer may move the cut-off: it runs from the last
+        # commit's time but no later than the lower median of the entries' own times, so a
+        # minority of clocks running fast cannot drop the other producers' entries.
+        times = sorted(p.timestamp_ms for p in self.producers.values() if p.timestamp_ms > 0)
+        reference = self.last_commit_ms or 0
+        if times:
+            reference = min(reference, times[(len(times) - 1) // 2])
+        horizon = reference - PRODUCER_EXPIRATION_MS
         for pid, p in sorted(self.producers.items()):
-            if p.timestamp_ms < horizon:
+            if p.timestamp_ms <= 0 or p.timestamp_ms < horizon:
                 continue
             actions.append(
                 {

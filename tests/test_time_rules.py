@@ -25,6 +25,7 @@ from kstore.config import (
 )
 from kstore.errors import InvalidConfigurationError, StaleWriteError
 from kstore.log import RetryPolicy
+from kstore.manifest import PartitionState
 from kstore.producer import Producer
 from kstore.storage import Storage
 from tests.test_jobs_support import append
@@ -297,3 +298,45 @@ def test_a_spark_task_paused_before_its_write_intent_writes_the_segment_again(
     assert recorded[0][0] != kept.path
     # The paused write's file is gone; the new one is there.
     assert segment_names(store, "t") == {kept.path.rsplit("/", 1)[-1]}
+
+
+# -- producer entries in checkpoints ---------------------------------------------------------
+
+DAY_MS = 86_400_000
+
+
+def producer_action(pid: str, timestamp_ms: int) -> dict[str, Any]:
+    return {
+        "id": pid,
+        "epoch": 0,
+        "firstSequence": 0,
+        "lastSequence": 0,
+        "baseOffset": 0,
+        "lastOffset": 0,
+        "timestamp": timestamp_ms,
+    }
+
+
+def checkpointed_producers(state: PartitionState) -> set[str]:
+    return {a["producer"]["id"] for a in state.checkpoint_actions() if "producer" in a}
+
+
+def test_a_writer_whose_clock_is_a_day_fast_does_not_expire_other_producers() -> None:
+    now = wall_ms()
+    state = PartitionState()
+    state.apply("producer", producer_action("honest", now))
+    state.apply("producer", producer_action("idle", now - 3 * DAY_MS))
+    # A writer two days fast commits last: its entry and the commit carry its clock.
+    state.apply("producer", producer_action("fast", now + 2 * DAY_MS))
+    state.last_commit_ms = now + 2 * DAY_MS
+    # The honest producer stays; the one idle for 3 days (by the honest clocks) still expires.
+    assert checkpointed_producers(state) == {"honest", "fast"}
+
+
+def test_producer_entries_still_expire_by_the_checkpoint_time() -> None:
+    now = wall_ms()
+    state = PartitionState()
+    for pid, age in (("a", 0), ("b", 0), ("old", 2 * DAY_MS), ("none", now)):
+        state.apply("producer", producer_action(pid, now - age))
+    state.last_commit_ms = now
+    assert checkpointed_producers(state) == {"a", "b"}  # no timestamp (0): always omitted
