@@ -68,8 +68,9 @@ def values(store: Store, topic: str) -> list[bytes]:
     return [v for b in part.read(0) for v in b.column("value").to_pylist()]
 
 
+@pytest.mark.parametrize("transactional", [False, True])
 def test_a_producer_paused_between_write_and_commit_never_commits_a_vacuumed_segment(
-    tmp_path: Path,
+    tmp_path: Path, transactional: bool
 ) -> None:
     url = f"file://{tmp_path}/store"
     Store(url).create_topic("t", 1)
@@ -91,8 +92,12 @@ def test_a_producer_paused_between_write_and_commit_never_commits_a_vacuumed_seg
 
     storage = PausingStorage(url, pause)
     store = Store.from_storage(storage, create=False, retry=RetryPolicy(clock=clock))
-    with Producer(store, acks="all") as producer:
+    with Producer(store, acks="all", transactional_id="tx" if transactional else None) as producer:
+        if transactional:
+            producer.begin_transaction()
         metadata = producer.send("t", b"v", partition=0).get(timeout=60)
+        if transactional:
+            producer.commit_transaction()
     assert metadata.offset == 0
     assert len(vacuumed) == 1  # the paused write's file went; the record was written again
     assert values(Store(url), "t") == [b"v"]
