@@ -41,6 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--consumers", type=int, default=3)
     parser.add_argument("--no-spark", action="store_true", help="no Spark streaming copy")
     parser.add_argument("--storage-restarts", type=int, default=3, help="seaweed only")
+    parser.add_argument(
+        "--skew", type=float, default=0.0, help="clock skew of worker processes, up to S s"
+    )
+    parser.add_argument(
+        "--long-pause", type=float, default=0.0, help="SIGSTOP clients and jobs S s (0: never)"
+    )
+    parser.add_argument(
+        "--machine-crash", action="store_true", help="local only: crash the machine at the end"
+    )
     args = parser.parse_args(argv)
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="kstore-torture-"))
@@ -69,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         spark=not args.no_spark,
         restart_storage=server.restart if server is not None else None,
         storage_restarts=args.storage_restarts,
+        skew_s=args.skew,
+        long_pause_s=args.long_pause,
+        machine_crash=args.machine_crash,
         log=lambda m: print(m, flush=True),
     )
     torture = Torture(config)
@@ -82,10 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(result.report(), flush=True)
     print(stats.describe(), flush=True)
-    if torture.error_samples:
-        print("sample of maintenance errors (injected faults):")
-        for line in torture.error_samples[:10]:
-            print("  " + line)
     summary = {**asdict(stats), "operations": stats.operations(), "command": command}
     (workdir / "stats.json").write_text(json.dumps(summary, indent=2))
     print(f"figures: {workdir / 'stats.json'}; history: {workdir / 'work' / 'history'}")

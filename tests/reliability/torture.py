@@ -247,7 +247,6 @@ class Torture:
         self.spark: subprocess.Popen[bytes] | None = None
         self.counter = 0
         self.ends_at: float | None = None
-        self.error_samples: list[str] = []
         self.spark_restarted_at: int | None = None
         self.log = config.log
         self.shadow = str(self.work / "machine-shadow")
@@ -415,6 +414,22 @@ class Torture:
                 victim.stopped = True
                 self.stats.stops += 1
 
+    def scheduled_pause(self, role: str) -> None:
+        """A long pause of a process of ``role`` at a set moment, if it can end in time."""
+        now = time.monotonic()
+        live = [
+            p
+            for p in self.procs
+            if p.role == role
+            and p.process.poll() is None
+            and not p.stopped
+            and now - p.started > 4.0
+        ]
+        if live and self.ends_at is not None and now + self.config.long_pause_s + 5 < self.ends_at:
+            victim = self.rng.choice(live)
+            victim.process.send_signal(signal.SIGSTOP)
+            self.pause_long(victim)
+
     def may_pause_long(self) -> bool:
         """At most two long pauses at once, and each must end before the run does."""
         c = self.config
@@ -523,8 +538,20 @@ class Torture:
                 if c.restart_storage is not None
                 else []
             )
+            # A producer, a group member and a maintenance process each paused once at a set
+            # moment (the random pauses may not happen in a short run), if the pause fits.
+            pauses = (
+                [
+                    (started + c.duration_s * f, role)
+                    for f, role in ((0.1, "producer"), (0.15, "consumer"), (0.2, "maintenance"))
+                ]
+                if c.long_pause_s > 0
+                else []
+            )
             while time.monotonic() - started < c.duration_s:
                 time.sleep(self.rng.uniform(1.0, 3.0))
+                while pauses and time.monotonic() >= pauses[0][0]:
+                    self.scheduled_pause(pauses.pop(0)[1])
                 self.disturb()
                 self.find_self_paused()
                 self.resume_stopped()

@@ -17,9 +17,11 @@ file), ``seed``; for ``txn``, ``tid`` (the transactional id); for ``maintenance`
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import random
+import signal
 import sys
 import threading
 import time
@@ -347,6 +349,7 @@ def maintenance_loop(
 
 def main() -> None:
     role, config = sys.argv[1], json.loads(sys.argv[2])
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a stuck worker is
     faultfs.register()
     logging.getLogger("kstore").setLevel(logging.ERROR)
     if config.get("machine"):
