@@ -670,7 +670,7 @@ class Storage:
             self.fs.invalidate_cache(path)
             if self.is_s3:
                 items = self._s3_call(
-                    "listing", rel, lambda: self.fs._ls(path, detail=True, refresh=True)
+                    "listing", rel, lambda: self._s3_list(path), own_deadline=True
                 )
             else:
                 items = self.fs.ls(path, detail=True)
@@ -686,6 +686,40 @@ class Storage:
             mtime = item.get("LastModified") or item.get("mtime") or item.get("created")
             out.append(FileInfo(name, int(item.get("size") or 0), _to_ms(mtime)))
         return out
+
+    async def _s3_list(self, path: str) -> list[dict[str, Any]]:
+        """The entries directly below ``path``, a LIST page at a time; the deadline bounds each
+        page, so a directory of millions of files (an old partition log) can still be listed."""
+        import asyncio
+
+        fs = self.fs
+        bucket, key, _ = fs.split_path(path)
+        prefix = f"{key.rstrip('/')}/" if key else ""
+        pages = fs._list_pages("list_objects_v2", Bucket=bucket, Prefix=prefix, Delimiter="/")
+        items: list[dict[str, Any]] = []
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(self.timeout_s) as scope:
+                        page = await anext(pages)
+                except StopAsyncIteration:
+                    return items
+                except TimeoutError:
+                    if scope.expired():
+                        raise _NoAnswerError from None
+                    raise
+                for common in page.get("CommonPrefixes", []):
+                    items.append({"name": f"{bucket}/{common['Prefix']}", "size": 0})
+                for entry in page.get("Contents", []):
+                    items.append(
+                        {
+                            "name": f"{bucket}/{entry['Key']}",
+                            "size": entry.get("Size", 0),
+                            "LastModified": entry.get("LastModified"),
+                        }
+                    )
+        finally:
+            await pages.aclose()
 
     # -- writes ------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import socket
 import subprocess
@@ -291,6 +292,26 @@ def test_read_ranges_coalesces_near_ranges_into_one_get(
     with st.count_requests() as counts:
         assert st.read_ranges("r/segment", [(2 << 20, (2 << 20) + 5)]) == [b""]  # a 416
     assert dict(counts) == {"GET": 1}
+
+
+@pytest.mark.s3
+def test_a_listing_of_several_pages_lists_everything(
+    moto_store: tuple[str, dict[str, Any]],
+) -> None:
+    st = Storage(*moto_store)
+    names = {f"{i:05d}.json" for i in range(1005)}  # two pages of at most 1000 keys
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda name: st.put_if_absent(f"log/{name}", b"{}"), names))
+    st.put_if_absent("log/sub/deeper.json", b"{}")
+    st.put_if_absent("logs-beside/x", b"{}")
+    with st.count_requests() as counts:
+        listing = st.list_dir("log")
+    assert {info.name for info in listing} == names | {"sub"}
+    assert all(info.size == 2 and info.mtime_ms for info in listing if info.name != "sub")
+    assert dict(counts) == {"LIST": 2}
+    with st.count_requests() as counts:
+        assert st.list_dir("absent") == []
+    assert dict(counts) == {"LIST": 1}
 
 
 def test_count_requests_is_for_s3_only(tmp_path: Path) -> None:
