@@ -131,9 +131,8 @@ def test_records_acknowledged_at_acks_all_survive_a_machine_crash(
 @pytest.mark.xfail(
     strict=True,
     reason="kstore/storage.py lets an OSError of the directory fsync after the link escape as "
-    "a definite failure though the commit landed; the producer then acknowledges the next "
-    "record at the landed commit's offset (its idempotence check matches the same sequence) "
-    "and never writes it",
+    "a definite failure though the commit landed; the producer then acknowledges its next "
+    "record at the landed commit's offset and never writes it",
 )
 def test_a_failed_directory_fsync_after_a_commit_landed_loses_no_acknowledged_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

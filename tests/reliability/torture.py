@@ -227,6 +227,13 @@ class _Proc:
     stopped: bool = False
     started: float = field(default_factory=time.monotonic)
     resume_at: float | None = None  # a long pause: resumed then (monotonic)
+    ready: bool = False  # it recorded its start (imports done, store open)
+
+    def is_ready(self) -> bool:
+        if not self.ready:
+            path = self.config["history"]
+            self.ready = os.path.exists(path) and os.path.getsize(path) > 0
+        return self.ready
 
 
 class Torture:
@@ -385,12 +392,12 @@ class Torture:
 
     def disturb(self) -> None:
         """One random disturbance: kill, stop (and later resume) or restart a client."""
-        # Only processes that have had time to start (imports, store, group join) are victims.
-        now = time.monotonic()
+        # Only processes that are up (imports done, store open: seconds on a loaded machine)
+        # are victims.
         live = [
             p
             for p in self.procs
-            if p.process.poll() is None and now - p.started > 4.0 and p.resume_at is None
+            if p.process.poll() is None and p.is_ready() and p.resume_at is None
         ]
         roll = self.rng.random()
         if live and roll < 0.05 and self.may_pause_long():
@@ -414,21 +421,20 @@ class Torture:
                 victim.stopped = True
                 self.stats.stops += 1
 
-    def scheduled_pause(self, role: str) -> None:
-        """A long pause of a process of ``role`` at a set moment, if it can end in time."""
+    def scheduled_pause(self, role: str) -> bool:
+        """A long pause of a process of ``role`` at a set moment, if it can end in time; False
+        when no such process is up yet."""
         now = time.monotonic()
         live = [
             p
             for p in self.procs
-            if p.role == role
-            and p.process.poll() is None
-            and not p.stopped
-            and now - p.started > 4.0
+            if p.role == role and p.process.poll() is None and not p.stopped and p.is_ready()
         ]
         if live and self.ends_at is not None and now + self.config.long_pause_s + 5 < self.ends_at:
             victim = self.rng.choice(live)
             victim.process.send_signal(signal.SIGSTOP)
             self.pause_long(victim)
+        return bool(live)
 
     def may_pause_long(self) -> bool:
         """At most two long pauses at once, and each must end before the run does."""
@@ -550,8 +556,10 @@ class Torture:
             )
             while time.monotonic() - started < c.duration_s:
                 time.sleep(self.rng.uniform(1.0, 3.0))
-                while pauses and time.monotonic() >= pauses[0][0]:
-                    self.scheduled_pause(pauses.pop(0)[1])
+                due = [role for at, role in pauses if time.monotonic() >= at]
+                pauses = [(at, role) for at, role in pauses if role not in due]
+                # A pause whose process is not up yet is tried again at the next round.
+                pauses += [(0.0, role) for role in due if not self.scheduled_pause(role)]
                 self.disturb()
                 self.find_self_paused()
                 self.resume_stopped()

@@ -359,6 +359,9 @@ def main() -> None:
     record = Recorder(config["history"])
     rng = random.Random(config["seed"])
     store = Store(config["url"], config["options"], create=False)
+    # Up and running (imports and the store's first reads take seconds on a loaded machine):
+    # the driver disturbs only processes that got this far.
+    record("start", who=config["name"], role=role)
     never = threading.Event().is_set
     if role == "producer":
         produce_loop(store, config["name"], record, rng, never)
