@@ -38,7 +38,8 @@ def _main(argv: Sequence[str] | None) -> int:
         "--orphan-age-ms",
         type=int,
         default=DEFAULT_ORPHAN_AGE_MS,
-        help="vacuum: delete unreferenced files older than this (default 1 h)",
+        help="vacuum: delete unreferenced files older than this by the storage's clock "
+        "(default 1 h, at least 10 min)",
     )
     parser.add_argument(
         "--log-retention-ms",
