@@ -35,6 +35,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import functools
 import os
 import random
 import threading
@@ -687,15 +688,17 @@ class Storage:
             out.append(FileInfo(name, int(item.get("size") or 0), _to_ms(mtime)))
         return out
 
-    async def _s3_list(self, path: str) -> list[dict[str, Any]]:
-        """The entries directly below ``path``, a LIST page at a time; the deadline bounds each
-        page, so a directory of millions of files (an old partition log) can still be listed."""
+    async def _s3_list(self, path: str, *, recursive: bool = False) -> list[dict[str, Any]]:
+        """The entries directly below ``path`` (every file below it when ``recursive``), a
+        LIST page at a time; the deadline bounds each page, so a directory of millions of
+        files (an old partition log) can still be listed."""
         import asyncio
 
         fs = self.fs
         bucket, key, _ = fs.split_path(path)
         prefix = f"{key.rstrip('/')}/" if key else ""
-        pages = fs._list_pages("list_objects_v2", Bucket=bucket, Prefix=prefix, Delimiter="/")
+        options = {} if recursive else {"Delimiter": "/"}
+        pages = fs._list_pages("list_objects_v2", Bucket=bucket, Prefix=prefix, **options)
         items: list[dict[str, Any]] = []
         try:
             while True:
@@ -843,7 +846,7 @@ class Storage:
         for rel, path in named:
             try:
                 if self.is_s3:
-                    self._s3_call("deleting", rel, _bind(self.fs._rm_file, path))
+                    self._s3_call("deleting", rel, functools.partial(self.fs._rm_file, path))
                 else:
                     self.fs.rm_file(path)
             except FileNotFoundError:
@@ -867,7 +870,7 @@ class Storage:
         try:
             self.fs.invalidate_cache(path)
             if self.is_s3:
-                self._s3_call("deleting", rel, lambda: self._s3_delete_tree(path))
+                self._s3_delete_tree(rel, path)
             elif self.fs.exists(path):
                 self.fs.rm(path, recursive=True)
         except FileNotFoundError:
@@ -877,29 +880,44 @@ class Storage:
         except Exception as exc:
             raise StorageError(f"deleting {rel!r} failed: {_reason(exc)}") from exc
 
-    async def _s3_delete_tree(self, path: str) -> None:
+    def _s3_delete_tree(self, rel: str, path: str) -> None:
+        """List every file below ``path`` (a page at a time), delete them 1,000 to a request,
+        then the directory entries; each request under its own deadline, so a large topic
+        can be deleted."""
+        listed = self._s3_call(
+            "listing", rel, lambda: self._s3_list(path, recursive=True), own_deadline=True
+        )
+        files = [str(item["name"]) for item in listed]
+        for start in range(0, len(files), 1000):
+            batch = files[start : start + 1000]
+            self._s3_call("deleting", rel, functools.partial(self._s3_delete_keys, batch))
         fs = self.fs
-        if not await fs._exists(path):
-            return
-        files = await fs._find(path)
-        await fs._rm(path, recursive=True)
-        await self._remove_directory_entries(path, files)
-
-    async def _remove_directory_entries(self, path: str, files: list[str]) -> None:
-        """SeaweedFS keeps a directory entry after the last file below it is deleted (listings
-        still show it and ``exists`` stays true); deleting the key ``<dir>/`` removes it. On
-        plain S3 no such keys exist and each DELETE is a no-op."""
-        dirs = {path}
-        for file in files:
-            parent = file.rsplit("/", 1)[0]
-            while parent.startswith(path + "/"):
-                dirs.add(parent)
-                parent = parent.rsplit("/", 1)[0]
-        for directory in sorted(dirs, key=len, reverse=True):  # children before parents
-            bucket, key, _ = self.fs.split_path(directory)
+        for directory in _directory_entries(path, files):
+            bucket, key, _ = fs.split_path(directory)
             if key:
-                await self.fs._call_s3("delete_object", Bucket=bucket, Key=key + "/")
-        self.fs.invalidate_cache(path)
+                # SeaweedFS keeps a directory entry after the last file below it is deleted
+                # (listings still show it and ``exists`` stays true); deleting the key
+                # ``<dir>/`` removes it. On plain S3 no such keys exist: a no-op.
+                entry = {"Bucket": bucket, "Key": key + "/"}
+                self._s3_call(
+                    "deleting", rel, functools.partial(fs._call_s3, "delete_object", **entry)
+                )
+        fs.invalidate_cache(path)
+
+    async def _s3_delete_keys(self, paths: list[str]) -> None:
+        fs = self.fs
+        bucket = fs.split_path(paths[0])[0]
+        objects = [{"Key": fs.split_path(p)[1]} for p in paths]
+        out = await fs._call_s3(
+            "delete_objects", Bucket=bucket, Delete={"Objects": objects, "Quiet": True}
+        )
+        errors = out.get("Errors") or []
+        if errors:
+            first = errors[0]
+            raise StorageError(
+                f"deleting {len(paths)} files: {len(errors)} not deleted, the first "
+                f"{first.get('Key')!r}: {first.get('Code')} {first.get('Message', '')}".rstrip()
+            )
 
     # -- local disk ----------------------------------------------------------------------------
 
@@ -1040,8 +1058,15 @@ def _reason(exc: BaseException) -> str:
     return text
 
 
-def _bind(func: Callable[[str], Awaitable[Any]], arg: str) -> Callable[[], Awaitable[Any]]:
-    return lambda: func(arg)
+def _directory_entries(path: str, files: list[str]) -> list[str]:
+    """``path`` and every directory between it and ``files``, children before parents."""
+    dirs = {path}
+    for file in files:
+        parent = file.rstrip("/").rsplit("/", 1)[0]
+        while parent.startswith(path + "/"):
+            dirs.add(parent)
+            parent = parent.rsplit("/", 1)[0]
+    return sorted(dirs, key=len, reverse=True)
 
 
 def _fsync_dir(directory: str) -> None:

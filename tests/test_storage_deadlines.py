@@ -295,7 +295,7 @@ def test_read_ranges_coalesces_near_ranges_into_one_get(
 
 
 @pytest.mark.s3
-def test_a_listing_of_several_pages_lists_everything(
+def test_a_tree_of_several_pages_lists_and_deletes_whole(
     moto_store: tuple[str, dict[str, Any]],
 ) -> None:
     st = Storage(*moto_store)
@@ -312,6 +312,13 @@ def test_a_listing_of_several_pages_lists_everything(
     with st.count_requests() as counts:
         assert st.list_dir("absent") == []
     assert dict(counts) == {"LIST": 1}
+    # Deleting the tree: two LIST pages, two bulk DELETEs of at most 1,000 keys, then one
+    # DELETE per directory entry (log/sub, log).
+    with st.count_requests() as counts:
+        st.delete_tree("log")
+    assert dict(counts) == {"LIST": 2, "DELETE": 4}
+    assert st.list_dir("log") == []
+    assert st.read("logs-beside/x") == b"{}"
 
 
 def test_count_requests_is_for_s3_only(tmp_path: Path) -> None:
