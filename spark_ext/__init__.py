@@ -7,8 +7,11 @@ Register it once per Spark session::
 
     df = (spark.read.format("kstore")
           .option("store", "s3://bucket/ks").option("subscribe", "clicks").load())
-    (df.selectExpr("key", "value").write.format("kstore")
+    (df.selectExpr("key", "value").write.format("kstore").mode("append")
        .option("store", "s3://bucket/ks").option("topic", "copy").save())
+
+``.mode("append")`` is needed: PySpark refuses a Python data source's write in the default
+mode (ErrorIfExists) before the source is asked; Kafka's sink takes it as an append.
 
 It then works with ``spark.read``, ``spark.readStream``, ``df.write``, ``df.writeStream`` and
 from SQL (``CREATE TEMPORARY VIEW v USING kstore OPTIONS (store '...', subscribe '...')``,
@@ -17,6 +20,8 @@ then ``SELECT`` from it or ``INSERT INTO`` it). Options and semantics: spark_ext
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -43,13 +48,16 @@ from .writer import KStoreBatchWriter, KStoreStreamWriter, check_input_schema
 
 FORMAT = "kstore"
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+HIDE_TRACEBACK_CONF = "spark.sql.execution.pyspark.udf.hideTraceback.enabled"
 
 __all__ = [
     "FORMAT",
+    "HIDE_TRACEBACK_CONF",
     "DataLossError",
     "InvalidOptionError",
     "KStoreDataSource",
     "KStoreDataSourceWithPushdown",
+    "offsets_behind_latest",
     "register",
 ]
 
@@ -155,7 +163,7 @@ def _check_topic_exists(options: Any, schema: StructType) -> None:
             )
 
 
-def register(spark: Any, *, filter_pushdown: bool = False) -> None:
+def register(spark: Any, *, filter_pushdown: bool = False, short_errors: bool = False) -> None:
     """Register the ``kstore`` format with ``spark`` (a SparkSession); call once per session.
 
     ``filter_pushdown=True`` also lets batch reads take over filters on topic, partition,
@@ -166,9 +174,49 @@ def register(spark: Any, *, filter_pushdown: bool = False) -> None:
     filters were pushed down, a later query on the *same* DataFrame or view that has no
     filter to push reuses the filtered plan and silently returns the filtered rows. With
     pushdown on, load a fresh DataFrame (``spark.read...load()``) for every query.
+
+    ``short_errors=True`` sets ``spark.sql.execution.pyspark.udf.hideTraceback.enabled``, so
+    that an error of the source (a bad option, a missing topic, data loss) reaches the user
+    as one line, ``<ErrorType>: <message>``, instead of a Python traceback with the message
+    at its bottom. It is a session setting: it shortens the errors of every Python UDF and
+    data source of the session too, hence off by default.
     """
+    if short_errors:
+        spark.conf.set(HIDE_TRACEBACK_CONF, "true")
     if filter_pushdown:
         spark.conf.set(PUSHDOWN_CONF, "true")
         spark.dataSource.register(KStoreDataSourceWithPushdown)
     else:
         spark.dataSource.register(KStoreDataSource)
+
+
+def offsets_behind_latest(source: Mapping[str, Any]) -> dict[str, str]:
+    """Kafka's source metrics ``avgOffsetsBehindLatest``, ``maxOffsetsBehindLatest`` and
+    ``minOffsetsBehindLatest`` for one entry of a progress' ``sources``
+    (``query.lastProgress["sources"][0]``), from its ``endOffset`` and ``latestOffset``.
+
+    PySpark 4.3's Python stream readers cannot report custom metrics (their ``metrics`` is
+    always ``{}``), so dashboards compute them from the progress with this function."""
+
+    def offsets(name: str) -> dict[tuple[str, str], int]:
+        value = source.get(name)
+        if isinstance(value, str):
+            value = json.loads(value)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise InvalidOptionError(
+                f"offsets_behind_latest: the progress' {name!r} is not a JSON object of "
+                f"offsets: {value!r}"
+            )
+        return {(t, p): int(o) for t, parts in value.items() for p, o in parts.items()}
+
+    end, latest = offsets("endOffset"), offsets("latestOffset")
+    behind = [max(0, latest[tp] - end.get(tp, 0)) for tp in latest]
+    if not behind:
+        return {}
+    return {
+        "avgOffsetsBehindLatest": str(float(sum(behind)) / len(behind)),
+        "maxOffsetsBehindLatest": str(max(behind)),
+        "minOffsetsBehindLatest": str(min(behind)),
+    }

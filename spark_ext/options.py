@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from typing import Any
 from kstore.errors import InvalidConfigurationError, InvalidGroupIdError
 from kstore.names import validate_group_id, validate_topic_name
 from kstore.partitioner import PARTITIONER_NAMES
+
+log = logging.getLogger(__name__)
 
 EARLIEST = -2  # Kafka's sentinels in the JSON offset form
 LATEST = -1
@@ -43,6 +46,40 @@ SPARK_OPTIONS = frozenset(
     }
 )
 
+# Kafka connector options a ported job carries. Kafka's own connector takes every "kafka.*"
+# option as a client setting; kstore has no client to hand them to, so each is mapped to its
+# kstore option, ignored with a logged note (broker, network and client tuning), or refused
+# when ignoring it would silently change what the job does.
+KAFKA_MAPPED = {
+    "kafka.group.id": "groupid",
+    "kafka.isolation.level": "isolationlevel",
+    "kafka.acks": "acks",
+    "kafka.compression.type": "compression",
+}
+KAFKA_REFUSED = {
+    "kafka.auto.offset.reset": "use option 'startingOffsets' (earliest or latest)",
+    "kafka.enable.auto.commit": "use option 'groupId' to record each micro-batch's offsets",
+    "kafka.key.deserializer": "keys are read as binary (or a typed topic's declared type); "
+    "cast or parse the 'key' column",
+    "kafka.value.deserializer": "values are read as binary (or a typed topic's declared "
+    "type); cast or parse the 'value' column",
+    "kafka.key.serializer": "write 'key' as string or binary (or the typed topic's key type)",
+    "kafka.value.serializer": "write 'value' as string or binary (or a struct for a typed topic)",
+    "kafka.partitioner.class": "use option 'partitioner' (" + ", ".join(PARTITIONER_NAMES) + ")",
+    "kafka.interceptor.classes": "kstore runs no client interceptors",
+    "kafka.transactional.id": "writes are exactly-once per micro-batch already; for batch "
+    "writes use options 'txnAppId' and 'txnVersion'",
+}
+# Kafka source options that choose or tune a Kafka consumer; nothing to choose without one.
+KAFKA_IGNORED_OPTIONS = frozenset(
+    {
+        "groupidprefix",
+        "kafkaconsumer.polltimeoutms",
+        "fetchoffset.numretries",
+        "fetchoffset.retryintervalms",
+    }
+)
+
 STORE_OPTIONS = ("store", "storageoptions")
 READ_OPTIONS = (
     "subscribe",
@@ -60,6 +97,7 @@ READ_OPTIONS = (
     "maxtriggerdelay",
     "maxbytespertrigger",
     "minpartitions",
+    "maxrecordsperpartition",
     "failondataloss",
     "includeheaders",
     "isolationlevel",
@@ -74,6 +112,7 @@ WRITE_OPTIONS = (
     "segmentbytes",
     "compression",
     "acks",
+    "keeptimestamp",
 )
 # The spelling shown in messages (Spark lower-cases the keys it hands over).
 CANONICAL = {
@@ -96,6 +135,7 @@ CANONICAL = {
         "maxTriggerDelay",
         "maxBytesPerTrigger",
         "minPartitions",
+        "maxRecordsPerPartition",
         "failOnDataLoss",
         "includeHeaders",
         "isolationLevel",
@@ -107,6 +147,7 @@ CANONICAL = {
         "segmentBytes",
         "compression",
         "acks",
+        "keepTimestamp",
     )
 }
 
@@ -142,19 +183,58 @@ def normalize(options: Mapping[str, Any]) -> dict[str, str]:
         if key in SPARK_OPTIONS or key.startswith(("__", "storage.")):
             out[key] = str(value)
             continue
-        if key.startswith("kafka."):
-            raise InvalidOptionError(
-                f"kstore option {raw_key!r}: kstore has no brokers, so Kafka client settings do "
-                "not apply; give the store's URL with option 'store' (and storage settings with "
-                "'storageOptions' or 'storage.<name>')"
-            )
+        if key.startswith("kafka.") or key in KAFKA_IGNORED_OPTIONS:
+            _kafka_option(str(raw_key), key, str(value), out)
+            continue
         if key not in allowed:
             candidates = [shown(k) for k in sorted(allowed)]
             close = difflib.get_close_matches(shown(key), candidates, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise InvalidOptionError(f"unknown kstore option {raw_key!r}{hint}")
+        if key in out and out[key] != str(value):
+            raise _conflict(key, str(value), out[key])
         out[key] = str(value)
+    if "kafka.bootstrap.servers" in out:
+        if "store" not in out:
+            raise InvalidOptionError(
+                "kstore option 'store' is required: kstore has no brokers, so "
+                "'kafka.bootstrap.servers' cannot stand for it; give the store's URL, e.g. "
+                "option('store', 's3://bucket/prefix')"
+            )
+        del out["kafka.bootstrap.servers"]
     return out
+
+
+def _conflict(key: str, value: str, other: str) -> InvalidOptionError:
+    names = [k for k, v in KAFKA_MAPPED.items() if v == key]
+    origin = f" (or {names[0]!r})" if names else ""
+    return InvalidOptionError(
+        f"kstore option {shown(key)!r}{origin} is given twice with different values: "
+        f"{other!r} and {value!r}"
+    )
+
+
+def _kafka_option(raw_key: str, key: str, value: str, out: dict[str, str]) -> None:
+    """A Kafka connector option: mapped to its kstore option, ignored with a logged note, or
+    refused naming the kstore way (see KAFKA_MAPPED and KAFKA_REFUSED)."""
+    if key in KAFKA_REFUSED:
+        raise InvalidOptionError(
+            f"kstore option {raw_key!r} is not supported: {KAFKA_REFUSED[key]}"
+        )
+    mapped = KAFKA_MAPPED.get(key)
+    if mapped is not None:
+        if mapped in out and out[mapped] != value:
+            raise _conflict(mapped, value, out[mapped])
+        out[mapped] = value
+        return
+    if key == "kafka.bootstrap.servers":
+        out[key] = value  # dropped once 'store' is known to be given (normalize)
+        return
+    log.info(
+        "kstore: ignoring option %r (it configures Kafka's clients; kstore reads and writes "
+        "the store directly)",
+        raw_key,
+    )
 
 
 # -- value parsers --------------------------------------------------------------------------------
@@ -407,6 +487,7 @@ class ReadOptions:
     group_id: str | None
     streaming: bool
     flatten_value: bool = False
+    max_records_per_partition: int | None = None
 
 
 def parse_subscription(options: Mapping[str, str]) -> Subscription:
@@ -548,6 +629,7 @@ def parse_read_options(raw: Mapping[str, Any], *, streaming: bool) -> ReadOption
         else None
     )
     min_partitions = optional_int("minpartitions", 1)
+    max_records = optional_int("maxrecordsperpartition", 1)
     if min_partitions is not None and min_partitions > MAX_MIN_PARTITIONS:
         raise _bad("minpartitions", f"{min_partitions} exceeds the limit {MAX_MIN_PARTITIONS}")
     isolation = options.get("isolationlevel", "read_committed").strip().lower()
@@ -574,6 +656,7 @@ def parse_read_options(raw: Mapping[str, Any], *, streaming: bool) -> ReadOption
         max_trigger_delay_ms=delay,
         max_bytes_per_trigger=max_bytes,
         min_partitions=min_partitions,
+        max_records_per_partition=max_records,
         fail_on_data_loss=parse_bool("failondataloss", options.get("failondataloss", "true")),
         include_headers=parse_bool("includeheaders", options.get("includeheaders", "false")),
         flatten_value=parse_bool("flattenvalue", options.get("flattenvalue", "false")),
@@ -598,6 +681,9 @@ class WriteOptions:
     durable: bool
     checkpoint_location: str | None
     streaming: bool
+    # Write the input's 'timestamp' column as CreateTime; by default, as Kafka's sink, every
+    # record is stamped with the time of writing (a copy's records then age from the copy).
+    keep_timestamp: bool = False
 
 
 def parse_write_options(raw: Mapping[str, Any], *, streaming: bool) -> WriteOptions:
@@ -648,4 +734,5 @@ def parse_write_options(raw: Mapping[str, Any], *, streaming: bool) -> WriteOpti
         durable=acks in ("all", "-1"),
         checkpoint_location=options.get("checkpointlocation"),
         streaming=streaming,
+        keep_timestamp=parse_bool("keeptimestamp", options.get("keeptimestamp", "false")),
     )

@@ -102,6 +102,7 @@ class KStoreBatchReader(DataSourceReader):
                 states,
                 resolver.metadata,
                 min_partitions=opts.min_partitions,
+                max_records_per_partition=opts.max_records_per_partition,
                 snapshot=False,
                 open_end=opts.ending.kind == "latest" and high is None,
                 earliest_start=opts.starting.kind == "earliest",
@@ -295,6 +296,7 @@ class KStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 states,
                 resolver.metadata,
                 min_partitions=self.options.min_partitions,
+                max_records_per_partition=self.options.max_records_per_partition,
                 snapshot=True,
             )
         )

@@ -10,6 +10,7 @@ and touch no manifest at all.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
@@ -447,20 +448,24 @@ def segments_between(state: PartitionState, start: int, end: int) -> list[Segmen
 
 
 def _split(segments: list[Segment], start: int, end: int, parts: int) -> list[tuple[int, int]]:
-    """Cut [start, end) into at most ``parts`` pieces of similar size, only at segment
-    boundaries (a segment is decoded whole, so a cut inside one would decode it twice)."""
-    if parts <= 1 or len(segments) <= 1:
+    """Cut [start, end) into ``parts`` pieces of similar offset counts (at most one per
+    offset), as Kafka's source splits a range for minPartitions. A cut moves to a segment
+    boundary within a tenth of a piece of it: a segment cut in two is decoded by both tasks."""
+    parts = min(parts, end - start)
+    if parts <= 1:
         return [(start, end)]
     target = (end - start) / parts
-    cuts: list[tuple[int, int]] = []
-    piece_start = start
-    for seg in segments[:-1]:
-        boundary = min(seg.last_offset + 1, end)
-        if boundary - piece_start >= target and len(cuts) < parts - 1 and boundary < end:
-            cuts.append((piece_start, boundary))
-            piece_start = boundary
-    cuts.append((piece_start, end))
-    return cuts
+    boundaries = [s.last_offset + 1 for s in segments if start < s.last_offset + 1 < end]
+    cuts = [start]
+    for k in range(1, parts):
+        cut = start + round(k * target)
+        near = min(boundaries, key=lambda b: abs(b - cut), default=None)
+        if near is not None and abs(near - cut) <= target / 10:
+            cut = near
+        if cuts[-1] < cut < end:
+            cuts.append(cut)
+    cuts.append(end)
+    return list(itertools.pairwise(cuts))
 
 
 def plan_tasks(
@@ -469,12 +474,13 @@ def plan_tasks(
     metadata: Mapping[str, TopicMetadata],
     *,
     min_partitions: int | None,
+    max_records_per_partition: int | None = None,
     snapshot: bool,
     open_end: bool = False,
     earliest_start: bool = False,
 ) -> list[ReadTask]:
-    """Tasks for ``ranges``: one per range, more when ``minPartitions`` asks for them (cut at
-    segment boundaries). ``snapshot``: tasks carry their segments (streaming); otherwise they
+    """Tasks for ``ranges``: one per range, more when ``minPartitions`` or
+    ``maxRecordsPerPartition`` ask for them (cut inside segments too, at boundaries when near). ``snapshot``: tasks carry their segments (streaming); otherwise they
     read the manifest when they run, and with ``open_end`` a range's last task reads up to
     the latest offset of that moment (batch)."""
     total = sum(r.size for r in ranges)
@@ -491,6 +497,8 @@ def plan_tasks(
         parts = 1
         if min_partitions is not None and total > 0 and len(ranges) < min_partitions:
             parts = max(1, math.floor(r.size / total * min_partitions + 0.5))
+        if max_records_per_partition is not None and r.size > max_records_per_partition:
+            parts = max(parts, -(-r.size // max_records_per_partition))
         pieces = _split(segs, r.start, r.end, parts) if segs else [(r.start, r.end)]
         for i, (lo, hi) in enumerate(pieces):
             piece = (

@@ -70,6 +70,9 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"  # set by Spark on every task of a s
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 COMMIT_THREADS = 8  # partitions committed concurrently (object-store round trips dominate)
 RECORD_OVERHEAD_BYTES = 70  # as the producer: Kafka's per-record overhead, for size limits
+# Records with neither key nor partition move to the next partition after this many bytes of
+# them, as Kafka's sticky partitioner moves on when a batch fills (its default batch.size).
+STICKY_BATCH_BYTES = 16 * 1024
 
 # A struct value (and a typed key) is for typed topics; checked against the topic's schema.
 _INPUT_TYPES: dict[str, tuple[type[DataType], ...]] = {
@@ -83,8 +86,8 @@ _INPUT_TYPES: dict[str, tuple[type[DataType], ...]] = {
 
 def check_input_schema(schema: StructType, options: WriteOptions) -> dict[str, str]:
     """The input columns the sink uses (lower-case name -> column name), as the Kafka sink:
-    ``value`` required, ``key``, ``topic``, ``partition``, ``headers``, ``timestamp`` optional,
-    other columns ignored. Raises naming the column at fault."""
+    ``value`` required, ``key``, ``topic``, ``partition``, ``headers`` optional (``timestamp``
+    too with option keepTimestamp), other columns ignored. Raises naming the column at fault."""
     names = {f.name.lower(): f for f in schema.fields}
     if "value" not in names:
         raise InvalidRecordError(
@@ -92,7 +95,14 @@ def check_input_schema(schema: StructType, options: WriteOptions) -> dict[str, s
             "a typed topic); it has "
             f"{', '.join(schema.fieldNames()) or 'no columns'}"
         )
+    # Without keepTimestamp the 'timestamp' column is ignored like any other: Kafka's sink
+    # stamps the time of writing.
+    used = ("value", "key", "topic", "partition", "headers") + (
+        ("timestamp",) if options.keep_timestamp else ()
+    )
     for name, kinds in _INPUT_TYPES.items():
+        if name not in used:
+            continue
         f = names.get(name)
         if f is not None and not isinstance(f.dataType, kinds):
             typed_only = name in ("key", "value")
@@ -112,11 +122,7 @@ def check_input_schema(schema: StructType, options: WriteOptions) -> dict[str, s
         raise InvalidOptionError(
             "kstore sink: no topic: set the option 'topic' or give the input a 'topic' column"
         )
-    return {
-        n: f.name
-        for n, f in names.items()
-        if n in ("value", "key", "topic", "partition", "timestamp", "headers")
-    }
+    return {n: f.name for n, f in names.items() if n in used}
 
 
 @dataclass(frozen=True)
@@ -221,6 +227,7 @@ class TaskSink:
         self.records = 0
         self._sequence = 0
         self._sticky: dict[str, int] = {}
+        self._unkeyed_bytes: dict[str, int] = {}
 
     def _topic(self, name: str) -> TopicMetadata:
         meta = self.topics.get(name)
@@ -234,12 +241,19 @@ class TaskSink:
                 ) from None
         return meta
 
-    def _sticky_partition(self, topic: str, n: int) -> int:
-        # Derived, not random: a replayed micro-batch puts unkeyed records where it put them
-        # the first time (exactly-once depends on it).
-        chosen = self._sticky.get(topic)
-        if chosen is None or chosen >= n:
-            chosen = self._sticky[topic] = zlib.crc32(f"{self.seed}/{topic}".encode()) % n
+    def _sticky_partitions(self, topic: str, n: int, sizes: np.ndarray) -> np.ndarray:
+        """Partitions for records with neither key nor partition (``sizes``: their key plus
+        value bytes, in input order): the task starts at a partition derived from its seed and
+        moves to the next one, round robin, after every STICKY_BATCH_BYTES of such records.
+        Derived, not random, and counted per record (not per Arrow batch): a replayed
+        micro-batch puts them where it put them the first time (exactly-once depends on it)."""
+        start = self._sticky.get(topic)
+        if start is None:
+            start = self._sticky[topic] = zlib.crc32(f"{self.seed}/{topic}".encode())
+        before = self._unkeyed_bytes.get(topic, 0)
+        ends = before + np.cumsum(sizes, dtype=np.int64)
+        self._unkeyed_bytes[topic] = int(ends[-1]) if ends.size else before
+        chosen: np.ndarray = ((start + (ends - sizes) // STICKY_BATCH_BYTES) % n).astype(np.int32)
         return chosen
 
     def add(self, batch: pa.RecordBatch) -> None:
@@ -322,7 +336,8 @@ class TaskSink:
             parts = np.where(valid, given, parts).astype(np.int32)
         unkeyed = parts == NO_PARTITION
         if unkeyed.any():
-            parts[unkeyed] = self._sticky_partition(topic, n)
+            sizes = record_sizes(table.column("key"), table.column("value"))[unkeyed]
+            parts[unkeyed] = self._sticky_partitions(topic, n, sizes)
         if parts.size and bool((parts == parts[0]).all()):
             self._buffer(topic, int(parts[0]), table)
             return

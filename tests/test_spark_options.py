@@ -114,7 +114,7 @@ def test_option_names_are_case_insensitive() -> None:
         ({"isolationLevel": "dirty"}, "expected read_committed or read_uncommitted"),
         ({"groupId": "../g"}, "invalid group id"),
         ({"subscibe": "t"}, "unknown kstore option 'subscibe'; did you mean 'subscribe'"),
-        ({"kafka.bootstrap.servers": "localhost:9092"}, "has no brokers"),
+        ({"kafka.auto.offset.reset": "earliest"}, "use option 'startingOffsets'"),
         ({"store": ""}, "'store' is required"),
         ({"storageOptions": "[1]"}, "expected a JSON object"),
     ],
@@ -326,12 +326,17 @@ def test_byte_limit_uses_manifest_sizes() -> None:
     assert byte_limit(1, {tp: 0}, {tp: 200}, {tp: state}) == {tp: 1}  # always progress
 
 
-def test_min_partitions_splits_only_at_segment_boundaries() -> None:
+def test_min_partitions_splits_inside_segments_and_prefers_near_boundaries() -> None:
     segs = [_segment(i * 100, i * 100 + 99, 1) for i in range(4)]
     assert _split(segs, 0, 400, 2) == [(0, 200), (200, 400)]
     assert _split(segs, 0, 400, 4) == [(0, 100), (100, 200), (200, 300), (300, 400)]
-    assert _split(segs, 50, 350, 10) == [(50, 100), (100, 200), (200, 300), (300, 350)]
-    assert _split(segs[:1], 0, 100, 5) == [(0, 100)]
+    # As Kafka's source: as many pieces as asked, of similar sizes, inside segments too.
+    assert _split(segs, 50, 350, 10) == [(50 + 30 * i, 80 + 30 * i) for i in range(10)]
+    assert _split(segs[:1], 0, 100, 5) == [(0, 20), (20, 40), (40, 60), (60, 80), (80, 100)]
+    assert _split(segs, 0, 400, 3) == [(0, 133), (133, 267), (267, 400)]
+    # A cut within a tenth of a piece of a segment boundary moves to it.
+    assert _split(segs, 0, 390, 2) == [(0, 200), (200, 390)]
+    assert _split(segs[:1], 0, 3, 5) == [(0, 1), (1, 2), (2, 3)]  # at most one per offset
 
 
 def test_streaming_tasks_carry_their_segments_and_honour_min_partitions() -> None:
@@ -347,8 +352,9 @@ def test_streaming_tasks_carry_their_segments_and_honour_min_partitions() -> Non
     tasks = plan_tasks(
         [Range(tp, 150, 400)], {tp: state}, {"t": meta}, min_partitions=2, snapshot=True
     )
-    assert [(t.start, t.end) for t in tasks] == [(150, 300), (300, 400)]
-    assert [[s.base_offset for s in t.segments or ()] for t in tasks] == [[100, 200], [300]]
+    assert [(t.start, t.end) for t in tasks] == [(150, 275), (275, 400)]
+    # The segment cut in two goes with both tasks.
+    assert [[s.base_offset for s in t.segments or ()] for t in tasks] == [[100, 200], [200, 300]]
     # Batch tasks read the manifest when they run; the last one of a range is open-ended.
     batch = plan_tasks(
         [Range(tp, 0, 400)],

@@ -62,7 +62,7 @@ def test_batch_write_like_the_kafka_sink(
         "CASE WHEN id % 50 = 7 THEN 3 END AS partition",
         "id AS ignored_column",
     )
-    sink(df.repartition(2), where, topic="t").save()
+    sink(df.repartition(2), where, topic="t", keepTimestamp="true").save()
     murmur2 = get_partitioner("murmur2")
     meta = store.topic("t")
     seen = {}
@@ -79,11 +79,11 @@ def test_batch_write_like_the_kafka_sink(
                     assert p == murmur2.partition(row["key"], 4)  # the producer's placement
                 else:
                     unkeyed_partitions.add(p)
-                assert row["timestamp"].timestamp() * 1000 == 1700000000000 + n
+                assert row["timestamp"].timestamp() * 1000 == 1700000000000 + n  # kept
                 expected_headers = [{"key": "n", "value": str(n).encode()}] if n % 3 == 0 else None
                 assert row["headers"] == expected_headers
     assert sorted(seen) == list(range(200))
-    # Unkeyed records: one (derived) partition per task, as a sticky partitioner.
+    # Unkeyed records: one (derived) partition per task and 16 KiB, as a sticky partitioner.
     assert 1 <= len(unkeyed_partitions) <= 2
 
 
