@@ -33,6 +33,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from kstore.errors import UnknownTopicOrPartitionError
+
 from .options import (
     InvalidOptionError,
     ReadOptions,
@@ -141,7 +143,12 @@ def _check_topic_exists(options: Any, schema: StructType) -> None:
 
     from .stores import get_store
 
-    meta = get_store(options.store).topic(options.topic)
+    try:
+        meta = get_store(options.store).topic(options.topic)
+    except UnknownTopicOrPartitionError as exc:
+        raise UnknownTopicOrPartitionError(
+            f"kstore sink: {exc}; create it first (kstore topics create)"
+        ) from None
     value = next(f for f in schema.fields if f.name.lower() == "value")
     if meta.schema is not None and not isinstance(value.dataType, Struct):
         raise InvalidOptionError(

@@ -21,7 +21,7 @@ from pyspark.sql.types import BinaryType, StringType, StructField, StructType, T
 
 from kstore import Store
 from kstore.errors import InvalidRecordError
-from tests.test_spark_support import append, open_store, source_options
+from tests.test_spark_support import append, open_store, source_options, topic_rows
 
 pytestmark = [
     # PySpark 4.3 warns that it does not fully support pandas 3 when a feature imports pandas.
@@ -314,6 +314,7 @@ def test_a_stream_to_a_missing_topic_fails_at_its_first_micro_batch(
 def test_short_errors_put_the_message_on_one_line(spark: Any, local_store_url: Any) -> None:
     from kstore.spark_ext import HIDE_TRACEBACK_CONF, register
 
+    open_store(local_store_url).create_topic("t", 1)
     opts = source_options(local_store_url, subscribe="t", startingOffsets="nonsense")
     with pytest.raises(Exception, match="Traceback") as info:
         spark.read.format("kstore").options(**opts).load().collect()
@@ -358,3 +359,121 @@ def test_max_records_per_partition_splits_ranges_as_kafka_does() -> None:
         snapshot=True,
     )
     assert [(t.start, t.end) for t in tasks] == [(0, 83), (83, 167), (167, 250)]
+
+
+@pytest.mark.spark
+def test_guide_batch_examples(spark: Any, local_store_url: Any) -> None:
+    """The guide's batch queries, `format` and the bootstrap option swapped; the writes add
+    .mode("append"), which PySpark requires of a Python source."""
+    url, _ = local_store_url
+    store = open_store(local_store_url)
+    store.create_topic("topic1", 2)
+    store.create_topic("topic2", 1)
+    for p in (0, 1):
+        append(store, "topic1", p, [b"t1-%d-%d" % (p, i) for i in range(60)])
+    append(store, "topic2", 0, [b"t2-%d" % i for i in range(10)])
+
+    # Subscribe to 1 topic defaults to the earliest and latest offsets
+    df = spark.read.format("kstore").option("store", url).option("subscribe", "topic1").load()
+    rows = df.selectExpr("CAST(key AS STRING)", "CAST(value AS STRING)").collect()
+    assert len(rows) == 120
+
+    # Subscribe to multiple topics, specifying explicit Kafka offsets
+    df = (
+        spark.read.format("kstore")
+        .option("store", url)
+        .option("subscribe", "topic1,topic2")
+        .option("startingOffsets", """{"topic1":{"0":23,"1":-2},"topic2":{"0":-2}}""")
+        .option("endingOffsets", """{"topic1":{"0":50,"1":-1},"topic2":{"0":-1}}""")
+        .load()
+    )
+    counts = {
+        (r.topic, r.partition): r["count"]
+        for r in df.groupBy("topic", "partition").count().collect()
+    }
+    assert counts == {("topic1", 0): 27, ("topic1", 1): 60, ("topic2", 0): 10}
+
+    # Subscribe to a pattern, at the earliest and latest offsets
+    df = (
+        spark.read.format("kstore")
+        .option("store", url)
+        .option("subscribePattern", "topic.*")
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .load()
+    )
+    assert df.count() == 130
+
+    # Write key-value data from a DataFrame to a specific topic given in an option
+    store.create_topic("out", 1)
+    source = spark.createDataFrame(
+        [("k1", "v1", "out"), ("k2", "v2", "out")], "key string, value string, topic string"
+    )
+    (
+        source.selectExpr("CAST(key AS STRING)", "CAST(value AS STRING)")
+        .write.format("kstore")
+        .option("store", url)
+        .option("topic", "out")
+        .mode("append")
+        .save()
+    )
+    # Write key-value data from a DataFrame to Kafka using a topic specified in the data
+    (
+        source.selectExpr("topic", "CAST(key AS STRING)", "CAST(value AS STRING)")
+        .write.format("kstore")
+        .option("store", url)
+        .mode("append")
+        .save()
+    )
+    values = sorted(v for _, _, _, v in topic_rows(store, "out") if v is not None)
+    assert values == [b"v1", b"v1", b"v2", b"v2"]
+
+
+@pytest.mark.spark
+def test_guide_streaming_examples(spark: Any, local_store_url: Any, tmp_path: Path) -> None:
+    """The guide's streaming read and both streaming writes (topic option, topic column),
+    `format` and the bootstrap option swapped, plus a checkpoint location each."""
+    url, _ = local_store_url
+    store = open_store(local_store_url)
+    for name in ("topic1", "topic2", "topic3"):
+        store.create_topic(name, 1)
+    append(store, "topic1", 0, [b"a", b"b", b"c"], keys=[b"1", b"2", b"3"])
+
+    # Subscribe to 1 topic (from the earliest offset here: the records are already there)
+    df = (
+        spark.readStream.format("kstore")
+        .option("store", url)
+        .option("subscribe", "topic1")
+        .option("startingOffsets", "earliest")
+        .load()
+    )
+    # Write key-value data from a DataFrame to a specific topic given in an option
+    ds = (
+        df.selectExpr("CAST(key AS STRING)", "CAST(value AS STRING)")
+        .writeStream.format("kstore")
+        .option("store", url)
+        .option("topic", "topic2")
+        .option("checkpointLocation", str(tmp_path / "c1"))
+        .start()
+    )
+    # Write key-value data from a DataFrame to Kafka using a topic specified in the data
+    ds2 = (
+        df.selectExpr("'topic3' AS topic", "CAST(key AS STRING)", "CAST(value AS STRING)")
+        .writeStream.format("kstore")
+        .option("store", url)
+        .option("checkpointLocation", str(tmp_path / "c2"))
+        .start()
+    )
+    try:
+        ds.processAllAvailable()
+        ds2.processAllAvailable()
+        progress = ds.lastProgress
+    finally:
+        ds.stop()
+        ds2.stop()
+    for name in ("topic2", "topic3"):
+        rows = sorted((k, v) for _, _, k, v in topic_rows(store, name))
+        assert rows == [(b"1", b"a"), (b"2", b"b"), (b"3", b"c")]
+    source = progress["sources"][0]
+    assert source["metrics"] == {}  # PySpark 4.3: a Python source reports none
+    assert offsets_behind_latest(source)["maxOffsetsBehindLatest"] == "0"
