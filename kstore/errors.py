@@ -126,6 +126,13 @@ class StorageError(KStoreError):
     retriable = True
 
 
+class DurabilityUnknownError(StorageError):
+    """A file is in place but the storage could not make it durable (an fsync failed after it
+    became visible). It may be lost in a machine crash, so it must not be acknowledged as
+    durable; once one fsync has failed, a later one proves nothing (the kernel may have dropped
+    the pages it could not write)."""
+
+
 class StorageTimeoutError(StorageError):
     """The storage did not answer a call within its deadline (the storage option
     ``timeout_ms``). Like any storage failure, a write may or may not have landed."""

@@ -27,6 +27,7 @@ from kstore.errors import (
     CommitStateUnknownError,
     ConcurrentModificationError,
     CorruptLogError,
+    DurabilityUnknownError,
     InvalidConfigurationError,
     StaleWriteError,
     StorageError,
@@ -516,6 +517,15 @@ class Log(Generic[S]):
                 return True
             except FileExistsError:
                 pass  # someone's commit is there; maybe ours, if a lower layer retried the PUT
+            except DurabilityUnknownError as exc:
+                # Our commit is in the log, but it may not survive a machine crash: neither a
+                # success to acknowledge nor a failure to write again. Not retriable: a retry
+                # would find the commit and report it durable.
+                unknown = CommitStateUnknownError(
+                    f"{self.describe(version)}: committed but not known to be durable ({exc})"
+                )
+                unknown.retriable = False
+                raise unknown from exc
             except StorageError as exc:
                 unknown_attempts += 1
                 log.warning(

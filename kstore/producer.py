@@ -971,8 +971,10 @@ class Producer:
             concurrent.futures.wait([previous])  # its outcome is its own delivery's
         try:
             return self._write_partition(info, p, table, deadline, transaction)
-        except KStoreError as exc:
-            # Before the partition's next write starts: it must see the new epoch.
+        except Exception as exc:
+            # Before the partition's next write starts: it must see the new epoch. Any failure
+            # counts, not only the library's own: the write may have landed, and a later batch
+            # must never reuse its sequence numbers (it would be taken for this one's retry).
             self._on_partition_failure(exc)
             raise
 

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from kstore.errors import (
+    DurabilityUnknownError,
     InvalidStoreError,
     StorageError,
     StorageTimeoutError,
@@ -966,7 +967,15 @@ class Storage:
                 raise
             raise StorageError(f"writing {rel!r} failed: {_reason(exc)}") from exc
         if durable:
-            _fsync_dir(directory)
+            try:
+                _fsync_dir(directory)
+            except OSError as exc:
+                # The file is visible under its final name already: neither absent nor
+                # durable. Callers must not take it for a plain failure (and write the same
+                # thing again as new) nor for a durable success.
+                raise DurabilityUnknownError(
+                    f"{rel!r} was written but its directory could not be synced: {_reason(exc)}"
+                ) from exc
 
 
 def _create_file(path: str, data: bytes | memoryview, *, durable: bool) -> None:
