@@ -400,10 +400,13 @@ class Torture:
             if p.process.poll() is None and p.is_ready() and p.resume_at is None
         ]
         roll = self.rng.random()
-        if live and roll < 0.05 and self.may_pause_long():
-            victim = self.rng.choice([p for p in live if not p.stopped] or live)
-            if not victim.stopped:
-                victim.process.send_signal(signal.SIGSTOP)
+        # One long pause per role at a time: two of three group members asleep for minutes
+        # would leave the group nothing to do.
+        long_paused = {p.role for p in self.procs if p.resume_at is not None}
+        pausable = [p for p in live if not p.stopped and p.role not in long_paused]
+        if pausable and roll < 0.05 and self.may_pause_long():
+            victim = self.rng.choice(pausable)
+            victim.process.send_signal(signal.SIGSTOP)
             self.pause_long(victim)
         elif live and roll < 0.4:
             victim = self.rng.choice(live)
@@ -430,6 +433,8 @@ class Torture:
             for p in self.procs
             if p.role == role and p.process.poll() is None and not p.stopped and p.is_ready()
         ]
+        if any(p.resume_at is not None and p.role == role for p in self.procs):
+            return True  # one long pause per role at a time: this one is taken
         if live and self.ends_at is not None and now + self.config.long_pause_s + 5 < self.ends_at:
             victim = self.rng.choice(live)
             victim.process.send_signal(signal.SIGSTOP)
@@ -456,7 +461,9 @@ class Torture:
         for p in self.procs:
             if p.stopped or p.process.poll() is not None or not _is_stopped(p.process.pid):
                 continue
-            if self.may_pause_long():
+            if self.may_pause_long() and not any(
+                q.resume_at is not None and q.role == p.role for q in self.procs
+            ):
                 self.pause_long(p)
             else:
                 p.process.send_signal(signal.SIGCONT)
