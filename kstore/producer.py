@@ -68,6 +68,7 @@ from kstore.segments import (
     SegmentFile,
     binary_array,
     fixed_array,
+    headers_array,
     layout_of,
     numpy_values,
 )
@@ -1562,17 +1563,7 @@ def _build_table(batch: _Batch, layout: Layout) -> pa.Table:
         )
         micros = fixed_array(exact, pa.int64())
     timestamps = micros.cast(TIMESTAMP_TYPE)
-    if batch.headers:
-        pairs = batch.headers
-        headers = pa.array(
-            [
-                [{"key": k, "value": v} for k, v in pairs[i]] if i in pairs else None
-                for i in range(n)
-            ],
-            HEADERS_TYPE,
-        )
-    else:
-        headers = pa.nulls(n, HEADERS_TYPE)
+    headers = headers_array(batch.headers, n) if batch.headers else pa.nulls(n, HEADERS_TYPE)
     return pa.Table.from_arrays([keys, values, timestamps, headers], schema=layout.record_schema)
 
 

@@ -164,6 +164,30 @@ def binary_array(items: list[bytes | None], type: pa.DataType) -> pa.Array | pa.
     return pa.Array.from_buffers(type, n, [validity, pa.py_buffer(offsets), data])
 
 
+def headers_array(rows: dict[int, list[tuple[str, bytes]]], n: int) -> pa.Array:
+    """Headers (HEADERS_TYPE) of ``n`` records: ``rows`` maps a record's index to its
+    headers (an empty list is no headers); a record not in it has null headers."""
+    order = sorted(rows)
+    valid = np.zeros(n, np.bool_)
+    counts = np.zeros(n, np.int32)
+    valid[order] = True
+    counts[order] = [len(rows[i]) for i in order]
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    pairs = [pair for i in order for pair in rows[i]]
+    names = binary_array([name.encode() for name, _ in pairs], pa.binary())
+    values = binary_array([value for _, value in pairs], pa.binary())
+    if not isinstance(names, pa.Array) or not isinstance(values, pa.Array):
+        raise InvalidRecordError("headers of one batch exceed 2 GiB")
+    # Encoded from str: valid UTF-8, so the binary buffers are a string array as they are.
+    names = pa.Array.from_buffers(pa.string(), len(pairs), names.buffers())
+    struct = pa.StructArray.from_arrays([names, values], fields=list(HEADER_TYPE))
+    validity = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(
+        HEADERS_TYPE, n, [validity, pa.py_buffer(offsets)], children=[struct]
+    )
+
+
 def new_segment_name(extension: str) -> str:
     # Time-ordered and unique: listings sort by age, and no two writers ever collide.
     return f"segments/{int(time.time() * 1000):013d}-{unique_id()}.{extension}"

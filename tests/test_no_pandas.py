@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from kstore.segments import binary_array, fixed_array, numpy_values
+from kstore.segments import HEADERS_TYPE, binary_array, fixed_array, headers_array, numpy_values
 
 SCRIPT = textwrap.dedent(
     """
@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent(
     store.create_topic("t", 3)
     sent = []
     with Producer(store, acks="all") as producer:
-        sent.append(producer.send("t", key=b"k", value=b"v").get(timeout=30))
+        sent.append(producer.send("t", key=b"k", value=b"v", headers=[("h", b"1")]).get(timeout=30))
         # A tombstone without a key, at a given time: the null and timestamp paths.
         sent.append(producer.send("t", value=None, timestamp_ms=1_700_000_000_123).get(timeout=30))
         # A batch spread over the partitions.
@@ -49,7 +49,8 @@ SCRIPT = textwrap.dedent(
         "sent": [[m.partition, m.offset] for m in sent],
         "got": [
             [r.partition, r.offset, r.key and r.key.decode(), r.value and r.value.decode(),
-             r.serialized_key_size, r.serialized_value_size]
+             r.serialized_key_size, r.serialized_value_size,
+             [[k, v.decode()] for k, v in r.headers]]
             for r in got
         ],
         "given_time": got[0].timestamp,
@@ -72,7 +73,7 @@ def test_producing_and_consuming_a_record_imports_no_pandas(backend: str, tmp_pa
     (keyed_p, keyed_o), (tomb_p, tomb_o) = out["sent"]
     assert out["given_time"] == 1_700_000_000_123
     assert sorted(map(tuple, out["got"])) == sorted(
-        [(keyed_p, keyed_o, "k", "v", 1, 1), (tomb_p, tomb_o, None, None, -1, -1)]
+        [(keyed_p, keyed_o, "k", "v", 1, 1, [["h", "1"]]), (tomb_p, tomb_o, None, None, -1, -1, [])]
     )
 
 
@@ -85,6 +86,19 @@ def test_binary_array_equals_pyarrows_converter(items: list[bytes | None], type_
     built = binary_array(items, type_)
     built.validate(full=True)
     assert built.equals(pa.array(items, type_))
+
+
+def test_headers_array_equals_pyarrows_converter() -> None:
+    rows = {0: [("a", b"1"), ("\u00e9", b"")], 2: [], 3: [("x", b"yz")]}
+    built = headers_array(rows, 5)
+    built.validate(full=True)
+    expected = [
+        [{"key": k, "value": v} for k, v in rows[i]] if i in rows else None for i in range(5)
+    ]
+    assert built.equals(pa.array(expected, HEADERS_TYPE))
+    assert headers_array({0: [("k", b"v")]}, 1).equals(
+        pa.array([[{"key": "k", "value": b"v"}]], HEADERS_TYPE)
+    )
 
 
 def test_fixed_width_helpers_round_trip_and_refuse_other_widths() -> None:
