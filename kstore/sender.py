@@ -1,0 +1,430 @@
+"""The sender: drains the accumulator's batches, writes each partition's segment and commits
+it (with the producer id, epoch and sequences that make retries idempotent), retries with
+backoff and completes the records' futures. Kafka's ``Sender``.
+
+:class:`Sender` holds the producer's sender-thread methods; :class:`kstore.producer.Producer`
+is built from it and :class:`kstore.transaction_manager.TransactionManager`. It reads the
+accumulator (:mod:`kstore.accumulator`) and asks the transaction manager, never the reverse.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from kstore.accumulator import (
+    _Batch,
+    _build_table,
+    _by_partition,
+    _merge,
+    _share_outcome,
+    _sort_key,
+    _TopicInfo,
+)
+from kstore.errors import KStoreError, ProducerFencedError, UnknownTopicOrPartitionError
+from kstore.partition import ProducerBatch
+from kstore.partitioner import NO_PARTITION, Partitioner, StickyPartitioner
+from kstore.schema import key_bytes
+from kstore.segments import TIMESTAMP_TYPE, SegmentFile, fixed_array, numpy_values
+from kstore.storage import Storage
+from kstore.store import Store
+from kstore.transaction_manager import _Transaction
+
+log = logging.getLogger("kstore.producer")
+
+
+def _in_flight_default(storage: Storage, durable: bool) -> int:
+    """Partitions written at once when max_in_flight_partitions is not set. A write that waits
+    (on the network of an object store, or on fsync for acks="all") overlaps with others: eight.
+    Otherwise, on local disk or in memory, a write is CPU work, much of it under the GIL, and
+    more writers than cores only queue for both: on two cores, two writers send 7-9% more
+    records per second than eight at acks=1, and 7% fewer at acks="all"."""
+    if durable or storage.is_remote:
+        return 8
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    return min(8, cores)
+
+
+@dataclass(eq=False)
+class _Delivery:
+    """A group of batches on its way: its records placed, its partition writes submitted."""
+
+    group: list[_Batch]
+    batch: _Batch  # the group's only batch, or all of them merged
+    error: BaseException | None = None  # failed before its writes were submitted
+    order: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(0, np.int64))
+    jobs: dict[int, tuple[int, int]] = field(default_factory=dict)  # partition -> (start, count)
+    writes: dict[int, concurrent.futures.Future[tuple[int, int]]] = field(default_factory=dict)
+
+    def written(self) -> bool:
+        return all(write.done() for write in self.writes.values())
+
+
+class Sender:
+    """The producer's sender thread: batches in, segments and commits out."""
+
+    # State the producer's __init__ sets up and the other parts share.
+    config: dict[str, Any]
+    store: Store
+    client_id: str
+    _acks: int | str
+    _durable: bool
+    _idempotent: bool
+    _transactional_id: str | None
+    _producer_id: str
+    _epoch: int
+    _txn: _Transaction | None
+    _partitioner: Partitioner
+    _sticky: StickyPartitioner
+    _sequences: dict[tuple[str, int], tuple[int, int]]
+    _sequence_lock: threading.Lock
+    _last_write: dict[tuple[str, int], concurrent.futures.Future[tuple[int, int]]]
+    _lock: threading.Lock
+    _wakeup: threading.Condition
+    _space: threading.Condition
+    _open: dict[str, _Batch]
+    _queue: list[_Batch]
+    _in_flight: list[_Batch]
+    _buffered: int
+    _flush_requested: bool
+    _closed: bool
+    _batch_size: int
+    _buffer_memory: int
+    _metrics: dict[str, float]
+    _pool: concurrent.futures.ThreadPoolExecutor
+
+    if TYPE_CHECKING:  # defined by the producer and the transaction manager
+
+        def _topic_info(self, topic: str, *, refresh: bool = False) -> _TopicInfo:
+            raise NotImplementedError
+
+        def _check_not_fenced(self) -> None: ...
+
+        def _fence(self, exc: ProducerFencedError) -> None: ...
+
+        def _register_partitions(self, topic: str, partitions: Iterable[int]) -> str | None:
+            raise NotImplementedError
+
+    def _backoff_s(self, attempt: int) -> float:
+        """Exponential backoff before retry ``attempt``, capped at retry_backoff_max_ms."""
+        cap, base = self.config["retry_backoff_max_ms"], self.config["retry_backoff_ms"]
+        return float(min(cap, base * 2 ** min(attempt, 10))) / 1000
+
+    def _run(self) -> None:
+        """The sender: drains batches into deliveries, one group at a time. A delivery's
+        partition writes run on the pool while the sender converts the next group (the two
+        overlap: conversion holds the GIL, writes mostly do not); it is finished (offsets
+        given out, futures completed, buffer released) once the next one has started, or
+        as soon as its writes are done when nothing else is queued."""
+        linger = self.config["linger_ms"] / 1000
+        pending: _Delivery | None = None
+        while True:
+            with self._lock:
+                while True:
+                    now = time.monotonic()
+                    for topic, batch in list(self._open.items()):
+                        if self._flush_requested or now - batch.created >= linger:
+                            self._queue.append(self._open.pop(topic))
+                    self._flush_requested = False
+                    if self._queue:
+                        work, self._queue = self._queue, []
+                        self._in_flight.extend(work)
+                        break
+                    if pending is not None and pending.written():
+                        work = []
+                        break
+                    if self._closed and pending is None:
+                        return
+                    wait = None
+                    if self._open:
+                        oldest = min(b.created for b in self._open.values())
+                        wait = max(0.0, oldest + linger - now)
+                    self._wakeup.wait(wait)  # new work, lingering over, or pending written
+            for group in self._groups(work):
+                started = self._start(group)
+                if pending is not None:
+                    self._finish(pending)
+                pending = started
+            if not work and pending is not None:
+                self._finish(pending)
+                pending = None
+
+    def _groups(self, work: list[_Batch]) -> Iterator[list[_Batch]]:
+        """Queued batches in delivery groups: consecutive batches of ``send()`` to one topic
+        go together (up to four batch sizes, and a quarter of buffer_memory so that the next
+        group fills while this one is written), one segment and one commit per partition
+        for all of them. A sender that fell behind catches up: the cost of a delivery is
+        mostly per commit, not per record."""
+        limit = min(4 * self._batch_size, self._buffer_memory // 4)
+        group: list[_Batch] = []
+        size = 0
+        for batch in work:
+            if group and (
+                batch.table is not None
+                or group[0].table is not None
+                or batch.topic != group[0].topic
+                or size + batch.nbytes > limit
+            ):
+                yield group
+                group, size = [], 0
+            group.append(batch)
+            size += batch.nbytes
+        if group:
+            yield group
+
+    def _start(self, group: list[_Batch]) -> _Delivery:
+        """Convert and place a group's records and submit its partition writes. Never raises:
+        a group that fails here is finished with the error."""
+        delivery = _Delivery(group, group[0])
+        try:
+            info = self._topic_info(delivery.batch.topic)
+            if len(group) > 1:
+                delivery.batch = _merge(group, info.layout)
+            self._submit(delivery, info)
+        except BaseException as exc:  # never leave a future hanging
+            delivery.error = exc
+        return delivery
+
+    def _submit(self, delivery: _Delivery, info: _TopicInfo) -> None:
+        batch = delivery.batch
+        n_parts = info.metadata.partitions
+        table = batch.table if batch.table is not None else _build_table(batch, info.layout)
+        if info.log_append_time:
+            now_us = int(time.time() * 1_000_000)
+            table = table.set_column(
+                table.schema.get_field_index("timestamp"),
+                "timestamp",
+                fixed_array(np.full(table.num_rows, now_us, np.int64), TIMESTAMP_TYPE),
+            )
+        stamps: Any = numpy_values(table.column("timestamp").cast(pa.int64()), np.int64)
+        batch.timestamp_of = stamps // 1000
+        parts = self._place(batch, table, n_parts)
+        batch.partition_of = parts
+        if self._acks == 0:
+            batch.acks0 = True
+        delivery.order = np.argsort(_sort_key(parts, n_parts), kind="stable")
+        counts = np.bincount(parts, minlength=n_parts)
+        start = 0
+        for nonzero in np.nonzero(counts)[0]:
+            p = int(nonzero)
+            count = int(counts[p])
+            delivery.jobs[p] = (start, count)
+            start += count
+        pieces = _by_partition(table, parts, n_parts)
+        deadline = batch.created + self.config["delivery_timeout_ms"] / 1000
+        tag = self._register_partitions(batch.topic, delivery.jobs)
+        for p in delivery.jobs:
+            # A partition's writes are chained: each waits for the one before (of an earlier
+            # delivery), so commits, sequences and epochs stay in send order.
+            key = (batch.topic, p)
+            write = self._pool.submit(
+                self._chained_write, self._last_write.get(key), info, p, pieces[p], deadline, tag
+            )
+            self._last_write[key] = write
+            delivery.writes[p] = write
+        for write in delivery.writes.values():
+            write.add_done_callback(self._on_written)
+
+    def _on_written(self, _: concurrent.futures.Future[tuple[int, int]]) -> None:
+        with self._lock:
+            self._wakeup.notify()  # the sender may be waiting to finish a delivery
+
+    def _chained_write(
+        self,
+        previous: concurrent.futures.Future[tuple[int, int]] | None,
+        info: _TopicInfo,
+        p: int,
+        table: pa.Table,
+        deadline: float,
+        transaction: str | None,
+    ) -> tuple[int, int]:
+        if previous is not None:
+            concurrent.futures.wait([previous])  # its outcome is its own delivery's
+        try:
+            return self._write_partition(info, p, table, deadline, transaction)
+        except Exception as exc:
+            # Before the partition's next write starts: it must see the new epoch. Any failure
+            # counts, not only the library's own: the write may have landed, and a later batch
+            # must never reuse its sequence numbers (it would be taken for this one's retry).
+            self._on_partition_failure(exc)
+            raise
+
+    def _finish(self, delivery: _Delivery) -> None:
+        """Wait for a delivery's writes, give every record its outcome, release its buffer."""
+        group, batch = delivery.group, delivery.batch
+        try:
+            if delivery.error is not None:
+                concurrent.futures.wait(delivery.writes.values())  # any it submitted end first
+                raise delivery.error
+            self._assign_offsets(delivery)
+        except BaseException as exc:  # never leave a future hanging
+            log.exception("producer %s: batch for %r failed", self.client_id, batch.topic)
+            batch.fatal = exc
+            for each in group:
+                each.fatal = exc
+                self._metrics["record-error-total"] += len(each)
+        finally:
+            if batch is not group[0]:
+                _share_outcome(batch, group)
+            for each in group:
+                each.complete()
+            with self._lock:
+                for each in group:
+                    self._buffered -= each.reserved
+                    self._in_flight.remove(each)
+                self._space.notify_all()
+
+    def _assign_offsets(self, delivery: _Delivery) -> None:
+        batch, jobs, order = delivery.batch, delivery.jobs, delivery.order
+        bases = np.zeros(len(jobs), np.int64)
+        for j, (p, write) in enumerate(delivery.writes.items()):
+            try:
+                bases[j], batch.log_start[p] = write.result()
+            except KStoreError as exc:
+                batch.errors[p] = exc
+                self._metrics["record-error-total"] += jobs[p][1]
+        # Each partition's records (contiguous in sorted order) get consecutive offsets from
+        # its base: a handful of numpy calls per delivery, not a few per partition.
+        starts = np.fromiter((s for s, _ in jobs.values()), np.int64, len(jobs))
+        sizes = np.fromiter((c for _, c in jobs.values()), np.int64, len(jobs))
+        offsets_sorted = np.arange(len(order), dtype=np.int64) + np.repeat(bases - starts, sizes)
+        for p in batch.errors:
+            s, c = jobs[p]
+            offsets_sorted[s : s + c] = -1
+        offset_of = np.empty(len(order), np.int64)
+        offset_of[order] = offsets_sorted
+        batch.offset_of = offset_of
+        self._metrics["batch-total"] += 1
+        self._metrics["record-send-total"] += len(order)
+        self._metrics["byte-total"] += batch.nbytes
+
+    def _place(self, batch: _Batch, table: pa.Table, n_parts: int) -> np.ndarray[Any, Any]:
+        if batch.explicit_partition is not None:
+            return np.full(table.num_rows, batch.explicit_partition, np.int32)
+        explicit = None
+        if batch.table is not None and "partition" in batch.table.column_names:
+            explicit = batch.table.column("partition").to_numpy(zero_copy_only=False)
+        elif batch.partitions:  # explicit partitions of send() (also of merged batches)
+            explicit = np.full(len(batch), NO_PARTITION, np.int32)
+            explicit[list(batch.partitions)] = list(batch.partitions.values())
+        keys = table.column("key")
+        if batch.key_type is not None:
+            keys = key_bytes(keys, batch.key_type)  # hashed as Kafka's serializer writes them
+        placed = self._partitioner.partition_batch(keys, n_parts)
+        if isinstance(placed, pa.Array) and placed.type == pa.int32() and not placed.null_count:
+            parts = numpy_values(placed, np.int32).copy()  # np.array(placed) imports pandas
+        else:
+            parts = np.array(placed, np.int32)
+        if explicit is not None:
+            parts = np.where(explicit != NO_PARTITION, explicit, parts).astype(np.int32)
+        unkeyed = parts == NO_PARTITION
+        if unkeyed.any():
+            sticky = self._sticky.partition(n_parts)
+            parts[unkeyed] = sticky
+            self._sticky.on_new_batch(n_parts, sticky)
+        if parts.size and (parts.min() < 0 or parts.max() >= n_parts):
+            raise UnknownTopicOrPartitionError(
+                f"topic {batch.topic!r} has {n_parts} partitions; a record names partition {int(parts.max())}"
+            )
+        return parts
+
+    def _write_partition(
+        self,
+        info: _TopicInfo,
+        p: int,
+        table: pa.Table,
+        deadline: float,
+        transaction: str | None = None,
+    ) -> tuple[int, int]:
+        topic = info.metadata.name
+        partition = self.store.partition(topic, p, info.metadata)
+        producer: ProducerBatch | None = None
+        if self._idempotent:
+            with self._sequence_lock:
+                epoch = self._epoch
+                stored_epoch, first = self._sequences.get((topic, p), (epoch, 0))
+            if stored_epoch != epoch:
+                first = 0  # a new epoch restarts sequences
+            producer = ProducerBatch(self._producer_id, epoch, first, first + table.num_rows - 1)
+        segment: SegmentFile | None = None
+        retry = partition.log.retry
+        written_at = 0.0
+        attempt = 0
+        while True:
+            try:
+                if segment is not None and retry.too_old(written_at):
+                    # Vacuum may take a file this old for an orphan (a pause since the write,
+                    # or long retries): never commit it; write the records again. The old file
+                    # is left to vacuum (an unknown outcome may have committed it).
+                    log.warning(
+                        "producer %s: %s-%d segment too old to commit; writing it again",
+                        self.client_id,
+                        topic,
+                        p,
+                    )
+                    segment = None
+                if segment is None:
+                    written_at = retry.clock()  # from the start: a pause mid-write counts
+                    segment = partition.write_segment(
+                        table, compression=info.compression, durable=self._durable
+                    )
+                self._check_not_fenced()
+                started = time.monotonic()
+                result = partition.commit_segments(
+                    [segment],
+                    durable=self._durable,
+                    producer=producer,
+                    transaction=transaction,
+                    written_at=written_at,
+                )
+                self._metrics["commit-total"] += 1
+                self._metrics["commit-time-total-ms"] += (time.monotonic() - started) * 1000
+                if producer is not None:
+                    with self._sequence_lock:
+                        if producer.epoch == self._epoch:
+                            self._sequences[(topic, p)] = (
+                                producer.epoch,
+                                producer.last_sequence + 1,
+                            )
+                return result.base_offset, partition.state(refresh=False).start_offset
+            except KStoreError as exc:
+                if (
+                    not exc.retriable
+                    or attempt >= self.config["retries"]
+                    or time.monotonic() >= deadline
+                ):
+                    raise
+                attempt += 1
+                self._metrics["record-retry-total"] += table.num_rows
+                backoff = self._backoff_s(attempt)
+                log.warning(
+                    "producer %s: %s-%d attempt %d failed (%s); retrying",
+                    self.client_id,
+                    topic,
+                    p,
+                    attempt,
+                    exc,
+                )
+                time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+
+    def _on_partition_failure(self, exc: BaseException) -> None:
+        if self._txn is not None and self._txn.error is None:
+            self._txn.error = exc
+        if isinstance(exc, ProducerFencedError):
+            self._fence(exc)
+        elif self._idempotent and self._transactional_id is None:
+            # The failed batch may or may not have landed; a new epoch restarts sequences so
+            # later batches are not refused as out of order (Kafka's epoch bump, KIP-360).
+            with self._sequence_lock:
+                self._epoch += 1
+                self._sequences.clear()
