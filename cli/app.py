@@ -8,6 +8,7 @@ except ``consume`` and ``produce``, for which Ctrl-C is the normal way to stop (
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
@@ -38,13 +39,17 @@ from kstore.cli.common import (
     silence_stdout,
     store_from,
     text,
+    usage_line,
     write_out,
 )
+from kstore.cli.kafka_flags import translate as translate_kafka_flags
 from typer.core import TyperGroup
 
 # typer's own exceptions (usage errors, exits, aborts) pass through untouched. typer >= 0.20
 # vendors click, so they are found from typer's public classes rather than imported from click.
-_CLICK_EXCEPTION = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_CLICK_EXCEPTION: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"
+)
 _PASS_THROUGH: tuple[type[BaseException], ...] = (typer.Exit, typer.Abort, _CLICK_EXCEPTION)
 
 
@@ -56,7 +61,36 @@ class KstoreGroup(TyperGroup):
         self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
     ) -> Any:
         begin_invocation()  # before parsing: --debug is recorded while the options are parsed
+        if parent is None:
+            args = translate_kafka_flags(self, args)
         return super().make_context(info_name, args, parent, **extra)
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        extra["windows_expand_args"] = windows_expand_args
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        # Usage errors as one 'error:' line, like every other error (not a boxed panel).
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except _CLICK_EXCEPTION as raised:
+            exc: Any = raised  # click's exception class, found at run time
+            if type(exc).__name__ == "NoArgsIsHelpError":
+                exc.show()  # a bare group name: its help, as before
+                sys.exit(exc.exit_code)
+            sys.stderr.write(f"error: {usage_line(exc)}\n")
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            sys.stderr.write("error: aborted\n")
+            sys.exit(EXIT_FAILURE)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: Any) -> Any:
         from kstore.storage import set_wait_reporter

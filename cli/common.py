@@ -541,6 +541,15 @@ def error_message(exc: BaseException) -> str:
     return f"unexpected {type(exc).__name__}: {message} (run with --debug for the traceback)"
 
 
+def usage_line(exc: Any) -> str:
+    """A usage error (click's or ours) as one line, with where to find the command's help."""
+    message = " ".join(str(exc.format_message()).split()) or type(exc).__name__
+    path = str(getattr(getattr(exc, "ctx", None), "command_path", None) or "")
+    if path:
+        message = f"{message} (see '{path} --help')"
+    return redactor()(message)
+
+
 def report_error(exc: BaseException) -> None:
     redact = redactor()
     if debug_enabled():

@@ -1,0 +1,125 @@
+"""The kafka-* tools' common invocations on the kstore command line: Kafka's flags work where
+kstore has the same thing, and are refused with one line naming the kstore form where not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kstore.cli.app import app
+from typer.testing import CliRunner, Result
+
+from kstore import Producer, Store
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    store = Store(str(root))
+    store.create_topic("orders", 2)
+    with Producer(store) as p:
+        for i in range(6):
+            p.send("orders", b"v%d" % i, key=b"k%d" % i, partition=i % 2)
+    return root
+
+
+def kstore(store: Path, *args: str, input: str | None = None) -> Result:
+    return runner.invoke(app, [*args, "--store", str(store)], input=input)
+
+
+def one_error_line(result: Result, code: int) -> str:
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+# -- 1. Kafka's flags -------------------------------------------------------------------------------
+
+
+def test_topic_flag_is_the_topic_argument(store_dir: Path) -> None:
+    # kafka-topics --create --topic T --partitions N, with the action as a flag or a command
+    result = kstore(store_dir, "topics", "create", "--topic", "users", "--partitions", "3")
+    assert result.exit_code == 0, result.stderr
+    result = kstore(store_dir, "topics", "--create", "--topic=audit", "--partitions", "2")
+    assert result.exit_code == 0, result.stderr
+    store = Store(str(store_dir))
+    assert store.topic("users").partitions == 3
+    assert store.topic("audit").partitions == 2
+    # kafka-topics --describe --topic T
+    result = kstore(store_dir, "topics", "--describe", "--topic", "orders", "-o", "json")
+    assert result.exit_code == 0, result.stderr
+    assert '"orders"' in result.stdout
+    # kafka-topics --alter --topic T --partitions N is add-partitions
+    result = kstore(store_dir, "topics", "--alter", "--topic", "audit", "--partitions", "4")
+    assert result.exit_code == 0, result.stderr
+    assert Store(str(store_dir)).topic("audit").partitions == 4
+    # kafka-console-consumer --topic T --from-beginning
+    result = kstore(store_dir, "consume", "--topic", "orders", "--from-beginning")
+    assert result.exit_code == 0, result.stderr
+    assert sorted(result.stdout.split()) == [f"v{i}" for i in range(6)]
+    # kafka-console-producer --topic T
+    result = kstore(store_dir, "produce", "--topic", "orders", input="new\n")
+    assert result.exit_code == 0, result.stderr
+    # the command already is the action: the flag is accepted and changes nothing
+    result = kstore(store_dir, "topics", "describe", "--describe", "--topic", "orders")
+    assert result.exit_code == 0, result.stderr
+
+
+def test_group_flag_is_the_group_argument(store_dir: Path) -> None:
+    result = kstore(store_dir, "consume", "orders", "--group", "g1", "--from-beginning")
+    assert result.exit_code == 0, result.stderr
+    result = kstore(store_dir, "groups", "--describe", "--group", "g1", "-o", "json")
+    assert result.exit_code == 0, result.stderr
+    assert '"g1"' in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (
+            ["topics", "create", "x", "--bootstrap-server", "localhost:9092"],
+            "--bootstrap-server: a store is not a broker: name it with --store URL",
+        ),
+        (
+            ["consume", "orders", "--bootstrap-server=localhost:9092"],
+            "--bootstrap-server: a store is not a broker",
+        ),
+        (["produce", "orders", "--broker-list", "b:9092"], "--broker-list: a store is not"),
+        (
+            ["topics", "create", "x", "--replication-factor", "3"],
+            "--replication-factor: kstore keeps no replicas",
+        ),
+        (["groups", "list", "--all-groups"], "only 'kstore groups describe' takes --all-groups"),
+        (["topics", "list", "--topic", "orders"], "'kstore topics list' takes no --topic"),
+        (
+            ["topics", "create", "x", "--describe"],
+            "--describe is 'kstore topics describe' here, not 'kstore topics create'",
+        ),
+        (["topics", "--create", "--list"], "give one of --create, --list"),
+        (["consume", "orders", "--whitelist", "o.*"], "--whitelist: name the topic"),
+    ],
+)
+def test_kafka_flags_refused_with_the_kstore_form(
+    store_dir: Path, args: list[str], fragment: str
+) -> None:
+    before = sorted(p.name for p in store_dir.rglob("*"))
+    line = one_error_line(kstore(store_dir, *args), 2)
+    assert fragment in line
+    assert sorted(p.name for p in store_dir.rglob("*")) == before
+
+
+def test_usage_errors_are_one_line(store_dir: Path) -> None:
+    line = one_error_line(kstore(store_dir, "topics", "create", "x", "--bogus"), 2)
+    assert line == "error: No such option: --bogus (see 'kstore topics create --help')"
+    line = one_error_line(kstore(store_dir, "topics", "create", "x", "-p", "abc"), 2)
+    assert "'--partitions'" in line
+    assert "valid integer" in line
+    line = one_error_line(runner.invoke(app, ["nosuchcommand"]), 2)
+    assert "No such command 'nosuchcommand'" in line
+    # a bare group still shows its help
+    result = runner.invoke(app, ["topics"])
+    assert "Usage" in result.stdout + result.stderr
