@@ -409,7 +409,10 @@ class Torture:
             victim.process.send_signal(signal.SIGSTOP)
             self.pause_long(victim)
         elif live and roll < 0.4:
-            victim = self.rng.choice(live)
+            # A maintenance job runs for seconds to a minute (on S3, with retries): a job
+            # process is chosen a quarter as often as a client, or it would rarely finish one.
+            weights = [0.25 if p.role == "maintenance" else 1.0 for p in live]
+            victim = self.rng.choices(live, weights)[0]
             if victim.stopped:
                 victim.process.send_signal(signal.SIGCONT)
                 victim.stopped = False
