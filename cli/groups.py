@@ -132,60 +132,95 @@ def _format_assignment(parts: list[TopicPartition]) -> str:
 )
 def describe(
     ctx: typer.Context,
-    group: GroupArg,
+    group: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[GROUP]", help="Consumer group id (or --all-groups).", show_default=False
+        ),
+    ] = None,
+    all_groups: Annotated[
+        bool, typer.Option("--all-groups", help="Describe every group of the store.")
+    ] = False,
+    members_only: Annotated[
+        bool,
+        typer.Option("--members", help="Only the members and their assignment, no offsets."),
+    ] = False,
     store: StoreOpt = None,
     option: OptionOpt = None,
     config_file: ConfigFileOpt = None,
     output: OutputOpt = OutputFormat.table,
     debug: DebugOpt = False,
 ) -> None:
-    """Members and their assignment, then per partition CURRENT-OFFSET, LOG-END-OFFSET and LAG."""
+    """Members and their assignment, then per partition CURRENT-OFFSET, LOG-END-OFFSET and LAG.
+
+    Every partition of the topics the group reads is listed; one with no committed offset
+    shows '-' for CURRENT-OFFSET and LAG.
+    """
+    from kstore.groups import list_groups
+
+    if all_groups == (group is not None):
+        raise UsageError("give a GROUP or --all-groups (not both)")
+    handle = store_from(ctx, store, option, config_file)
+    if group is not None:
+        _require_group(handle, group)
+        names = [group]
+    else:
+        names = list_groups(handle)
+    described = [_describe_one(handle, name, output, members_only) for name in names]
+    if output is OutputFormat.json:
+        print_json(described[0] if group is not None else described)
+    elif not names:
+        note("No groups.")
+
+
+def _describe_one(
+    handle: Store, group: str, output: OutputFormat, members_only: bool
+) -> dict[str, Any]:
+    """The group as JSON; in table form printed too."""
     from kstore.groups import describe_group
 
-    handle = store_from(ctx, store, option, config_file)
-    _require_group(handle, group)
     desc = describe_group(handle, group)
     assignment = _assignment_of(desc)
-    if output is OutputFormat.json:
-        print_json(
+    data: dict[str, Any] = {
+        "group": desc.group_id,
+        "state": desc.state,
+        "generation": desc.generation,
+        "assignor": desc.assignor,
+        "total_lag": desc.total_lag,
+        "uncommitted_partitions": desc.uncommitted,
+        "members": [
             {
-                "group": desc.group_id,
-                "state": desc.state,
-                "generation": desc.generation,
-                "assignor": desc.assignor,
-                "total_lag": desc.total_lag,
-                "members": [
-                    {
-                        "member_id": m.member_id,
-                        "client_id": m.client_id,
-                        "instance_id": m.instance_id,
-                        "topics": list(m.topics),
-                        "assignment": [
-                            [tp.topic, tp.partition]
-                            for tp in sorted(assignment.get(m.member_id, []))
-                        ],
-                    }
-                    for m in desc.members
-                ],
-                "partitions": [
-                    {
-                        "topic": p.topic,
-                        "partition": p.partition,
-                        "current_offset": p.current_offset,
-                        "log_end_offset": p.log_end_offset,
-                        "lag": p.lag,
-                        "member_id": p.member_id,
-                        "client_id": p.client_id,
-                        "metadata": p.metadata,
-                    }
-                    for p in desc.partitions
+                "member_id": m.member_id,
+                "client_id": m.client_id,
+                "instance_id": m.instance_id,
+                "topics": list(m.topics),
+                "assignment": [
+                    [tp.topic, tp.partition] for tp in sorted(assignment.get(m.member_id, []))
                 ],
             }
-        )
-        return
+            for m in desc.members
+        ],
+    }
+    if not members_only:
+        data["partitions"] = [
+            {
+                "topic": p.topic,
+                "partition": p.partition,
+                "current_offset": p.current_offset,
+                "log_end_offset": p.log_end_offset,
+                "lag": p.lag,
+                "member_id": p.member_id,
+                "client_id": p.client_id,
+                "metadata": p.metadata,
+            }
+            for p in desc.partitions
+        ]
+    if output is OutputFormat.json:
+        return data
     title = (
         f"Group: {desc.group_id}  State: {desc.state}  Generation: {desc.generation}  "
         f"Assignor: {desc.assignor or '-'}  Members: {len(desc.members)}  Lag: {desc.total_lag}"
+        + (f"  No committed offset: {desc.uncommitted} partition(s)" if desc.uncommitted else "")
     )
     write_out(title + "\n")
     members = new_table(
@@ -203,6 +238,8 @@ def describe(
     if not desc.members:
         members.add_row(text("(no live members)"), text(None), text(None), text(None), text(None))
     print_table(members)
+    if members_only:
+        return data
     numeric = ["PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG"]
     offsets = new_table("TOPIC", *numeric, "CONSUMER-ID", "CLIENT-ID", right=numeric)
     for p in desc.partitions:
@@ -216,6 +253,7 @@ def describe(
             text(p.client_id),
         )
     print_table(offsets)
+    return data
 
 
 def _parse_topic_specs(specs: list[str]) -> list[tuple[str, list[int] | None]]:

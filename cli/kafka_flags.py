@@ -150,6 +150,8 @@ def _rewrite_action(root: Any, args: list[str]) -> list[str]:
     if verb not in group.commands:
         raise UsageError(f"{flag}: kstore has no 'kstore {name} {verb}'")
     kept = [t for t in rest if t != flag]
+    if name == "topics" and verb == "list":
+        kept.append("--names-only")  # kafka-topics --list prints the names alone
     return [*args[: index + 1], verb, *kept]
 
 
@@ -188,7 +190,9 @@ def translate(root: Any, args: list[str]) -> list[str]:
         if name in ("--topic", "--group"):
             wanted = name[2:].upper()
             value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
-            if wanted in metavar and value is not None:
+            # topics list takes a PATTERN: Kafka's --list --topic is a regular expression too
+            takes = wanted in metavar or (wanted == "TOPIC" and "PATTERN" in metavar)
+            if takes and value is not None:
                 out.append(value)  # Kafka's --topic T is the TOPIC argument
                 i += 1 if eq else 2
                 continue

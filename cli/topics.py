@@ -179,6 +179,18 @@ def create(
 )
 def list_(
     ctx: typer.Context,
+    pattern: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[PATTERN]",
+            help="Only the topics whose whole name matches this regular expression "
+            "(as Kafka's --list --topic).",
+            show_default=False,
+        ),
+    ] = None,
+    names_only: Annotated[
+        bool, typer.Option("--names-only", help="One topic name a line (as Kafka's --list).")
+    ] = False,
     store: StoreOpt = None,
     option: OptionOpt = None,
     config_file: ConfigFileOpt = None,
@@ -186,11 +198,24 @@ def list_(
     debug: DebugOpt = False,
 ) -> None:
     """List the topics of the store, with their partition counts."""
+    import re
+
     from kstore.errors import KStoreError
 
+    try:
+        matcher = re.compile(pattern) if pattern is not None else None
+    except re.error as exc:
+        raise UsageError(f"PATTERN {pattern!r} is not a regular expression: {exc}") from None
     handle = store_from(ctx, store, option, config_file)
+    names = [n for n in handle.list_topics() if matcher is None or matcher.fullmatch(n)]
+    if names_only:
+        if output is OutputFormat.json:
+            print_json(names)
+        elif names:
+            write_out("".join(f"{name}\n" for name in names))
+        return
     rows: list[dict[str, Any]] = []
-    for name in handle.list_topics():
+    for name in names:
         try:
             meta = handle.topic(name)
             rows.append(

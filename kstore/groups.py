@@ -816,6 +816,11 @@ class GroupDescription:
     def total_lag(self) -> int:
         return sum(p.lag or 0 for p in self.partitions)
 
+    @property
+    def uncommitted(self) -> int:
+        """Partitions the group reads with no committed offset (their lag is unknown)."""
+        return sum(1 for p in self.partitions if p.current_offset is None)
+
 
 def list_groups(store: Store) -> list[str]:
     names = []
@@ -835,9 +840,13 @@ def describe_group(store: Store, group_id: str) -> GroupDescription:
     # Read-only: judged by this machine's clock (no probe written), so describing a group
     # needs no write permission; a clock far off the storage's shows liveness wrongly.
     live = group.live_members(state, reference_ms=_now_ms())
-    topics = {tp.topic for tp in state.offsets} | {
-        tp.topic for parts in state.assignment.values() for tp in parts
-    }
+    # Every partition of every topic the group reads (subscribed, assigned or committed): a
+    # partition with no committed offset still has unread records, so it is shown too.
+    topics = (
+        {tp.topic for tp in state.offsets}
+        | {tp.topic for parts in state.assignment.values() for tp in parts}
+        | {topic for member in live.values() for topic in member.topics}
+    )
     rows: dict[TopicPartition, PartitionLag] = {}
     for topic in sorted(topics):
         try:
@@ -848,8 +857,6 @@ def describe_group(store: Store, group_id: str) -> GroupDescription:
             tp = TopicPartition(topic, p)
             owner = state.owner_of(tp)
             committed = state.offsets.get(tp)
-            if committed is None and owner is None:
-                continue
             end = store.partition_state(topic, p, meta).end_offset
             current = committed.offset if committed else None
             rows[tp] = PartitionLag(

@@ -94,7 +94,7 @@ def test_group_flag_is_the_group_argument(store_dir: Path) -> None:
             "--replication-factor: kstore keeps no replicas",
         ),
         (["groups", "list", "--all-groups"], "only 'kstore groups describe' takes --all-groups"),
-        (["topics", "list", "--topic", "orders"], "'kstore topics list' takes no --topic"),
+        (["groups", "list", "--topic", "orders"], "'kstore groups list' takes no --topic"),
         (
             ["topics", "create", "x", "--describe"],
             "--describe is 'kstore topics describe' here, not 'kstore topics create'",
@@ -123,3 +123,64 @@ def test_usage_errors_are_one_line(store_dir: Path) -> None:
     # a bare group still shows its help
     result = runner.invoke(app, ["topics"])
     assert "Usage" in result.stdout + result.stderr
+
+
+# -- 2. what was missing ----------------------------------------------------------------------------
+
+
+def test_topics_list_names_only_and_pattern(store_dir: Path) -> None:
+    for name in ("orders-eu", "users"):
+        assert kstore(store_dir, "topics", "create", name).exit_code == 0
+    result = kstore(store_dir, "topics", "list", "--names-only")
+    assert result.stdout == "orders\norders-eu\nusers\n"
+    # the whole name matches, as Kafka's --topic regex on --list
+    result = kstore(store_dir, "topics", "list", "orders.*", "--names-only")
+    assert result.stdout == "orders\norders-eu\n"
+    result = kstore(store_dir, "topics", "list", "order", "--names-only")
+    assert result.stdout == ""
+    # kafka-topics --list [--topic REGEX] prints names only
+    result = kstore(store_dir, "topics", "--list")
+    assert result.stdout == "orders\norders-eu\nusers\n"
+    result = kstore(store_dir, "topics", "--list", "--topic", "u.*")
+    assert result.stdout == "users\n"
+    line = one_error_line(kstore(store_dir, "topics", "list", "("), 2)
+    assert "PATTERN '(' is not a regular expression" in line
+
+
+def test_groups_describe_every_partition_all_groups_and_members(store_dir: Path) -> None:
+    from kstore.groups import Group
+    from kstore.records import OffsetAndMetadata, TopicPartition
+
+    store = Store(str(store_dir))
+    # a committed offset on partition 0 only: partition 1's 3 records are unread too
+    Group(store, "g1").commit_offsets(
+        {TopicPartition("orders", 0): OffsetAndMetadata(2)}, member_id=None, generation=-1
+    )
+    Group(store, "g2").commit_offsets(
+        {TopicPartition("orders", 1): OffsetAndMetadata(3)}, member_id=None, generation=-1
+    )
+    result = kstore(store_dir, "groups", "describe", "g1", "-o", "json")
+    assert result.exit_code == 0, result.stderr
+    import json
+
+    data = json.loads(result.stdout)
+    rows = [(p["partition"], p["current_offset"], p["lag"]) for p in data["partitions"]]
+    assert rows == [(0, 2, 1), (1, None, None)]
+    assert data["uncommitted_partitions"] == 1
+    result = kstore(store_dir, "groups", "describe", "g1")
+    assert "No committed offset: 1 partition(s)" in result.stdout
+    # kafka-consumer-groups --describe --all-groups
+    result = kstore(store_dir, "groups", "--describe", "--all-groups", "-o", "json")
+    assert result.exit_code == 0, result.stderr
+    assert [g["group"] for g in json.loads(result.stdout)] == ["g1", "g2"]
+    result = kstore(store_dir, "groups", "describe", "--all-groups")
+    assert "Group: g1" in result.stdout
+    assert "Group: g2" in result.stdout
+    # --members: the members table alone
+    result = kstore(store_dir, "groups", "describe", "g1", "--members", "-o", "json")
+    assert "partitions" not in json.loads(result.stdout)
+    result = kstore(store_dir, "groups", "describe", "g1", "--members")
+    assert "CURRENT-OFFSET" not in result.stdout
+    assert "MEMBER-ID" in result.stdout
+    line = one_error_line(kstore(store_dir, "groups", "describe", "g1", "--all-groups"), 2)
+    assert "give a GROUP or --all-groups (not both)" in line
