@@ -484,3 +484,58 @@ def delete(
             note(f"Deleted consumer group {name!r}.")
     if output is OutputFormat.json:
         print_json([{"group": name, "deleted": True} for name in groups])
+
+
+@app.command(
+    "delete-offsets",
+    epilog="Examples:\n\n"
+    "  kstore groups delete-offsets billing --topic orders\n\n"
+    "  kstore groups delete-offsets billing --topic orders:0,1\n\n"
+    "Refused for a topic a live member of the group subscribes to.",
+)
+def delete_offsets(
+    ctx: typer.Context,
+    group: GroupArg,
+    topic: Annotated[
+        list[str],
+        typer.Option(
+            "--topic",
+            "-t",
+            metavar="TOPIC[:P,P...]",
+            help="Topic whose committed offsets to forget, optionally only some partitions; "
+            "repeatable.",
+        ),
+    ],
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Forget a group's committed offsets of some topics or partitions (kafka-consumer-groups
+    --delete-offsets)."""
+    from kstore.groups import Group
+    from kstore.records import TopicPartition
+
+    specs = _parse_topic_specs(topic)
+    handle = store_from(ctx, store, option, config_file)
+    _require_group(handle, group)
+    target = Group(handle, group)
+    committed = target.state().offsets
+    wanted: list[TopicPartition] = []
+    for name, parts in specs:
+        if parts is None:  # the whole topic: every partition with an offset
+            wanted.extend(tp for tp in committed if tp.topic == name)
+        else:
+            wanted.extend(TopicPartition(name, p) for p in parts)
+    deleted = target.delete_offsets(wanted)
+    if output is OutputFormat.json:
+        print_json([{"topic": tp.topic, "partition": tp.partition} for tp in deleted])
+        return
+    if not deleted:
+        note(f"Group {group!r} had no committed offset there; nothing changed.")
+        return
+    table = new_table("TOPIC", "PARTITION", "STATUS", right=["PARTITION"])
+    for tp in deleted:
+        table.add_row(text(tp.topic), text(tp.partition), text("deleted"))
+    print_table(table)

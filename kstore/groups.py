@@ -773,6 +773,33 @@ class Group:
 
         self._commit(build, "DELETE GROUP")
 
+    def delete_offsets(self, partitions: Iterable[TopicPartition]) -> list[TopicPartition]:
+        """Forget the committed offsets of these partitions (Kafka's --delete-offsets, action
+        8.21); returns those that had one. Refused for a topic a live member subscribes to, as
+        Kafka refuses it (the member would commit it again)."""
+        wanted = sorted(set(partitions))
+
+        def build(state: GroupState) -> list[Action] | None:
+            if state.version < 0 or state.deleted:
+                raise KStoreError(f"group {self.group_id!r} does not exist")
+            for member in self.live_members(state).values():
+                busy = sorted({tp.topic for tp in wanted} & set(member.topics))
+                if busy:
+                    raise IllegalStateError(
+                        f"group {self.group_id!r} has a live member subscribed to "
+                        f"{', '.join(map(repr, busy))}; stop it before deleting offsets"
+                    )
+            present = [tp for tp in wanted if tp in state.offsets]
+            if not present:
+                return None
+            items = [{"topic": tp.topic, "partition": tp.partition} for tp in present]
+            return [{"deleteOffsets": {"partitions": items}}]
+
+        before = self.state()
+        had = [tp for tp in wanted if tp in before.offsets]
+        self._commit(build, "DELETE OFFSETS")
+        return [tp for tp in had if tp not in self.state().offsets]
+
 
 def _common_assignor(members: Iterable[Member]) -> str:
     members = list(members)

@@ -184,3 +184,43 @@ def test_groups_describe_every_partition_all_groups_and_members(store_dir: Path)
     assert "MEMBER-ID" in result.stdout
     line = one_error_line(kstore(store_dir, "groups", "describe", "g1", "--all-groups"), 2)
     assert "give a GROUP or --all-groups (not both)" in line
+
+
+def test_groups_delete_offsets(store_dir: Path) -> None:
+    import json
+
+    from kstore.groups import Group
+    from kstore.records import OffsetAndMetadata, TopicPartition
+
+    store = Store(str(store_dir))
+    store.create_topic("users", 1)
+    Group(store, "g").commit_offsets(
+        {
+            TopicPartition("orders", 0): OffsetAndMetadata(1),
+            TopicPartition("orders", 1): OffsetAndMetadata(2),
+            TopicPartition("users", 0): OffsetAndMetadata(0),
+        },
+        member_id=None,
+        generation=-1,
+    )
+    result = kstore(store_dir, "groups", "delete-offsets", "g", "--topic", "orders:1", "-o", "json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == [{"topic": "orders", "partition": 1}]
+    # kafka-consumer-groups --delete-offsets --group G --topic T (the whole topic)
+    result = kstore(store_dir, "groups", "--delete-offsets", "--group", "g", "--topic", "orders")
+    assert result.exit_code == 0, result.stderr
+    assert "deleted" in result.stdout
+    offsets = Group(Store(str(store_dir)), "g").state().offsets
+    assert set(offsets) == {TopicPartition("users", 0)}
+    # read back by a fresh replay too
+    result = kstore(store_dir, "groups", "describe", "g", "-o", "json")
+    rows = {
+        (p["topic"], p["partition"]): p["current_offset"]
+        for p in json.loads(result.stdout)["partitions"]
+    }
+    assert rows == {("users", 0): 0}
+    result = kstore(store_dir, "groups", "delete-offsets", "g", "--topic", "orders")
+    assert result.exit_code == 0
+    assert "nothing changed" in result.stderr
+    line = one_error_line(kstore(store_dir, "groups", "delete-offsets", "nope", "--topic", "x"), 1)
+    assert "consumer group 'nope' does not exist" in line
