@@ -180,6 +180,14 @@ app.command(
 )(consume_cmd.consume)
 
 
+app.command(
+    "delete-records",
+    epilog="Examples:\n\n"
+    "  kstore delete-records orders --offset 1000            (every partition)\n\n"
+    "  kstore delete-records orders -p 0 --offset -1         (all of partition 0)\n\n"
+    "  kstore delete-records --offset-json-file offsets.json (kafka-delete-records' file)",
+)(topics.delete_records)
+
 # The maintenance jobs (Spark, or in this process); pyspark is imported only when one runs.
 for _verb, _command in jobs_cmd.COMMANDS.items():
     app.command(_verb, epilog=jobs_cmd.EPILOGS[_verb])(_command)

@@ -555,3 +555,99 @@ def schema_history(
             text(row["value"]),
         )
     print_table(table)
+
+
+def _offsets_json(path: str) -> list[tuple[str, int, int]]:
+    """kafka-delete-records' --offset-json-file: {"partitions": [{"topic", "partition",
+    "offset"}, ...], "version": 1}."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except OSError as exc:
+        raise UsageError(
+            f"--offset-json-file: cannot read {path!r}: {exc.strerror or exc}"
+        ) from None
+    except ValueError as exc:
+        raise UsageError(f"--offset-json-file: {path!r} is not JSON: {exc}") from None
+    items = data.get("partitions") if isinstance(data, dict) else None
+    if not isinstance(items, list) or not items:
+        raise UsageError(f'--offset-json-file: {path!r} has no "partitions" list')
+    out: list[tuple[str, int, int]] = []
+    for item in items:
+        ok = isinstance(item, dict) and isinstance(item.get("topic"), str)
+        numbers = [item.get(k) for k in ("partition", "offset")] if ok else []
+        if not ok or not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
+            raise UsageError(
+                f'--offset-json-file: expected {{"topic": str, "partition": int, '
+                f'"offset": int}}, got {json.dumps(item)}'
+            )
+        out.append((item["topic"], item["partition"], item["offset"]))
+    return out
+
+
+def delete_records(
+    ctx: typer.Context,
+    topic: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[TOPIC]", help="Topic (or --offset-json-file).", show_default=False
+        ),
+    ] = None,
+    offset: Annotated[
+        int | None,
+        typer.Option(
+            "--offset",
+            metavar="OFFSET",
+            min=-1,
+            help="Delete the records below this offset; -1 for every record (the end offset).",
+        ),
+    ] = None,
+    partition: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--partition", "-p", min=0, help="Only this partition; repeatable (default: all)."
+        ),
+    ] = None,
+    offset_json_file: Annotated[
+        str | None,
+        typer.Option(
+            "--offset-json-file",
+            metavar="PATH",
+            help='Kafka\'s form: {"partitions": [{"topic": "t", "partition": 0, "offset": 42}], '
+            '"version": 1}.',
+        ),
+    ] = None,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Delete the records below an offset (kafka-delete-records): the log start offset moves
+    up at once for every reader; retention removes the files later."""
+    if offset_json_file is not None and (topic is not None or offset is not None or partition):
+        raise UsageError("give --offset-json-file alone, or TOPIC with --offset")
+    if offset_json_file is None and (topic is None or offset is None):
+        raise UsageError("give TOPIC and --offset, or --offset-json-file")
+    plan = _offsets_json(offset_json_file) if offset_json_file is not None else []
+    handle = store_from(ctx, store, option, config_file)
+    if topic is not None and offset is not None:
+        meta = handle.topic(topic)
+        for p in sorted(set(partition or range(meta.partitions))):
+            plan.append((topic, p, offset))
+    rows = []
+    for name, p, target in plan:
+        meta = handle.topic(name)
+        if not 0 <= p < meta.partitions:
+            raise UsageError(f"topic {name!r} has no partition {p} (0..{meta.partitions - 1})")
+        start = handle.partition(name, p, meta).delete_records(target)
+        rows.append({"topic": name, "partition": p, "log_start_offset": start})
+    if output is OutputFormat.json:
+        print_json(rows)
+        return
+    table = new_table("TOPIC", "PARTITION", "LOW-WATERMARK", right=["PARTITION", "LOW-WATERMARK"])
+    for row in rows:
+        table.add_row(text(row["topic"]), text(row["partition"]), text(row["log_start_offset"]))
+    print_table(table)

@@ -268,6 +268,29 @@ class Partition:
 
         return self._commit(guarded, operation=operation, durable=durable, written_at=written_at)
 
+    def delete_records(self, before_offset: int) -> int:
+        """Kafka's DeleteRecords: records below ``before_offset`` are gone for every reader
+        (``logStart``, 8.7); retention then removes the segments wholly below it. -1 means
+        the end offset. Returns the log start offset after the commit (never lowered)."""
+        if not isinstance(before_offset, int) or isinstance(before_offset, bool):
+            raise ValueError(f"offset must be an integer, got {before_offset!r}")
+        if before_offset < -1:
+            raise ValueError(f"offset must be -1 (the end) or >= 0, got {before_offset}")
+
+        def build(state: PartitionState) -> list[Action] | None:
+            target = state.end_offset if before_offset == -1 else before_offset
+            if target > state.end_offset:
+                raise OffsetOutOfRangeError(
+                    f"{self.topic}-{self.partition}: offset {target} is past the end offset "
+                    f"{state.end_offset}"
+                )
+            if target <= state.start_offset:
+                return None  # the start offset only grows
+            return [{"logStart": {"offset": target}}]
+
+        self.commit_actions(build, operation="DELETE RECORDS")
+        return self.state().start_offset
+
     def _commit(
         self, build: Any, *, operation: str, durable: bool, written_at: float | None = None
     ) -> CommitResult[PartitionState] | None:

@@ -224,3 +224,36 @@ def test_groups_delete_offsets(store_dir: Path) -> None:
     assert "nothing changed" in result.stderr
     line = one_error_line(kstore(store_dir, "groups", "delete-offsets", "nope", "--topic", "x"), 1)
     assert "consumer group 'nope' does not exist" in line
+
+
+def test_delete_records(store_dir: Path, tmp_path: Path) -> None:
+    import json
+
+    # orders: partition 0 holds v0 v2 v4 (offsets 0-2), partition 1 v1 v3 v5
+    result = kstore(store_dir, "delete-records", "orders", "-p", "0", "--offset", "2", "-o", "json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == [{"topic": "orders", "partition": 0, "log_start_offset": 2}]
+    result = kstore(store_dir, "consume", "orders", "-p", "0", "--from-beginning")
+    assert result.stdout.split() == ["v4"]
+    # kafka-delete-records --offset-json-file, -1 meaning the end
+    plan = tmp_path / "offsets.json"
+    plan.write_text(
+        json.dumps(
+            {"partitions": [{"topic": "orders", "partition": 1, "offset": -1}], "version": 1}
+        )
+    )
+    result = kstore(store_dir, "delete-records", "--offset-json-file", str(plan))
+    assert result.exit_code == 0, result.stderr
+    desc = Store(str(store_dir)).describe_topic("orders")
+    assert [(p.log_start_offset, p.log_end_offset) for p in desc.partitions] == [(2, 3), (3, 3)]
+    # the start offset never moves back
+    result = kstore(store_dir, "delete-records", "orders", "--offset", "1")
+    assert result.exit_code == 0, result.stderr
+    assert Store(str(store_dir)).describe_topic("orders").partitions[0].log_start_offset == 2
+    line = one_error_line(kstore(store_dir, "delete-records", "orders", "--offset", "9"), 1)
+    assert "offset 9 is past the end offset 3" in line
+    line = one_error_line(kstore(store_dir, "delete-records", "orders"), 2)
+    assert "give TOPIC and --offset, or --offset-json-file" in line
+    plan.write_text('{"partitions": [{"topic": "orders", "partition": "0"}]}')
+    line = one_error_line(kstore(store_dir, "delete-records", "--offset-json-file", str(plan)), 2)
+    assert "expected {" in line
