@@ -541,6 +541,25 @@ def error_message(exc: BaseException) -> str:
     return f"unexpected {type(exc).__name__}: {message} (run with --debug for the traceback)"
 
 
+def parse_client_properties(items: Iterable[str] | None, what: str) -> dict[str, Any]:
+    """Kafka client properties (``max.request.size=5242880``) as the kstore client's keyword
+    arguments (``max_request_size=5242880``): integers and true/false are typed. Whether a
+    name is known is the client's to say."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        name, sep, raw = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise UsageError(f"{what} expects NAME=VALUE, got {item!r}")
+        value: Any = raw.strip()
+        if value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        elif value.lstrip("-").isdigit():
+            value = int(value)
+        out[name.replace(".", "_").replace("-", "_")] = value
+    return out
+
+
 def usage_line(exc: Any) -> str:
     """A usage error (click's or ours) as one line, with where to find the command's help."""
     message = " ".join(str(exc.format_message()).split()) or type(exc).__name__

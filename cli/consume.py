@@ -20,6 +20,7 @@ from kstore.cli.common import (
     StoreOpt,
     UsageError,
     note,
+    parse_client_properties,
     silence_stdout,
     store_from,
 )
@@ -322,6 +323,15 @@ def consume(
             help="read_committed hides the records of open and aborted transactions.",
         ),
     ] = Isolation.read_uncommitted,
+    consumer_property: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--consumer-property",
+            metavar="NAME=VALUE",
+            help="A consumer config, Kafka's name or kstore's (fetch.max.bytes=52428800); "
+            "repeatable. The group, offsets and isolation level have their own options.",
+        ),
+    ] = None,
     store: StoreOpt = None,
     option: OptionOpt = None,
     config_file: ConfigFileOpt = None,
@@ -368,6 +378,16 @@ def consume(
         separator=separator,
     )
 
+    properties = parse_client_properties(consumer_property, "--consumer-property")
+    owned = {
+        "group_id": "--group",
+        "enable_auto_commit": "--group (offsets are committed as records are printed)",
+        "auto_offset_reset": "--from-beginning or --offset",
+        "isolation_level": "--isolation-level",
+    }
+    for name, flag in owned.items():
+        if name in properties:
+            raise UsageError(f"--consumer-property {name.replace('_', '.')}: use {flag}")
     handle = store_from(ctx, store, option, config_file)
     meta = handle.topic(topic)
     reset = "earliest" if from_beginning or not follow else "latest"
@@ -377,7 +397,7 @@ def consume(
         enable_auto_commit=False,
         auto_offset_reset=reset,
         isolation_level=isolation_level.value,
-        client_id="kstore-cli",
+        **{"client_id": "kstore-cli", **properties},
     )
     printed = 0
     committed_at = time.monotonic()

@@ -32,6 +32,7 @@ from kstore.cli.common import (
     UsageError,
     error_message,
     note,
+    parse_client_properties,
     print_json,
     store_from,
 )
@@ -386,6 +387,16 @@ def produce(
         int | None,
         typer.Option("--partition", "-p", min=0, help="Send every record to this partition."),
     ] = None,
+    producer_property: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--producer-property",
+            metavar="NAME=VALUE",
+            help="A producer config, Kafka's name or kstore's (max.request.size=5242880, "
+            "linger.ms=50); repeatable. max.request.size defaults to the topic's "
+            "max.message.bytes.",
+        ),
+    ] = None,
     store: StoreOpt = None,
     option: OptionOpt = None,
     config_file: ConfigFileOpt = None,
@@ -424,6 +435,7 @@ def produce(
     ):
         if sep is not None and not sep:
             raise UsageError(f"{name} must not be empty")
+    properties = parse_client_properties(producer_property, "--producer-property")
     handle = store_from(ctx, store, option, config_file)
     meta = handle.topic(topic)  # fail before reading any input if the topic does not exist
     if partition is not None and partition >= meta.partitions:
@@ -440,7 +452,15 @@ def produce(
     delivery = _Delivery()
     failure: str | None = None
     sent = 0
-    producer = Producer(handle, acks=acks_value, client_id="kstore-cli")
+    # The topic's own limit, not the client's 1 MiB default: a topic that allows 200 MB takes
+    # a 200 MB record from the console producer too.
+    configs: dict[str, Any] = {
+        "acks": acks_value,
+        "client_id": "kstore-cli",
+        "max_request_size": max(1_048_576, int(meta.effective_config["max.message.bytes"])),
+        **properties,
+    }
+    producer = Producer(handle, **configs)
     try:
         with _Interrupt() as interrupt:
             for number, line in _lines(stream, interrupt):

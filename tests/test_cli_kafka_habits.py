@@ -257,3 +257,51 @@ def test_delete_records(store_dir: Path, tmp_path: Path) -> None:
     plan.write_text('{"partitions": [{"topic": "orders", "partition": "0"}]}')
     line = one_error_line(kstore(store_dir, "delete-records", "--offset-json-file", str(plan)), 2)
     assert "expected {" in line
+
+
+# -- 3. the console clients' properties -------------------------------------------------------------
+
+
+def test_console_producer_sends_what_the_topic_allows(store_dir: Path) -> None:
+    big = "x" * (2 * 1024 * 1024)  # over the client's 1 MiB default
+    result = kstore(store_dir, "topics", "create", "blobs", "-c", "max.message.bytes=5000000")
+    assert result.exit_code == 0, result.stderr
+    result = kstore(store_dir, "produce", "blobs", input=big + "\n")
+    assert result.exit_code == 0, result.stderr
+    result = kstore(store_dir, "consume", "blobs")
+    assert result.stdout == big + "\n"
+    # the topic's limit still holds
+    result = kstore(store_dir, "produce", "orders", input=big + "\n")
+    assert result.exit_code == 1
+    assert "max.message.bytes" in result.stderr
+
+
+def test_producer_and_consumer_properties(store_dir: Path) -> None:
+    # Kafka's names map to kstore's: a producer limited to 100 bytes refuses 200
+    result = kstore(
+        store_dir,
+        "produce",
+        "orders",
+        "--producer-property",
+        "max.request.size=100",
+        input="y" * 200 + "\n",
+    )
+    assert result.exit_code == 1
+    assert "max_request_size=100" in result.stderr
+    result = kstore(
+        store_dir, "produce", "orders", "--producer-property", "linger.ms=0", input="z\n"
+    )
+    assert result.exit_code == 0, result.stderr
+    line = one_error_line(
+        kstore(store_dir, "produce", "orders", "--producer-property", "nope=1", input="z\n"), 1
+    )
+    assert "unknown producer config 'nope'" in line
+    result = kstore(store_dir, "consume", "orders", "--consumer-property", "max.poll.records=1")
+    assert result.exit_code == 0, result.stderr
+    assert len(result.stdout.split()) == 7  # six records and "z"
+    line = one_error_line(
+        kstore(store_dir, "consume", "orders", "--consumer-property", "group.id=g"), 2
+    )
+    assert "--consumer-property group.id: use --group" in line
+    line = one_error_line(kstore(store_dir, "consume", "orders", "--consumer-property", "bogus"), 2)
+    assert "--consumer-property expects NAME=VALUE" in line
