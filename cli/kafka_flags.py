@@ -80,6 +80,52 @@ _TAKES_VALUE = {
 }
 
 
+# The console clients' --property NAME=VALUE, per command: the kstore options each one is.
+_PROPERTIES: dict[str, dict[str, str]] = {
+    "consume": {
+        "print.key": "--print-key",
+        "print.timestamp": "--print-timestamp",
+        "print.offset": "--print-offset",
+        "print.partition": "--print-partition",
+        "print.headers": "--print-headers",
+        "key.separator": "--key-separator",
+    },
+    "produce": {
+        "parse.key": "--key-separator",
+        "key.separator": "--key-separator",
+        "parse.headers": "--headers",
+    },
+}
+
+
+def _properties(verb: str, items: list[str]) -> list[str]:
+    """``--property print.key=true`` -> ``--print-key`` (and the like)."""
+    known = _PROPERTIES.get(verb)
+    if known is None:
+        raise UsageError(f"--property: 'kstore {verb}' takes none")
+    given: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name not in known:
+            raise UsageError(
+                f"--property {item!r}: 'kstore {verb}' knows {', '.join(known)} "
+                f"(see 'kstore {verb} --help')"
+            )
+        given[name] = value
+    out: list[str] = []
+    for name, value in given.items():
+        flag = known[name]
+        if name == "key.separator":
+            if verb == "consume" or given.get("parse.key", "false").lower() == "true":
+                out += [flag, value]
+        elif name == "parse.key":
+            if value.lower() == "true" and "key.separator" not in given:
+                out += [flag, "\\t"]  # Kafka's default key separator: a tab
+        elif value.lower() == "true":
+            out.append(flag)
+    return out
+
+
 def _option_names(command: Any) -> set[str]:
     names: set[str] = set()
     for param in getattr(command, "params", []):
@@ -168,6 +214,7 @@ def translate(root: Any, args: list[str]) -> list[str]:
     group_actions = _ACTIONS.get(path[-2][0], {}) if len(path) > 2 else {}
     metavar = _argument_metavar(leaf)
     out = args[:start]
+    properties: list[str] = []
     i = start
     while i < len(args):
         token = args[i]
@@ -197,8 +244,16 @@ def translate(root: Any, args: list[str]) -> list[str]:
                 i += 1 if eq else 2
                 continue
             raise UsageError(f"'kstore {verb}' takes no {name}: see 'kstore {verb} --help'")
+        if name == "--property":
+            value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
+            properties.append(value)
+            i += 1 if eq else 2
+            continue
         if name in _REFUSED:
             raise UsageError(f"{name}: {_REFUSED[name]}")
         out.append(token)
         i += 1
+    if properties:
+        tail = out.index("--") if "--" in out else len(out)
+        out[tail:tail] = _properties(verb, properties)
     return out

@@ -305,3 +305,41 @@ def test_producer_and_consumer_properties(store_dir: Path) -> None:
     assert "--consumer-property group.id: use --group" in line
     line = one_error_line(kstore(store_dir, "consume", "orders", "--consumer-property", "bogus"), 2)
     assert "--consumer-property expects NAME=VALUE" in line
+
+
+def test_console_property_flags(store_dir: Path) -> None:
+    # kafka-console-producer --property parse.key=true --property key.separator=:
+    result = kstore(
+        store_dir,
+        "produce",
+        "--topic",
+        "orders",
+        "--property",
+        "parse.key=true",
+        "--property",
+        "key.separator=:",
+        "-p",
+        "0",
+        input="kk:vv\n",
+    )
+    assert result.exit_code == 0, result.stderr
+    # parse.key alone: Kafka's tab
+    result = kstore(
+        store_dir, "produce", "orders", "--property", "parse.key=true", "-p", "0", input="kt\tvt\n"
+    )
+    assert result.exit_code == 0, result.stderr
+    # kafka-console-consumer --property print.key=true --property key.separator=,
+    result = kstore(
+        store_dir,
+        "consume",
+        "orders",
+        "-p",
+        "0",
+        "--property",
+        "print.key=true",
+        "--property=key.separator=,",
+    )
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines()[-2:] == ["kk,vv", "kt,vt"]
+    line = one_error_line(kstore(store_dir, "consume", "orders", "--property", "print.foo=1"), 2)
+    assert "--property 'print.foo=1': 'kstore consume' knows print.key" in line
