@@ -365,7 +365,26 @@ def resolve_store(
         )
     secrets.add(secrets_of_url(url))
     secrets.add(secrets_of_options(options))
+    _check_local_options(url, options)
     return StoreSettings(url, options)
+
+
+# What a store on the local disk reads of its storage options; any other is a mistake (an S3
+# option given to a local path, a typo) that would otherwise be ignored without a word.
+_LOCAL_OPTIONS = ("timeout_ms", "attempt_timeout_ms", "auto_mkdir")
+
+
+def _check_local_options(url: str, options: Mapping[str, Any]) -> None:
+    scheme, sep, _ = url.partition("://")
+    if sep and scheme.lower() not in ("file", "local"):
+        return
+    unknown = sorted(set(options) - set(_LOCAL_OPTIONS))
+    if unknown:
+        raise UsageError(
+            f"storage option {unknown[0]!r} means nothing to a store on the local disk "
+            f"({url}); local stores take only {', '.join(_LOCAL_OPTIONS)} "
+            f"(check --option, {ENV_OPTION_PREFIX}* and the config file)"
+        )
 
 
 def open_store(

@@ -343,3 +343,21 @@ def test_console_property_flags(store_dir: Path) -> None:
     assert result.stdout.splitlines()[-2:] == ["kk,vv", "kt,vt"]
     line = one_error_line(kstore(store_dir, "consume", "orders", "--property", "print.foo=1"), 2)
     assert "--property 'print.foo=1': 'kstore consume' knows print.key" in line
+
+
+# -- 4. store mistakes ------------------------------------------------------------------------------
+
+
+def test_unknown_storage_option_on_a_local_store_is_refused(store_dir: Path) -> None:
+    result = kstore(store_dir, "topics", "list", "--option", "foo=bar")
+    line = one_error_line(result, 2)
+    assert "storage option 'foo' means nothing to a store on the local disk" in line
+    result = runner.invoke(
+        app,
+        ["topics", "list", "--store", store_dir.as_uri()],
+        env={"KSTORE_OPTION_CLIENT_KWARGS__ENDPOINT_URL": "http://127.0.0.1:1"},
+    )
+    assert "storage option 'client_kwargs'" in one_error_line(result, 2)
+    # what a local store does read is accepted
+    result = kstore(store_dir, "topics", "list", "--option", "timeout_ms=5000")
+    assert result.exit_code == 0, result.stderr
