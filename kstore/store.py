@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import threading
 import time
@@ -18,6 +19,7 @@ from kstore.errors import (
     CorruptLogError,
     InvalidConfigurationError,
     InvalidPartitionsError,
+    InvalidStoreError,
     KStoreError,
     StoreNotFoundError,
     TopicAlreadyExistsError,
@@ -263,11 +265,32 @@ class Store:
             segment_cache_bytes=state["cache"],
         )
 
+    def _refuse_new_marker(self) -> None:
+        """A new store is not made where one was (topics left, marker lost: a new marker would
+        take over the old topics under a new store id) nor inside another local store."""
+        if self.storage.list_dir(TOPICS):
+            raise InvalidStoreError(
+                f"{redact_url(self.url)!r} holds {TOPICS}/ but no {STORE_MARKER}: the marker of "
+                "the store there was lost; restore it from a backup (or move the directory away) "
+                "rather than create a new store over its topics"
+            )
+        if self.storage.is_local:
+            parent = os.path.dirname(self.storage.root)
+            while parent and parent != os.path.dirname(parent):
+                if os.path.exists(os.path.join(parent, STORE_MARKER)):
+                    raise InvalidStoreError(
+                        f"{redact_url(self.url)!r} is inside the store at {parent!r}: a store "
+                        "cannot be created within another (its files would be the outer "
+                        "store's strays); choose a path outside it"
+                    )
+                parent = os.path.dirname(parent)
+
     def _open_marker(self, create: bool) -> str:
         data = self.storage.read_if_exists(STORE_MARKER)
         if data is None:
             if not create:
                 raise StoreNotFoundError(f"no kstore store at {redact_url(self.url)!r}")
+            self._refuse_new_marker()
             marker = {
                 "format": "kstore",
                 "formatVersion": STORE_FORMAT_VERSION,

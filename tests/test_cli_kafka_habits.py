@@ -361,3 +361,19 @@ def test_unknown_storage_option_on_a_local_store_is_refused(store_dir: Path) -> 
     # what a local store does read is accepted
     result = kstore(store_dir, "topics", "list", "--option", "timeout_ms=5000")
     assert result.exit_code == 0, result.stderr
+
+
+def test_no_store_over_lost_marker_or_inside_another(store_dir: Path) -> None:
+    # the marker deleted: a new one would take over the old topics under a new store id
+    marker = store_dir / "_kstore.json"
+    saved = marker.read_bytes()
+    marker.unlink()
+    line = one_error_line(kstore(store_dir, "topics", "create", "x"), 1)
+    assert "holds topics/ but no _kstore.json" in line
+    assert not marker.exists()
+    marker.write_bytes(saved)
+    # a store inside another store's topic folder
+    inner = store_dir / "topics" / "orders" / "nested"
+    line = one_error_line(kstore(inner, "topics", "create", "x"), 1)
+    assert f"is inside the store at {str(store_dir)!r}" in line
+    assert not inner.exists()
