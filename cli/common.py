@@ -365,7 +365,7 @@ def resolve_store(
         )
     secrets.add(secrets_of_url(url))
     secrets.add(secrets_of_options(options))
-    _check_local_options(url, options)
+    _check_store(url, options)
     return StoreSettings(url, options)
 
 
@@ -374,8 +374,25 @@ def resolve_store(
 _LOCAL_OPTIONS = ("timeout_ms", "attempt_timeout_ms", "auto_mkdir")
 
 
-def _check_local_options(url: str, options: Mapping[str, Any]) -> None:
+# Filesystems whose paths carry a host kstore does not keep (it keeps the path alone, as for a
+# bucket), so every call fails with no cause named (ftp's also prints a traceback at exit); and
+# http(s) is read-only anyway.
+_UNUSABLE_SCHEMES = {
+    "http": "a web server cannot hold a store (read-only, no listing, no atomic create)",
+    "https": "a web server cannot hold a store (read-only, no listing, no atomic create)",
+    "ftp": "FTP offers no atomic create, and its URLs' host is not passed on",
+    "sftp": "SFTP offers no atomic create, and its URLs' host is not passed on",
+}
+
+
+def _check_store(url: str, options: Mapping[str, Any]) -> None:
     scheme, sep, _ = url.partition("://")
+    why = _UNUSABLE_SCHEMES.get(scheme.lower()) if sep else None
+    if why is not None:
+        raise UsageError(
+            f"store URL scheme {scheme + '://'!r}: {why}; use a local path, s3://bucket/prefix "
+            "or memory://name"
+        )
     if sep and scheme.lower() not in ("file", "local"):
         return
     unknown = sorted(set(options) - set(_LOCAL_OPTIONS))

@@ -377,3 +377,33 @@ def test_no_store_over_lost_marker_or_inside_another(store_dir: Path) -> None:
     line = one_error_line(kstore(inner, "topics", "create", "x"), 1)
     assert f"is inside the store at {str(store_dir)!r}" in line
     assert not inner.exists()
+
+
+def test_http_and_ftp_stores_name_the_cause() -> None:
+    for url in ("http://127.0.0.1:9/x", "https://example.invalid/ks", "ftp://127.0.0.1:9/x"):
+        line = one_error_line(runner.invoke(app, ["topics", "list", "--store", url]), 2)
+        assert "cannot hold a store" in line or "offers no atomic create" in line, line
+        assert "use a local path, s3://bucket/prefix or memory://name" in line
+
+
+def test_ftp_store_prints_no_traceback() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kstore.cli.app",
+            "topics",
+            "list",
+            "--store",
+            "ftp://127.0.0.1:9/x",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("error: store URL scheme 'ftp://'")
