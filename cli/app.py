@@ -53,9 +53,26 @@ _CLICK_EXCEPTION: type[Exception] = next(
 _PASS_THROUGH: tuple[type[BaseException], ...] = (typer.Exit, typer.Abort, _CLICK_EXCEPTION)
 
 
+def _reflow(text: str) -> str:
+    """A docstring's paragraphs each on one line: the help formatter keeps single line breaks,
+    so source-wrapped lines came out ragged once rewrapped to the terminal's width."""
+    return "\n\n".join(" ".join(p.split()) for p in text.split("\n\n") if p.strip())
+
+
+def _reflow_help(command: Any) -> None:
+    if isinstance(getattr(command, "help", None), str):
+        command.help = _reflow(command.help)
+    for sub in getattr(command, "commands", {}).values():
+        _reflow_help(sub)
+
+
 class KstoreGroup(TyperGroup):
     """The root command: turns every error raised by a command into one redacted line on
     stderr and exit code 1 (usage errors keep their exit code 2)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _reflow_help(self)
 
     def make_context(
         self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any

@@ -135,7 +135,7 @@ def describe(
     group: Annotated[
         str | None,
         typer.Argument(
-            metavar="[GROUP]", help="Consumer group id (or --all-groups).", show_default=False
+            metavar="GROUP", help="Consumer group id (or --all-groups).", show_default=False
         ),
     ] = None,
     all_groups: Annotated[

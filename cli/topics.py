@@ -182,7 +182,7 @@ def list_(
     pattern: Annotated[
         str | None,
         typer.Argument(
-            metavar="[PATTERN]",
+            metavar="PATTERN",
             help="Only the topics whose whole name matches this regular expression "
             "(as Kafka's --list --topic).",
             show_default=False,
@@ -591,9 +591,7 @@ def delete_records(
     ctx: typer.Context,
     topic: Annotated[
         str | None,
-        typer.Argument(
-            metavar="[TOPIC]", help="Topic (or --offset-json-file).", show_default=False
-        ),
+        typer.Argument(metavar="TOPIC", help="Topic (or --offset-json-file).", show_default=False),
     ] = None,
     offset: Annotated[
         int | None,

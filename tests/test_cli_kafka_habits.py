@@ -407,3 +407,22 @@ def test_ftp_store_prints_no_traceback() -> None:
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert done.stderr.startswith("error: store URL scheme 'ftp://'")
+
+
+# -- 5. help text -----------------------------------------------------------------------------------
+
+
+def test_help_paragraphs_wrap_to_the_terminal() -> None:
+    import typer
+
+    def walk(command: object, path: str) -> None:
+        help_text = getattr(command, "help", None) or ""
+        for paragraph in help_text.split("\n\n"):
+            assert "\n" not in paragraph, (path, paragraph)
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, f"{path} {name}")
+
+    walk(typer.main.get_command(app), "kstore")
+    result = runner.invoke(app, ["groups", "describe", "--help"], terminal_width=80)
+    assert "one with no committed offset shows '-'" in " ".join(result.stdout.split())
+    assert "[[GROUP]]" not in result.stdout
