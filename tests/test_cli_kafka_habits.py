@@ -426,3 +426,23 @@ def test_help_paragraphs_wrap_to_the_terminal() -> None:
     result = runner.invoke(app, ["groups", "describe", "--help"], terminal_width=80)
     assert "one with no committed offset shows '-'" in " ".join(result.stdout.split())
     assert "[[GROUP]]" not in result.stdout
+
+
+def test_delete_offsets_refused_while_a_member_reads_the_topic(store_dir: Path) -> None:
+    from kstore import Consumer
+    from kstore.groups import Group
+
+    store = Store(str(store_dir))
+    consumer = Consumer("orders", store=store, group_id="live", auto_offset_reset="earliest")
+    try:
+        consumer.poll(timeout_ms=2000)
+        consumer.commit()
+        before = Group(store, "live").state().offsets
+        assert before
+        line = one_error_line(
+            kstore(store_dir, "groups", "delete-offsets", "live", "--topic", "orders"), 1
+        )
+        assert "has a live member subscribed to 'orders'" in line
+        assert Group(Store(str(store_dir)), "live").state().offsets == before
+    finally:
+        consumer.close(autocommit=False)
