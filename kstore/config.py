@@ -204,6 +204,13 @@ _SPECS = [
         "CreateTime (the producer's) or LogAppendTime (when the segment is written)",
     ),
     ConfigSpec(
+        "commit.logs",
+        1,
+        _int(1, 100_000),
+        "layout 3: how many commit logs the partitions share, partition p in log p mod this; "
+        "fixed at creation (kstore-specific)",
+    ),
+    ConfigSpec(
         "checkpoint.interval",
         100,
         _int(1, 100_000),

@@ -37,11 +37,12 @@ from kstore.storage import Storage, unique_id
 
 log = logging.getLogger(__name__)
 
-READER_VERSION = 2  # highest minReaderVersion this code can read
-WRITER_VERSION = 2  # highest minWriterVersion this code can write
+READER_VERSION = 3  # highest minReaderVersion this code can read
+WRITER_VERSION = 3  # highest minWriterVersion this code can write
 # Version 2 adds typed topics (PROTOCOL.md 25); only the logs of typed topics require it, so
 # every other log stays readable by version-1 readers.
 TYPED_TOPICS_VERSION = 2
+# Version 3 adds layout 3 (PROTOCOL.md 26): topic logs shared by partitions, data objects.
 LAST_CHECKPOINT = "_last_checkpoint"
 MAX_LOG_FILE_BYTES = 256 * 1024 * 1024  # a limit on everything: refuse absurd files early
 
@@ -80,6 +81,10 @@ class LogState:
         self.min_reader_version = 1
         self.min_writer_version = 1
         self.last_commit_ms: int | None = None
+
+    def stamp(self, version: int) -> None:
+        """Mark the state as replayed up to ``version`` (after a commit's actions)."""
+        self.version = version
 
     def copy(self) -> LogState:
         clone = object.__new__(type(self))
@@ -334,7 +339,7 @@ class Log(Generic[S]):
             raise CorruptLogError(f"{self.describe(version)}: {exc}") from None
         except UnsupportedFormatVersionError as exc:
             raise UnsupportedFormatVersionError(f"{self.describe(version)}: {exc}") from None
-        state.version = version
+        state.stamp(version)
         ts = info.get("timestamp")
         if isinstance(ts, int):
             state.last_commit_ms = ts
@@ -404,7 +409,7 @@ class Log(Generic[S]):
             raise CorruptLogError(f"{where}: {exc}") from None
         except UnsupportedFormatVersionError as exc:
             raise UnsupportedFormatVersionError(f"{where}: {exc}") from None
-        state.version = version
+        state.stamp(version)
         ts = info.get("timestamp")
         if isinstance(ts, int):
             state.last_commit_ms = ts
@@ -464,7 +469,7 @@ class Log(Generic[S]):
                     f"{self.storage.display_url}/{self.directory}: {operation} commit does not apply to "
                     f"version {state.version}; nothing was written ({exc})"
                 ) from None
-            new_state.version = version
+            new_state.stamp(version)
             new_state.last_commit_ms = meta["timestamp"]
             payload = encode_commit(actions, meta)
             # Checked last, after the build: a pause anywhere before this point counts.

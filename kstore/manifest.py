@@ -19,7 +19,19 @@ from kstore.errors import (
 )
 from kstore.log import Action, LogState
 
-PRODUCER_EXPIRATION_MS = 86_400_000  # Kafka's producer.id.expiration.ms default: one day
+# Layout 3's data objects live in the topic incarnation directory, beside the partitions.
+DATA_PREFIX = "_data/"
+PRODUCER_EXPIRATION_MS = 86_400_000
+
+
+def segment_location(partition_dir: str, path: str) -> str:
+    """Where a manifest path lives: a data object in the topic incarnation directory (the
+    partition directory's parent), anything else in the partition directory."""
+    if path.startswith(DATA_PREFIX):
+        return f"{partition_dir.rsplit('/', 1)[0]}/{path}"
+    return f"{partition_dir}/{path}"  # Kafka's producer.id.expiration.ms default: one day
+
+
 _BASE_OFFSET = operator.attrgetter("base_offset")
 
 
@@ -45,6 +57,13 @@ class Segment:
     # Compaction's tombstone clock (Kafka's deleteHorizonMs, KIP-534): no record tombstone in
     # this segment below the cleaned point may be dropped before this time, ms.
     delete_horizon_ms: int | None = None
+    # Layout 3: the bytes ``[start, start + length)`` of a shared data object ("_data/...",
+    # relative to the topic incarnation directory) rather than a whole per-partition file.
+    byte_range: tuple[int, int] | None = None
+
+    @property
+    def in_data_object(self) -> bool:
+        return self.byte_range is not None
 
     def to_action(self, *, open_transaction: bool = True) -> Action:
         action: Action = {
@@ -66,6 +85,8 @@ class Segment:
             action["add"]["transaction"] = self.transaction
         if self.delete_horizon_ms is not None:
             action["add"]["deleteHorizon"] = self.delete_horizon_ms
+        if self.byte_range is not None:
+            action["add"]["range"] = list(self.byte_range)
         return action
 
     @classmethod
@@ -96,6 +117,7 @@ class Segment:
             max_ts, size = _int(body, "maxTimestamp"), _int(body, "size")
             checksum, fmt = _str(body, "checksum"), _str(body, "format")
         transaction = get("transaction")
+        byte_range = _range(body)
         seg = cls(
             path=path,
             base_offset=base,
@@ -110,9 +132,15 @@ class Segment:
             created_ms=int(get("createdTime", 0)),
             transaction=transaction if isinstance(transaction, str) else None,
             delete_horizon_ms=_optional_int(body, "deleteHorizon"),
+            byte_range=byte_range,
         )
-        if not seg.path.startswith("segments/") or ".." in seg.path or "\\" in seg.path:
+        prefix = "segments/" if byte_range is None else DATA_PREFIX
+        if not seg.path.startswith(prefix) or ".." in seg.path or "\\" in seg.path:
             raise CorruptLogError(f"add: illegal segment path {seg.path!r}")
+        if byte_range is not None and (byte_range[1] != seg.size_bytes or seg.format != "arrow"):
+            raise CorruptLogError(
+                f"add {seg.path}: a range must be an arrow stream of 'size' bytes"
+            )
         if seg.base_offset < 0 or seg.last_offset < seg.base_offset - 1 or seg.record_count < 0:
             raise CorruptLogError(f"add {seg.path}: inconsistent offsets/records")
         if seg.sparse and seg.record_count > seg.last_offset - seg.base_offset + 1:
@@ -435,6 +463,21 @@ class ProducerBatch:
                 "timestamp": now_ms,
             }
         }
+
+
+def _range(body: dict[str, Any]) -> tuple[int, int] | None:
+    value = body.get("range")
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not all(type(v) is int for v in value)
+        or value[0] < 0
+        or value[1] < 1
+    ):
+        raise CorruptLogError(f"field 'range' must be [start >= 0, length >= 1], got {value!r}")
+    return value[0], value[1]
 
 
 def _str(body: dict[str, Any], name: str) -> str:

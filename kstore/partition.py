@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,12 +35,15 @@ from kstore.segments import (
     SegmentCache,
     SegmentFile,
     decode_segment,
-    read_segment_bytes,
+    read_segment_data,
+    read_segments,
+    segment_location,
     write_segment,
 )
 
 if TYPE_CHECKING:
     from kstore.storage import Storage
+    from kstore.topic_log import TopicLog
 
 
 class Partition:
@@ -57,6 +60,7 @@ class Partition:
         cache: SegmentCache | None = None,
         retry: RetryPolicy | None = None,
         layout: Layout = BINARY,
+        topic_log: TopicLog | None = None,
     ) -> None:
         self.storage = storage
         # What the segments hold (binary, or a typed topic's columns); the store moves it to a
@@ -65,12 +69,19 @@ class Partition:
         self.topic = topic
         self.partition = partition
         self.directory = directory
-        self.log: Log[PartitionState] = Log(
-            storage,
-            f"{directory}/_log",
-            PartitionState,
-            checkpoint_interval=checkpoint_interval,
-            retry=retry,
+        # Layout 3: the topic log this partition shares with others (it then has no log of
+        # its own); layout 2: the partition's own log.
+        self.topic_log = topic_log
+        self.log: Log[Any] = (
+            topic_log.log
+            if topic_log is not None
+            else Log(
+                storage,
+                f"{directory}/_log",
+                PartitionState,
+                checkpoint_interval=checkpoint_interval,
+                retry=retry,
+            )
         )
         self.cache = cache or SegmentCache()
         self._state: PartitionState | None = None
@@ -83,8 +94,13 @@ class Partition:
 
     # -- state ---------------------------------------------------------------------------------
 
-    def state(self, *, refresh: bool = True) -> PartitionState:
-        """The newest state (polls the next log version by name unless ``refresh`` is False)."""
+    def state(self, *, refresh: bool = True, max_age_s: float = 0.0) -> PartitionState:
+        """The newest state (polls the next log version by name unless ``refresh`` is False).
+        ``max_age_s``: in layout 3, a topic log state confirmed newest less than that long
+        ago is used as it is (the partitions of one topic log share one request per poll)."""
+        if self.topic_log is not None:
+            shared = self.topic_log.state(refresh=refresh, max_age_s=max_age_s)
+            return shared.partition(self.partition)
         with self._lock:
             current = self._state
         if current is None or (refresh and time.monotonic() - self._confirmed > STALE_STATE_S):
@@ -189,14 +205,51 @@ class Partition:
         ``written_at``: when the oldest file's write started, by ``self.log.retry.clock``
         (:meth:`Log.commit` refuses files too old to commit).
         """
+        outcome: dict[str, Any] = {}
+        build = self.append_build(
+            files, producer=producer, txn=txn, transaction=transaction, outcome=outcome
+        )
+        result = self._commit(build, operation=operation, durable=durable, written_at=written_at)
+        if result is None:
+            base, last = outcome["duplicate"]
+            # The batch was committed before (a replayed micro-batch, an ambiguous retry).
+            # Files of this attempt that no commit references are garbage; a file that the
+            # earlier commit does reference (the same file, retried) must stay.
+            state = self.state(refresh=False)
+            live = {s.path for s in state.segments} | set(state.removed)  # removed: vacuum's job
+            # A data object's range is not this partition's to delete: the object holds other
+            # partitions' records (vacuum deletes it once nothing references it).
+            self.storage.delete(
+                [
+                    f"{self.directory}/{f.path}"
+                    for f in files
+                    if f.path not in live and f.byte_range is None
+                ]
+            )
+            return AppendResult(base, last, None, 0, duplicate=True)
+        base, last, now = outcome["range"]
+        return AppendResult(base, last, result.version, now)
+
+    def append_build(
+        self,
+        files: Sequence[SegmentFile],
+        *,
+        producer: ProducerBatch | None = None,
+        txn: tuple[str, int] | None = None,
+        transaction: str | None = None,
+        outcome: dict[str, Any],
+    ) -> Callable[[PartitionState], list[Action] | None]:
+        """The build of an append commit (see :meth:`commit_segments`), for a commit of one
+        partition or, in layout 3, of several at once. After the commit ``outcome`` holds
+        ``range`` (base, last, time) or ``duplicate`` (base, last) for this partition."""
         if not files:
             raise ValueError("commit_segments needs at least one segment")
         for f in files:
             if f.sparse:
                 raise ValueError(f"{f.path}: only dense segments can be appended")
-        outcome: dict[str, Any] = {}
 
         def build(state: PartitionState) -> list[Action] | None:
+            outcome.clear()  # rebuilt after every lost race: only the last build counts
             if txn is not None and state.txns.get(txn[0], -1) >= txn[1]:
                 outcome["duplicate"] = (-1, -1)  # where that batch landed is not recorded
                 return None
@@ -231,6 +284,7 @@ class Partition:
                     sparse=False,
                     created_ms=now,
                     transaction=transaction,
+                    byte_range=f.byte_range,
                 )
                 actions.append(seg.to_action())
                 offset += f.record_count
@@ -241,18 +295,7 @@ class Partition:
             outcome["range"] = (base, offset - 1, now)
             return actions
 
-        result = self._commit(build, operation=operation, durable=durable, written_at=written_at)
-        if result is None:
-            base, last = outcome["duplicate"]
-            # The batch was committed before (a replayed micro-batch, an ambiguous retry).
-            # Files of this attempt that no commit references are garbage; a file that the
-            # earlier commit does reference (the same file, retried) must stay.
-            state = self.state(refresh=False)
-            live = {s.path for s in state.segments} | set(state.removed)  # removed: vacuum's job
-            self.storage.delete([f"{self.directory}/{f.path}" for f in files if f.path not in live])
-            return AppendResult(base, last, None, 0, duplicate=True)
-        base, last, now = outcome["range"]
-        return AppendResult(base, last, result.version, now)
+        return build
 
     def commit_actions(
         self, build: Any, *, operation: str, durable: bool = True, written_at: float | None = None
@@ -294,6 +337,22 @@ class Partition:
     def _commit(
         self, build: Any, *, operation: str, durable: bool, written_at: float | None = None
     ) -> CommitResult[PartitionState] | None:
+        if self.topic_log is not None:
+            shared, _ = self.topic_log.commit(
+                {self.partition: build},
+                operation=operation,
+                durable=durable,
+                written_at=written_at,
+                info={"partition": self.partition},
+            )
+            if shared is None:
+                return None
+            return CommitResult(
+                shared.version,
+                shared.state.partition(self.partition),
+                shared.actions,
+                shared.attempts,
+            )
         state = self.state(refresh=False)
         if time.monotonic() - self._confirmed > STALE_STATE_S:
             # A commit built on a state older than the versions vacuum deleted could take a
@@ -367,9 +426,9 @@ class Partition:
         ]
         if len(missing) < 2:
             return
-        found = self.storage.read_many([f"{self.directory}/{s.path}" for s in missing])
+        found = read_segments(self.storage, self.directory, missing)
         for seg in missing:
-            data = found.get(f"{self.directory}/{seg.path}")
+            data = found.get(seg.path)
             if data is not None:
                 self.read_segment(seg, columns, data=data)
 
@@ -382,9 +441,10 @@ class Partition:
         cached = self.cache.get(f"{self.directory}/{key}")
         if cached is not None:
             return cached
-        where = f"{self.storage.display_url}/{self.directory}/{seg.path} ({self.topic}-{self.partition})"
+        location = segment_location(self.directory, seg.path)
+        where = f"{self.storage.display_url}/{location} ({self.topic}-{self.partition})"
         if data is None:
-            data = read_segment_bytes(self.storage, f"{self.directory}/{seg.path}", where)
+            data = read_segment_data(self.storage, self.directory, seg, where)
         table = decode_segment(
             data,
             where=where,

@@ -211,6 +211,7 @@ class Producer(Sender, TransactionManager):
         self._sequences: dict[tuple[str, int], tuple[int, int]] = {}
         self._sequence_lock = threading.Lock()
         self._last_write: dict[tuple[str, int], concurrent.futures.Future[tuple[int, int]]] = {}
+        self._shared_writes = {}
 
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)

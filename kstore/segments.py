@@ -9,9 +9,11 @@ record-batch checksum) recorded in the manifest and verified on every read.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -24,6 +26,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from kstore.errors import CorruptRecordError, InvalidRecordError, MissingSegmentError
+from kstore.manifest import DATA_PREFIX, segment_location
 from kstore.storage import Storage, unique_id
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
@@ -107,6 +110,8 @@ class SegmentFile:
     sparse: bool
     first_offset: int | None = None  # sparse segments only: first and last record offsets
     last_offset: int | None = None
+    # Layout 3: the segment is bytes [start, start + length) of a data object (``path``).
+    byte_range: tuple[int, int] | None = None
 
 
 # pyarrow's pa.array, pa.scalar and Array.to_numpy import pandas the first time they run (to
@@ -276,6 +281,29 @@ def write_segment(
     A table with an ``offset`` column becomes a sparse segment (offsets must be strictly
     increasing); otherwise a dense one. Parquet segments always carry offsets.
     """
+    buf, name, described = encode_segment(
+        table,
+        compression=compression,
+        fmt=fmt,
+        parquet_row_group_size=parquet_row_group_size,
+        layout=layout,
+    )
+    data = memoryview(buf)
+    storage.put_new(
+        f"{partition_dir}/{name}", data if storage.is_local else data.tobytes(), durable=durable
+    )
+    return described
+
+
+def encode_segment(
+    table: pa.Table,
+    *,
+    compression: str = "uncompressed",
+    fmt: str = FORMAT_ARROW,
+    parquet_row_group_size: int = 1 << 20,
+    layout: Layout = BINARY,
+) -> tuple[pa.Buffer, str, SegmentFile]:
+    """A segment's bytes, its new name and its description, without writing it."""
     sparse = "offset" in table.column_names or fmt == FORMAT_PARQUET
     if table.num_rows == 0:
         raise InvalidRecordError("a segment needs at least one record")
@@ -305,22 +333,56 @@ def write_segment(
         name = new_segment_name("parquet")
     else:
         raise InvalidRecordError(f"unknown segment format {fmt!r}")
-    data = memoryview(buf)
+    return (
+        buf,
+        name,
+        SegmentFile(
+            path=name,
+            record_count=table.num_rows,
+            min_timestamp_ms=min_ts,
+            max_timestamp_ms=max_ts,
+            size_bytes=buf.size,
+            checksum=checksum(memoryview(buf)),
+            format=fmt,
+            sparse=sparse,
+            first_offset=first_offset,
+            last_offset=last_offset,
+        ),
+    )
+
+
+def write_data_object(
+    storage: Storage,
+    incarnation_dir: str,
+    parts: Sequence[tuple[int, pa.Table, Layout]],
+    *,
+    compression: str = "uncompressed",
+    durable: bool = True,
+) -> dict[int, SegmentFile]:
+    """Layout 3: write the records of several partitions as ONE data object, each partition's
+    records a dense arrow segment at its own byte range (PROTOCOL.md 11.7). Returns, per
+    partition, the description of its range (not yet committed)."""
+    if not parts:
+        raise ValueError("a data object needs at least one partition")
+    name = f"{DATA_PREFIX}{int(time.time() * 1000):013d}-{unique_id()}.kdat"
+    buffers: list[pa.Buffer] = []
+    out: dict[int, SegmentFile] = {}
+    position = 0
+    for partition, table, layout in parts:
+        if partition in out:
+            raise ValueError(f"partition {partition} appears twice in one data object")
+        if "offset" in table.column_names:
+            raise ValueError("a data object holds dense records only (no offset column)")
+        buf, _, described = encode_segment(table, compression=compression, layout=layout)
+        buffers.append(buf)
+        out[partition] = dataclasses.replace(described, path=name, byte_range=(position, buf.size))
+        position += buf.size
+    data = b"".join(memoryview(b) for b in buffers) if len(buffers) > 1 else buffers[0]
+    view = memoryview(data)
     storage.put_new(
-        f"{partition_dir}/{name}", data if storage.is_local else data.tobytes(), durable=durable
+        f"{incarnation_dir}/{name}", view if storage.is_local else view.tobytes(), durable=durable
     )
-    return SegmentFile(
-        path=name,
-        record_count=table.num_rows,
-        min_timestamp_ms=min_ts,
-        max_timestamp_ms=max_ts,
-        size_bytes=len(data),
-        checksum=checksum(data),
-        format=fmt,
-        sparse=sparse,
-        first_offset=first_offset,
-        last_offset=last_offset,
-    )
+    return out
 
 
 def decode_segment(
@@ -449,6 +511,47 @@ def read_segment_bytes(storage: Storage, path: str, where: str) -> bytes:
         return storage.read(path)
     except FileNotFoundError:
         raise MissingSegmentError(f"{where}: segment file is missing from storage") from None
+
+
+def read_segment_data(storage: Storage, partition_dir: str, seg: Any, where: str) -> bytes:
+    """A live segment's bytes: its file, or its range of a data object (one range GET)."""
+    location = segment_location(partition_dir, seg.path)
+    if seg.byte_range is None:
+        return read_segment_bytes(storage, location, where)
+    start, length = seg.byte_range
+    try:
+        (data,) = storage.read_ranges(location, [(start, start + length)])
+    except FileNotFoundError:
+        raise MissingSegmentError(f"{where}: data object is missing from storage") from None
+    if len(data) != length:
+        raise CorruptRecordError(
+            f"{where}: range {start}+{length} is cut short at {len(data)} bytes"
+        )
+    return data
+
+
+def read_segments(storage: Storage, partition_dir: str, segs: Sequence[Any]) -> dict[str, bytes]:
+    """Several live segments' bytes, by manifest path, fetched concurrently: whole files in
+    one batch, the ranges of each data object coalesced. Absent files are left out."""
+    whole = [s for s in segs if s.byte_range is None]
+    found: dict[str, bytes] = {}
+    if whole:
+        locations = {segment_location(partition_dir, s.path): s.path for s in whole}
+        for location, data in storage.read_many(list(locations)).items():
+            found[locations[location]] = data
+    by_object: dict[str, list[Any]] = {}
+    for seg in segs:
+        if seg.byte_range is not None:
+            by_object.setdefault(seg.path, []).append(seg)
+    for path, ranged in by_object.items():
+        wanted = [(s.byte_range[0], s.byte_range[0] + s.byte_range[1]) for s in ranged]
+        try:
+            pieces = storage.read_ranges(segment_location(partition_dir, path), wanted)
+        except FileNotFoundError:
+            continue
+        for seg, data in zip(ranged, pieces, strict=True):
+            found[seg.path] = data
+    return found
 
 
 def describe_file(seg: SegmentFile) -> dict[str, Any]:

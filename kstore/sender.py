@@ -34,7 +34,13 @@ from kstore.errors import KStoreError, ProducerFencedError, UnknownTopicOrPartit
 from kstore.partition import ProducerBatch
 from kstore.partitioner import NO_PARTITION, Partitioner, StickyPartitioner
 from kstore.schema import key_bytes
-from kstore.segments import TIMESTAMP_TYPE, SegmentFile, fixed_array, numpy_values
+from kstore.segments import (
+    TIMESTAMP_TYPE,
+    SegmentFile,
+    fixed_array,
+    numpy_values,
+    write_data_object,
+)
 from kstore.storage import Storage
 from kstore.store import Store
 from kstore.transaction_manager import _Transaction
@@ -89,6 +95,10 @@ class Sender:
     _sequences: dict[tuple[str, int], tuple[int, int]]
     _sequence_lock: threading.Lock
     _last_write: dict[tuple[str, int], concurrent.futures.Future[tuple[int, int]]]
+    # Layout 3: the last write of each topic log, (topic, -1 - log index).
+    _shared_writes: dict[
+        tuple[str, int], concurrent.futures.Future[dict[int, tuple[int, int] | BaseException]]
+    ]
     _lock: threading.Lock
     _wakeup: threading.Condition
     _space: threading.Condition
@@ -223,7 +233,9 @@ class Sender:
         pieces = _by_partition(table, parts, n_parts)
         deadline = batch.created + self.config["delivery_timeout_ms"] / 1000
         tag = self._register_partitions(batch.topic, delivery.jobs)
-        for p in delivery.jobs:
+        if info.metadata.layout == 3:
+            self._submit_shared(delivery, info, pieces, deadline, tag)
+        for p in delivery.jobs if info.metadata.layout != 3 else ():
             # A partition's writes are chained: each waits for the one before (of an earlier
             # delivery), so commits, sequences and epochs stay in send order.
             key = (batch.topic, p)
@@ -234,6 +246,168 @@ class Sender:
             delivery.writes[p] = write
         for write in delivery.writes.values():
             write.add_done_callback(self._on_written)
+
+    def _submit_shared(
+        self,
+        delivery: _Delivery,
+        info: _TopicInfo,
+        pieces: dict[int, pa.Table],
+        deadline: float,
+        tag: str | None,
+    ) -> None:
+        """Layout 3: one data object and one commit per topic log for all the partitions of
+        the delivery in that log (PROTOCOL.md 26.4), whatever their number."""
+        topic, meta = delivery.batch.topic, info.metadata
+        by_log: dict[int, dict[int, pa.Table]] = {}
+        for p in delivery.jobs:
+            by_log.setdefault(p % meta.commit_logs, {})[p] = pieces[p]
+        for index, tables in by_log.items():
+            # Writes to one topic log are chained, as a partition's are in layout 2: commits,
+            # sequences and epochs stay in send order. (Keys below 0 name topic logs.)
+            key = (topic, -1 - index)
+            previous = self._shared_writes.get(key)
+            job = self._pool.submit(
+                self._chained_shared_write, previous, info, index, tables, deadline, tag
+            )
+            self._shared_writes[key] = job
+            for p in tables:
+                each: concurrent.futures.Future[tuple[int, int]] = concurrent.futures.Future()
+                delivery.writes[p] = each
+            job.add_done_callback(
+                lambda done, ps=list(tables), d=delivery: _fan_out(
+                    done, {p: d.writes[p] for p in ps}
+                )
+            )
+
+    def _chained_shared_write(
+        self,
+        previous: concurrent.futures.Future[dict[int, tuple[int, int] | BaseException]] | None,
+        info: _TopicInfo,
+        index: int,
+        tables: dict[int, pa.Table],
+        deadline: float,
+        transaction: str | None,
+    ) -> dict[int, tuple[int, int] | BaseException]:
+        if previous is not None:
+            concurrent.futures.wait([previous])
+        try:
+            results = self._write_shared(info, index, tables, deadline, transaction)
+        except Exception as exc:
+            self._on_partition_failure(exc)
+            raise
+        for outcome in results.values():
+            if isinstance(outcome, BaseException):
+                self._on_partition_failure(outcome)
+                break
+        return results
+
+    def _write_shared(
+        self,
+        info: _TopicInfo,
+        index: int,
+        tables: dict[int, pa.Table],
+        deadline: float,
+        transaction: str | None = None,
+    ) -> dict[int, tuple[int, int] | BaseException]:
+        """Write the partitions of one topic log as one data object and commit them in one
+        commit; retried as a whole (sequences make a retry of a landed commit a duplicate).
+        A partition the commit refuses (fenced, out of order) fails alone."""
+        meta = info.metadata
+        topic = meta.name
+        partitions = {p: self.store.partition(topic, p, meta) for p in tables}
+        shared = self.store.topic_log(topic, meta, next(iter(tables)))
+        producers: dict[int, ProducerBatch] = {}
+        if self._idempotent:
+            with self._sequence_lock:
+                epoch = self._epoch
+                for p, table in tables.items():
+                    stored_epoch, first = self._sequences.get((topic, p), (epoch, 0))
+                    if stored_epoch != epoch:
+                        first = 0  # a new epoch restarts sequences
+                    producers[p] = ProducerBatch(
+                        self._producer_id, epoch, first, first + table.num_rows - 1
+                    )
+        retry = shared.log.retry
+        incarnation = partitions[next(iter(tables))].directory.rsplit("/", 1)[0]
+        layout = partitions[next(iter(tables))].layout
+        files: dict[int, SegmentFile] | None = None
+        written_at = 0.0
+        attempt = 0
+        while True:
+            try:
+                if files is not None and retry.too_old(written_at):
+                    log.warning(
+                        "producer %s: %s data object too old to commit; writing it again",
+                        self.client_id,
+                        topic,
+                    )
+                    files = None
+                if files is None:
+                    written_at = retry.clock()
+                    files = write_data_object(
+                        self.store.storage,
+                        incarnation,
+                        [(p, tables[p], layout) for p in sorted(tables)],
+                        compression=info.compression,
+                        durable=self._durable,
+                    )
+                self._check_not_fenced()
+                outcomes: dict[int, dict[str, Any]] = {p: {} for p in tables}
+                builds = {
+                    p: partitions[p].append_build(
+                        [files[p]],
+                        producer=producers.get(p),
+                        transaction=transaction,
+                        outcome=outcomes[p],
+                    )
+                    for p in tables
+                }
+                started = time.monotonic()
+                result, refused = shared.commit(
+                    builds,
+                    operation="APPEND",
+                    durable=self._durable,
+                    written_at=written_at,
+                    isolate=True,
+                )
+                self._metrics["commit-total"] += 1
+                self._metrics["commit-time-total-ms"] += (time.monotonic() - started) * 1000
+                state = result.state if result is not None else shared.state(refresh=False)
+                results: dict[int, tuple[int, int] | BaseException] = {}
+                for p in tables:
+                    if p in refused:
+                        results[p] = refused[p]
+                        continue
+                    landed = outcomes[p].get("range") or outcomes[p].get("duplicate")
+                    assert landed is not None
+                    results[p] = (landed[0], state.partition(p).start_offset)
+                    producer = producers.get(p)
+                    if producer is not None:
+                        with self._sequence_lock:
+                            if producer.epoch == self._epoch:
+                                self._sequences[(topic, p)] = (
+                                    producer.epoch,
+                                    producer.last_sequence + 1,
+                                )
+                return results
+            except KStoreError as exc:
+                if (
+                    not exc.retriable
+                    or attempt >= self.config["retries"]
+                    or time.monotonic() >= deadline
+                ):
+                    raise
+                attempt += 1
+                self._metrics["record-retry-total"] += sum(t.num_rows for t in tables.values())
+                log.warning(
+                    "producer %s: %s log %d attempt %d failed (%s); retrying",
+                    self.client_id,
+                    topic,
+                    index,
+                    attempt,
+                    exc,
+                )
+                time.sleep(min(self._backoff_s(attempt), max(0.0, deadline - time.monotonic())))
 
     def _on_written(self, _: concurrent.futures.Future[tuple[int, int]]) -> None:
         with self._lock:
@@ -428,3 +602,18 @@ class Sender:
             with self._sequence_lock:
                 self._epoch += 1
                 self._sequences.clear()
+
+
+def _fan_out(
+    done: concurrent.futures.Future[dict[int, tuple[int, int] | BaseException]],
+    each: dict[int, concurrent.futures.Future[tuple[int, int]]],
+) -> None:
+    """A topic log's write done: give each of its partitions its own outcome."""
+    error = done.exception()
+    results = done.result() if error is None else {}
+    for p, future in each.items():
+        outcome = error if error is not None else results[p]
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)

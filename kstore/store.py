@@ -36,6 +36,7 @@ from kstore.layout import (
 from kstore.log import TYPED_TOPICS_VERSION, Action, Log, LogState, RetryPolicy, protocol_action
 from kstore.names import validate_topic_name
 from kstore.storage import Storage, redact_url
+from kstore.topic_log import TOPIC_LOG_VERSION, TopicLog, log_index, shared_log_dir
 
 if TYPE_CHECKING:
     # pyarrow-heavy: imported when a partition is first opened, so that administration
@@ -59,6 +60,13 @@ class TopicMetadata:
     version: int  # topic log version this was read at
     # Typed topics: every schema the topic has had, oldest first (PROTOCOL.md 25), as stored.
     schemas: tuple[dict[str, Any], ...] = ()
+    # 3: partitions share topic logs and data objects (PROTOCOL.md 26); 2: a log per partition.
+    layout: int = 2
+
+    @property
+    def commit_logs(self) -> int:
+        """Layout 3: how many topic logs the partitions share (partition p: log p mod this)."""
+        return int(self.effective_config["commit.logs"])
 
     @property
     def effective_config(self) -> dict[str, Any]:
@@ -147,6 +155,10 @@ class TopicState(LogState):
                 raise CorruptLogError(
                     f"metaData: partition count {body['partitions']!r} is out of range"
                 )
+            if body.get("layout", 2) not in (2, 3):
+                raise CorruptLogError(
+                    f"metaData: layout {body.get('layout')!r} is unknown (2 and 3 are readable)"
+                )
             if "schemas" in body and (
                 not isinstance(body["schemas"], list)
                 or not body["schemas"]
@@ -182,6 +194,7 @@ class TopicState(LogState):
             created_ms=m["createdTime"],
             version=self.version,
             schemas=tuple(m.get("schemas", ())),
+            layout=int(m.get("layout", 2)),
         )
 
 
@@ -233,6 +246,7 @@ class Store:
         self._lock = threading.Lock()
         self._topic_logs: dict[str, TopicState] = {}
         self._partitions: dict[tuple[str, str, int], Partition] = {}
+        self._shared_logs: dict[tuple[str, str, int], TopicLog] = {}
         self.store_id = self._open_marker(create)
 
     @property
@@ -356,6 +370,7 @@ class Store:
         *,
         value_schema: Any = None,
         key_schema: Any = None,
+        layout: int = 3,
     ) -> TopicMetadata:
         """Create a topic. Of concurrent creators of one name exactly one succeeds; the
         others get TopicAlreadyExistsError.
@@ -363,10 +378,20 @@ class Store:
         ``value_schema`` makes a typed topic (an Arrow schema, a Spark StructType or its JSON,
         or a DDL string such as ``"user STRING NOT NULL, amount DOUBLE"``): values are then
         stored as typed columns. ``key_schema`` types the key too (one primitive type, e.g.
-        ``"string"`` or ``"long"``)."""
+        ``"string"`` or ``"long"``).
+
+        ``layout``: 3 (the default) shares ``commit.logs`` topic logs between the partitions
+        and writes a producer flush as one data object; 2 keeps a log per partition
+        (PROTOCOL.md 26), for readers older than this version."""
         validate_topic_name(name)
         _check_partitions(partitions)
         explicit = topic_config.validate_config(config or {})
+        if layout not in (2, 3):
+            raise InvalidConfigurationError(f"layout must be 2 or 3, got {layout!r}")
+        if layout == 2 and "commit.logs" in explicit:
+            raise InvalidConfigurationError(
+                "config 'commit.logs' applies to layout 3 only (layout 2 has a log per partition)"
+            )
         now = int(time.time() * 1000)
         metadata: dict[str, Any] = {
             "name": name,
@@ -375,6 +400,8 @@ class Store:
             "config": explicit,
             "createdTime": now,
         }
+        if layout == 3:
+            metadata["layout"] = 3
         if value_schema is not None:
             from kstore.schema import new_schema_entry
 
@@ -388,9 +415,15 @@ class Store:
             if state.metadata is not None and not state.deleted:
                 raise TopicAlreadyExistsError(f"topic {name!r} already exists")
             actions: list[Action] = [protocol_action()] if state.version < 0 else []
-            if "schemas" in metadata and state.min_reader_version < TYPED_TOPICS_VERSION:
-                # Readers that predate typed topics must refuse this topic, not misread it.
-                actions.append(protocol_action(TYPED_TOPICS_VERSION))
+            needed = 1
+            if "schemas" in metadata:
+                needed = TYPED_TOPICS_VERSION
+            if layout == 3:
+                needed = TOPIC_LOG_VERSION
+            if state.min_reader_version < needed:
+                # Readers that predate typed topics or layout 3 must refuse this topic, not
+                # misread it.
+                actions.append(protocol_action(needed))
             return [*actions, {"metaData": metadata}]
 
         log = self._topic_log(name)
@@ -447,6 +480,11 @@ class Store:
             # that a topic readable by this version is also alterable by it.
             merged = {k: v for k, v in current.config.items() if k not in removals}
             merged.update(updates)
+            if merged.get("commit.logs") != current.config.get("commit.logs"):
+                raise InvalidConfigurationError(
+                    f"topic {name!r}: config 'commit.logs' is fixed when the topic is created "
+                    "(changing it would move partitions between commit logs)"
+                )
             topic_config.validate_config(
                 {k: v for k, v in merged.items() if k in topic_config.SPECS}
             )
@@ -522,6 +560,8 @@ class Store:
             self._topic_logs[name] = result.state
             for key in [k for k in self._partitions if k[0] == name]:
                 del self._partitions[key]
+            for shared in [k for k in self._shared_logs if k[0] == name]:
+                del self._shared_logs[shared]
         self.storage.delete_tree(topic_data_dir(name, removed["id"]))
 
     def describe_topic(self, name: str) -> TopicDescription:
@@ -543,6 +583,9 @@ class Store:
             opened = self._partitions.get((topic, meta.topic_id, partition))
         if opened is not None:
             return opened.state()
+        if meta.layout == 3:
+            self.partition_directory(topic, partition, meta)  # checks the number
+            return self.topic_log(topic, meta, partition).state().partition(partition)
         from kstore.manifest import PartitionState
 
         log = Log(
@@ -599,9 +642,39 @@ class Store:
             cache=self.segment_cache,
             retry=self.retry,
             layout=layout_of(meta),
+            topic_log=self.topic_log(topic, meta, partition) if meta.layout == 3 else None,
         )
         with self._lock:
             return self._partitions.setdefault(key, created)
+
+    def topic_log(self, topic: str, metadata: TopicMetadata, partition: int) -> TopicLog:
+        """Layout 3: the topic log that ``partition`` belongs to (shared within this Store,
+        so all its partitions see one state and tail it with one request per poll)."""
+        if metadata.layout != 3:
+            raise ValueError(f"topic {topic!r} has layout {metadata.layout}: no topic logs")
+        index = log_index(partition, metadata.commit_logs)
+        key = (topic, metadata.topic_id, index)
+        with self._lock:
+            existing = self._shared_logs.get(key)
+        if existing is not None:
+            return existing
+        created = TopicLog(
+            self.storage,
+            shared_log_dir(topic_data_dir(topic, metadata.topic_id), index),
+            topic=topic,
+            index=index,
+            checkpoint_interval=int(metadata.effective_config["checkpoint.interval"]),
+            retry=self.retry,
+        )
+        with self._lock:
+            return self._shared_logs.setdefault(key, created)
+
+    def topic_logs(self, topic: str, metadata: TopicMetadata | None = None) -> list[TopicLog]:
+        """Layout 3: every topic log of the topic, by index."""
+        meta = metadata or self.topic(topic)
+        return [
+            self.topic_log(topic, meta, k) for k in range(min(meta.commit_logs, meta.partitions))
+        ]
 
     def _adopt_layout(self, part: Partition, meta: TopicMetadata) -> None:
         """Move a shared partition object to a newer schema version (never back)."""

@@ -1,0 +1,257 @@
+"""Layout 3's topic logs: one commit log shared by many partitions of a topic.
+
+A topic of layout 3 keeps no log per partition. Its partitions share ``commit.logs`` topic
+logs (partition ``p`` belongs to log ``p mod commit.logs``); every partition-scoped action in
+a topic log names its ``partition``, and one commit may change many partitions at once, all
+visible together. Replaying a topic log yields one :class:`PartitionState` per partition,
+exactly the state a layout-2 partition log would replay to (docs/PROTOCOL.md 26).
+
+Pure data and replay rules, like :mod:`kstore.manifest`: no pyarrow.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kstore.errors import CorruptLogError
+from kstore.log import Action, CommitResult, Log, LogState, RetryPolicy, protocol_action
+from kstore.manifest import PartitionState
+
+LAYOUT_V2 = 2
+LAYOUT_V3 = 3
+# The log protocol version layout 3 requires of readers and writers (PROTOCOL.md 3.2).
+TOPIC_LOG_VERSION = 3
+
+# A partition build: receives the partition's state as of the commit's base version and
+# returns its actions (None: nothing to commit for it) or raises to refuse the commit.
+PartitionBuild = Callable[[PartitionState], "list[Action] | None"]
+
+
+def shared_log_dir(incarnation_dir: str, index: int) -> str:
+    """Topic log ``index`` of an incarnation: ``_log`` for log 0, ``_log.<k>`` after it."""
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise ValueError(f"illegal topic log index {index!r}")
+    return f"{incarnation_dir}/_log" if index == 0 else f"{incarnation_dir}/_log.{index}"
+
+
+def log_index(partition: int, commit_logs: int) -> int:
+    return partition % commit_logs
+
+
+class TopicLogState(LogState):
+    """A topic log replayed: partition number -> that partition's state.
+
+    Copy-on-write per partition: a commit copies only the partitions it touches, so applying a
+    commit costs what the commit changes, not the number of partitions of the topic.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.partitions: dict[int, PartitionState] = {}
+        # Partitions already copied for the version being built (safe to change in place).
+        self._own: set[int] = set()
+        # Partition -> the topic log version that last changed it (checkpoint sidecars).
+        self.changed: dict[int, int] = {}
+        self._views: dict[int, PartitionState] = {}
+
+    def copy(self) -> TopicLogState:
+        clone: TopicLogState = super().copy()  # type: ignore[assignment]
+        clone.partitions = dict(self.partitions)
+        clone._own = set()
+        clone.changed = dict(self.changed)
+        clone._views = {}
+        return clone
+
+    def apply(self, name: str, body: dict[str, Any]) -> None:
+        partition = body.get("partition")
+        if partition is None:
+            super().apply(name, body)
+            return
+        if type(partition) is not int or partition < 0:
+            raise CorruptLogError(f"action {name!r}: illegal partition {partition!r}")
+        state = self.partitions.get(partition)
+        if partition not in self._own:
+            state = PartitionState() if state is None else state.copy()
+            self.partitions[partition] = state
+            self._own.add(partition)
+        assert state is not None
+        state.apply(name, body)
+        self._views.pop(partition, None)
+
+    def stamp(self, version: int) -> None:
+        super().stamp(version)
+        # Partitions copied since this state was copied: at most the ones changed up to here.
+        for partition in self._own:
+            self.changed[partition] = version
+        self._views = {}
+
+    def partition(self, partition: int) -> PartitionState:
+        """The state of one partition as of this topic log version (a read-only view whose
+        ``version`` is the topic log's)."""
+        view = self._views.get(partition)
+        if view is not None:
+            return view
+        state = self.partitions.get(partition)
+        view = PartitionState() if state is None else LogState.copy(state)  # type: ignore[assignment]
+        assert isinstance(view, PartitionState)
+        view.version = self.version
+        view.last_commit_ms = self.last_commit_ms
+        view.min_reader_version = self.min_reader_version
+        view.min_writer_version = self.min_writer_version
+        self._views[partition] = view
+        return view
+
+    def checkpoint_actions(self) -> list[Action]:
+        actions = super().checkpoint_actions()
+        for partition in sorted(self.partitions):
+            actions.extend(self.partition_checkpoint_actions(partition))
+        return actions
+
+    def partition_checkpoint_actions(self, partition: int) -> list[Action]:
+        """One partition's whole state as topic-log actions (each naming the partition)."""
+        state = self.partition(partition)
+        return tag_actions(
+            [a for a in state.checkpoint_actions() if "protocol" not in a], partition
+        )
+
+
+def tag_actions(actions: list[Action], partition: int) -> list[Action]:
+    """Partition actions as a topic log records them: each names its partition."""
+    out: list[Action] = []
+    for action in actions:
+        ((name, body),) = action.items()
+        out.append({name: {**body, "partition": partition}})
+    return out
+
+
+class TopicLog:
+    """One topic log, shared by the partitions of a topic that belong to it (thread-safe).
+
+    It keeps the newest state it has seen, so that a reader of many partitions asks the
+    storage once per poll, not once per partition.
+    """
+
+    def __init__(
+        self,
+        storage: Any,
+        directory: str,
+        *,
+        topic: str,
+        index: int,
+        checkpoint_interval: int = 100,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.topic = topic
+        self.index = index
+        self.directory = directory
+        self.log: Log[TopicLogState] = Log(
+            storage,
+            directory,
+            TopicLogState,
+            checkpoint_interval=checkpoint_interval,
+            retry=retry,
+        )
+        self._state: TopicLogState | None = None
+        self._lock = threading.Lock()
+        self._confirmed = time.monotonic()  # when the cached state was last known newest
+
+    def __repr__(self) -> str:
+        return f"TopicLog({self.topic!r}, {self.index})"
+
+    def state(self, *, refresh: bool = True, max_age_s: float = 0.0) -> TopicLogState:
+        """The newest state. ``max_age_s``: a state confirmed newest less than that long ago is
+        returned as it is (readers of many partitions share one request per poll)."""
+        with self._lock:
+            current, confirmed = self._state, self._confirmed
+        now = time.monotonic()
+        if current is None or (refresh and now - confirmed > STALE_STATE_S):
+            # Polling by name cannot step over versions vacuum deleted (PROTOCOL.md 17.5).
+            current = self.log.load()
+            self._remember(current, confirmed=True)
+        elif refresh and now - confirmed >= max_age_s:
+            current = self.log.update(current)
+            self._remember(current, confirmed=True)
+        return current
+
+    def _remember(self, state: TopicLogState, *, confirmed: bool = False) -> None:
+        with self._lock:
+            if self._state is None or state.version >= self._state.version:
+                self._state = state
+                if confirmed:
+                    self._confirmed = time.monotonic()
+
+    def commit(
+        self,
+        builds: Mapping[int, PartitionBuild],
+        *,
+        operation: str,
+        durable: bool = True,
+        written_at: float | None = None,
+        isolate: bool = False,
+        info: dict[str, Any] | None = None,
+    ) -> tuple[CommitResult[TopicLogState] | None, dict[int, BaseException]]:
+        """One commit holding the actions of several partitions, built against the newest
+        state and rebuilt after every lost race.
+
+        With ``isolate``, a partition whose build raises is left out of the commit and its
+        error returned (a producer's batches fail one partition at a time, as in Kafka);
+        without it the error is raised and nothing is committed. Returns the commit (None when
+        no partition had anything to commit) and the refused partitions' errors.
+        """
+        refused: dict[int, BaseException] = {}
+
+        def build(state: TopicLogState) -> list[Action] | None:
+            refused.clear()
+            per_partition: dict[int, list[Action]] = {}
+            for partition, partition_build in builds.items():
+                try:
+                    actions = partition_build(state.partition(partition))
+                except Exception as exc:
+                    if not isolate:
+                        raise
+                    refused[partition] = exc
+                    continue
+                if actions:
+                    per_partition[partition] = actions
+            if not per_partition:
+                return None
+            out: list[Action] = []
+            if state.version < 0:
+                out.append(protocol_action(TOPIC_LOG_VERSION))
+            for partition in sorted(per_partition):
+                # A partition build written for a layout-2 log may open a new log with a
+                # protocol action; a topic log has its own, above.
+                body = [a for a in per_partition[partition] if "protocol" not in a]
+                out.extend(tag_actions(body, partition))
+            return out
+
+        state = self._base_state()
+        result = self.log.commit(
+            state,
+            build,
+            operation=operation,
+            durable=durable,
+            info={"topic": self.topic, "log": self.index, **(info or {})},
+            written_at=written_at,
+        )
+        if result is not None:
+            self._remember(result.state, confirmed=True)
+        else:
+            self._remember(self.log.update(state), confirmed=True)
+        return result, dict(refused)
+
+    def _base_state(self) -> TopicLogState:
+        state = self.state(refresh=False)
+        if time.monotonic() - self._confirmed > STALE_STATE_S:
+            # A commit built on a state older than the versions vacuum deleted could take a
+            # deleted version's name and be lost: reload it first.
+            state = self.state()
+        return state
+
+
+# A cached state not confirmed as the newest for this long is reloaded from a checkpoint
+# before it is used: vacuum keeps log versions at least twice as long (PROTOCOL.md 17.5).
+STALE_STATE_S = 24 * 3600.0
