@@ -39,7 +39,7 @@ from kstore.errors import (
 )
 from kstore.groups import Group, GroupState, Member, normalized_offsets
 from kstore.names import validate_group_id, validate_topic_name
-from kstore.partition import Partition, PartitionState
+from kstore.partition import Partition, PartitionState, prefetch
 from kstore.records import (
     ConsumerGroupMetadata,
     ConsumerRecord,
@@ -48,7 +48,11 @@ from kstore.records import (
     TopicPartition,
 )
 from kstore.segments import fixed_array, numpy_values
-from kstore.store import Store
+from kstore.store import Store, TopicMetadata
+
+# How long a polling consumer reuses a topic's metadata before reading it again (a new
+# partition count, a deleted or re-created topic are seen within this).
+METADATA_RECHECK_S = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +193,9 @@ class Consumer:
         self._rotation = 0
         self._closed = False
         self._timestamp_types: dict[str, int] = {}
+        # Topic metadata the fetch path reuses for METADATA_RECHECK_S: re-reading it for every
+        # partition of every poll cost a request each on an object store.
+        self._metadata: dict[str, tuple[TopicMetadata, float]] = {}
 
         self._group: Group | None = Group(self.store, self.group_id) if self.group_id else None
         self._member_id: str | None = None
@@ -485,8 +492,15 @@ class Consumer:
 
     # -- positions -----------------------------------------------------------------------------
 
-    def _partition(self, tp: TopicPartition) -> Partition:
-        return self.store.partition(tp.topic, tp.partition)
+    def _partition(self, tp: TopicPartition, *, cached_metadata: bool = False) -> Partition:
+        if not cached_metadata:
+            return self.store.partition(tp.topic, tp.partition)
+        now = time.monotonic()
+        known = self._metadata.get(tp.topic)
+        if known is None or now - known[1] > METADATA_RECHECK_S:
+            known = (self.store.topic(tp.topic), now)
+            self._metadata[tp.topic] = known
+        return self.store.partition(tp.topic, tp.partition, known[0])
 
     def _reset(self, tp: TopicPartition, state: PartitionState, why: str) -> int:
         policy = self.config["auto_offset_reset"]
@@ -610,15 +624,33 @@ class Consumer:
             return out
         start = self._rotation % len(parts)
         self._rotation += 1
+        # Which partitions to read, and from where. In layout 3 the partitions of one topic
+        # log share its state: one request per topic log per poll, not one per partition.
+        asked: set[int] = set()
+        plan: list[tuple[TopicPartition, Partition, PartitionState]] = []
         for tp in parts[start:] + parts[:start]:
-            if remaining <= 0 or budget <= 0:
-                break
             if not self._fetchable(tp):
                 continue
-            partition = self._partition(tp)
-            state = partition.state()
+            partition = self._partition(tp, cached_metadata=True)
+            shared = partition.topic_log
+            if shared is None:
+                state = partition.state()
+            else:
+                state = partition.state(refresh=id(shared) not in asked)
+                asked.add(id(shared))
+            plan.append((tp, partition, state))
+        prefetch(
+            [
+                (partition, state, self._position_for(tp, state), self._visible_end(state))
+                for tp, partition, state in plan
+            ],
+            max_bytes=budget,
+        )
+        for tp, partition, state in plan:
+            if remaining <= 0 or budget <= 0:
+                break
             position = self._position_for(tp, state)
-            visible_end = state.last_stable_offset if self._read_committed else state.end_offset
+            visible_end = self._visible_end(state)
             if position >= visible_end:
                 continue
             batches = list(
@@ -650,6 +682,9 @@ class Consumer:
             self._metrics["records-consumed-total"] += sum(b.num_rows for b in batches)
             self._metrics["bytes-consumed-total"] += sum(b.nbytes for b in batches)
         return out
+
+    def _visible_end(self, state: PartitionState) -> int:
+        return state.last_stable_offset if self._read_committed else state.end_offset
 
     def _poll_loop(
         self, timeout_ms: float, fetch: Callable[[], dict[TopicPartition, Any]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -15,6 +16,7 @@ from kstore.errors import (
     ConcurrentModificationError,
     CorruptLogError,
     InvalidRecordError,
+    KStoreError,
     OffsetOutOfRangeError,
 )
 from kstore.log import Action, CommitResult, Log, RetryPolicy, protocol_action
@@ -27,6 +29,7 @@ from kstore.manifest import PartitionState as PartitionState
 from kstore.manifest import ProducerBatch as ProducerBatch
 from kstore.manifest import ProducerEntry as ProducerEntry
 from kstore.manifest import Segment as Segment
+from kstore.manifest import segment_location
 from kstore.segments import (
     BINARY,
     FORMAT_ARROW,
@@ -37,7 +40,6 @@ from kstore.segments import (
     decode_segment,
     read_segment_data,
     read_segments,
-    segment_location,
     write_segment,
 )
 
@@ -377,6 +379,17 @@ class Partition:
         records become visible to read_committed readers; on abort its segments are removed in
         the same commit. Idempotent; the marker also fences older epochs of the producer.
         Returns True if a marker was written."""
+        build = self.marker_build(producer_id, epoch, version, commit=commit)
+        return (
+            self.commit_actions(build, operation="COMMIT TXN" if commit else "ABORT TXN")
+            is not None
+        )
+
+    def marker_build(
+        self, producer_id: str, epoch: int, version: int, *, commit: bool
+    ) -> Callable[[PartitionState], list[Action] | None]:
+        """The build of a transaction marker commit (see :meth:`end_transaction`); in layout
+        3 the markers of all the partitions of one topic log go in one commit."""
         key = f"{producer_id}:{version}"
 
         def build(state: PartitionState) -> list[Action] | None:
@@ -407,10 +420,7 @@ class Partition:
             )
             return actions
 
-        return (
-            self.commit_actions(build, operation="COMMIT TXN" if commit else "ABORT TXN")
-            is not None
-        )
+        return build
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -555,6 +565,75 @@ class Partition:
                 offset: int = table.column("offset")[index].as_py()
                 return max(offset, state.start_offset)
         return None
+
+
+def prefetch(
+    reads: Sequence[tuple[Partition, PartitionState, int, int]],
+    *,
+    max_bytes: int,
+    columns: list[str] | None = None,
+) -> None:
+    """Fetch at once the segments several partitions are about to read (each read is a
+    partition, its state, the position and the end it reads to), so that a reader of many
+    partitions on an object store pays one round trip for all of them, not one each: whole
+    files concurrently, the ranges of each data object coalesced (PROTOCOL.md 11.7). Decoded
+    into the partitions' caches; a segment that cannot be fetched here is read (and its error
+    raised) by the read itself."""
+    wanted: list[tuple[Partition, Segment]] = []
+    budget = max_bytes
+    for partition, state, position, end in reads:
+        if not partition.storage.is_remote:
+            return  # local reads cost no round trip
+        i = state.segment_index_for(position)
+        for seg in state.segments[i : i + 32]:
+            if seg.base_offset >= end or budget <= 0:
+                break
+            key = f"{partition.directory}/{_cache_key(seg, columns, partition.layout)}"
+            if partition.cache.get(key) is None:
+                wanted.append((partition, seg))
+                budget -= seg.size_bytes
+    if len(wanted) < 2:
+        return
+    storage = wanted[0][0].storage
+    whole: dict[str, tuple[Partition, Segment]] = {}
+    ranged: dict[str, list[tuple[Partition, Segment]]] = {}
+    for partition, seg in wanted:
+        location = segment_location(partition.directory, seg.path)
+        if seg.byte_range is None:
+            whole[location] = (partition, seg)
+        else:
+            ranged.setdefault(location, []).append((partition, seg))
+
+    def fetch_object(location: str) -> list[tuple[Partition, Segment, bytes]]:
+        members = ranged[location]
+        spans = [
+            (seg.byte_range[0], seg.byte_range[0] + seg.byte_range[1])
+            for _, seg in members
+            if seg.byte_range is not None
+        ]
+        try:
+            pieces = storage.read_ranges(location, spans)
+        except (FileNotFoundError, KStoreError):
+            return []
+        return [(p, seg, data) for (p, seg), data in zip(members, pieces, strict=True)]
+
+    fetched: list[tuple[Partition, Segment, bytes]] = []
+    if whole:
+        try:
+            found = storage.read_many(list(whole))
+        except KStoreError:
+            found = {}
+        fetched.extend((*whole[loc], data) for loc, data in found.items())
+    if len(ranged) == 1:
+        fetched.extend(fetch_object(next(iter(ranged))))
+    elif ranged:
+        with concurrent.futures.ThreadPoolExecutor(min(8, len(ranged))) as pool:
+            for part in pool.map(fetch_object, list(ranged)):
+                fetched.extend(part)
+    for partition, seg, data in fetched:
+        if seg.byte_range is not None and len(data) != seg.byte_range[1]:
+            continue  # cut short: the read itself reports it
+        partition.read_segment(seg, columns, data=data)
 
 
 # A cached state not confirmed as the newest for this long is reloaded from a checkpoint

@@ -11,14 +11,29 @@ Pure data and replay rules, like :mod:`kstore.manifest`: no pyarrow.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kstore import __version__
 from kstore.errors import CorruptLogError
-from kstore.log import Action, CommitResult, Log, LogState, RetryPolicy, protocol_action
+from kstore.log import (
+    LAST_CHECKPOINT,
+    Action,
+    CommitResult,
+    Log,
+    LogState,
+    RetryPolicy,
+    checkpoint_file,
+    decode_commit,
+    encode_commit,
+    protocol_action,
+)
 from kstore.manifest import PartitionState
+from kstore.storage import unique_id
 
 LAYOUT_V2 = 2
 LAYOUT_V3 = 3
@@ -56,6 +71,10 @@ class TopicLogState(LogState):
         # Partition -> the topic log version that last changed it (checkpoint sidecars).
         self.changed: dict[int, int] = {}
         self._views: dict[int, PartitionState] = {}
+        # The checkpoint this state descends from: its version and sidecar per partition
+        # (a partition unchanged since keeps its sidecar in the next checkpoint).
+        self.sidecar_version = -1
+        self.sidecars: dict[int, Action] = {}
 
     def copy(self) -> TopicLogState:
         clone: TopicLogState = super().copy()  # type: ignore[assignment]
@@ -63,12 +82,15 @@ class TopicLogState(LogState):
         clone._own = set()
         clone.changed = dict(self.changed)
         clone._views = {}
+        clone.sidecars = dict(self.sidecars)
         return clone
 
     def apply(self, name: str, body: dict[str, Any]) -> None:
         partition = body.get("partition")
         if partition is None:
             super().apply(name, body)
+            return
+        if name == "sidecar":  # checkpoints only: loaded by TopicLogFiles
             return
         if type(partition) is not int or partition < 0:
             raise CorruptLogError(f"action {name!r}: illegal partition {partition!r}")
@@ -127,6 +149,111 @@ def tag_actions(actions: list[Action], partition: int) -> list[Action]:
     return out
 
 
+SIDECARS = "_sidecars"
+
+
+class TopicLogFiles(Log[TopicLogState]):
+    """A topic log's files: checkpoints keep each partition's state in a sidecar file, and
+    a partition that did not change since the previous checkpoint keeps its sidecar by
+    reference (Delta's v2 checkpoints): a checkpoint writes what changed, not the whole
+    topic (PROTOCOL.md 26.6)."""
+
+    def _sidecar_dir(self) -> str:
+        return f"{self.directory.rsplit('/', 1)[0]}/{SIDECARS}"
+
+    def write_checkpoint(self, state: TopicLogState) -> None:
+        sidecars: dict[int, Action] = {}
+        for partition in sorted(state.partitions):
+            known = state.sidecars.get(partition)
+            if known is not None and state.changed.get(partition, 0) <= state.sidecar_version:
+                sidecars[partition] = known
+                continue
+            actions = [
+                a for a in state.partition(partition).checkpoint_actions() if "protocol" not in a
+            ]
+            name = f"{partition}-{state.version:020d}-{unique_id()}.json"
+            payload = encode_commit(
+                actions, {"sidecarOf": partition, "checkpointVersion": state.version}
+            )
+            self.storage.put_new(f"{self._sidecar_dir()}/{name}", payload)
+            sidecars[partition] = {
+                "partition": partition,
+                "path": f"{SIDECARS}/{name}",
+                "actions": len(actions),
+                "size": len(payload),
+            }
+        top: list[Action] = [
+            *LogState.checkpoint_actions(state),
+            *({"sidecar": sidecars[p]} for p in sorted(sidecars)),
+        ]
+        payload = encode_commit(
+            top,
+            {
+                "checkpointVersion": state.version,
+                "timestamp": state.last_commit_ms or 0,
+                "writer": f"kstore/{__version__}",
+            },
+        )
+        with contextlib.suppress(FileExistsError):
+            self.storage.put_if_absent(self._path(checkpoint_file(state.version)), payload)
+        self.storage.put(
+            self._path(LAST_CHECKPOINT), json.dumps({"version": state.version}).encode()
+        )
+        state.sidecars, state.sidecar_version = sidecars, state.version
+
+    def _read_checkpoint(self, version: int) -> TopicLogState | None:
+        where = f"{self.storage.display_url}/{self._path(checkpoint_file(version))}"
+        data = self.storage.read_if_exists(self._path(checkpoint_file(version)))
+        if data is None:
+            return None
+        info, actions = decode_commit(data, where)
+        if info.get("checkpointVersion") != version:
+            raise CorruptLogError(
+                f"{where}: checkpoint header names version {info.get('checkpointVersion')!r}"
+            )
+        state = self.state_factory()
+        sidecars: dict[int, Action] = {}
+        try:
+            for name, body in actions:
+                if name == "sidecar":
+                    partition, path = body["partition"], body["path"]
+                    if (
+                        type(partition) is not int
+                        or partition < 0
+                        or not isinstance(path, str)
+                        or not path.startswith(f"{SIDECARS}/")
+                        or ".." in path
+                    ):
+                        raise CorruptLogError(f"sidecar: illegal partition or path in {body!r}")
+                    sidecars[partition] = body
+                else:
+                    state.apply(name, body)
+            incarnation = self.directory.rsplit("/", 1)[0]
+            paths = {p: f"{incarnation}/{body['path']}" for p, body in sidecars.items()}
+            found = self.storage.read_many(list(paths.values()))
+            for partition, path in paths.items():
+                content = found.get(path)
+                if content is None:
+                    raise CorruptLogError(f"sidecar {path} of partition {partition} is missing")
+                head, partition_actions = decode_commit(content, path)
+                if head.get("sidecarOf") != partition:
+                    raise CorruptLogError(
+                        f"sidecar {path} holds partition {head.get('sidecarOf')!r}"
+                    )
+                for name, body in partition_actions:
+                    state.apply(name, {**body, "partition": partition})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptLogError(f"{where}: malformed checkpoint ({exc})") from None
+        except CorruptLogError as exc:
+            raise CorruptLogError(f"{where}: {exc}") from None
+        state.stamp(version)
+        state.sidecars, state.sidecar_version = sidecars, version
+        ts = info.get("timestamp")
+        if isinstance(ts, int):
+            state.last_commit_ms = ts
+        return state
+
+
 class TopicLog:
     """One topic log, shared by the partitions of a topic that belong to it (thread-safe).
 
@@ -147,7 +274,7 @@ class TopicLog:
         self.topic = topic
         self.index = index
         self.directory = directory
-        self.log: Log[TopicLogState] = Log(
+        self.log: Log[TopicLogState] = TopicLogFiles(
             storage,
             directory,
             TopicLogState,

@@ -30,7 +30,12 @@ from kstore.log import Action, Log, protocol_action
 from kstore.names import validate_group_id
 from kstore.records import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
 from kstore.store import Store
-from kstore.transactions import TransactionLogState, check_epoch, finish_transaction
+from kstore.transactions import (
+    TransactionLogState,
+    check_epoch,
+    end_transaction,
+    finish_transaction,
+)
 
 log = logging.getLogger("kstore.producer")
 
@@ -277,10 +282,9 @@ class TransactionManager:
         self._end(txn, commit=False)
 
     def _end(self, txn: _Transaction, *, commit: bool) -> None:
-        for tp in sorted(txn.partitions):
-            self.store.partition(tp.topic, tp.partition).end_transaction(
-                self._producer_id, self._epoch, txn.version, commit=commit
-            )
+        end_transaction(
+            self.store, txn.partitions, self._producer_id, self._epoch, txn.version, commit=commit
+        )
         version, epoch = txn.version, self._epoch
         if txn.partitions or txn.group is not None:
             self._registry_commit(

@@ -19,6 +19,7 @@ epoch, and finishes it: rolled forward if the decision landed, aborted otherwise
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -131,6 +132,39 @@ def check_epoch(state: TransactionLogState, epoch: int, transactional_id: str) -
         )
 
 
+def end_transaction(
+    store: Store,
+    partitions: Iterable[TopicPartition],
+    producer_id: str,
+    epoch: int,
+    version: int,
+    *,
+    commit: bool,
+) -> None:
+    """Write the markers of transaction ``version`` in every partition it touched (PROTOCOL.md
+    18.2). In layout 3, the markers of all the partitions of one topic log land in one commit:
+    atomic across them. Partitions of a topic deleted meanwhile are skipped."""
+    operation = "COMMIT TXN" if commit else "ABORT TXN"
+    shared: dict[tuple[str, int], dict[int, Any]] = {}
+    for tp in sorted(partitions):
+        try:
+            meta = store.topic(tp.topic)
+            partition = store.partition(tp.topic, tp.partition, meta)
+        except UnknownTopicOrPartitionError:  # deleted meanwhile: nothing to mark
+            continue
+        build = partition.marker_build(producer_id, epoch, version, commit=commit)
+        if partition.topic_log is None:
+            partition.commit_actions(build, operation=operation)
+        else:
+            shared.setdefault((tp.topic, partition.topic_log.index), {})[tp.partition] = (
+                partition.topic_log,
+                build,
+            )
+    for builds in shared.values():
+        topic_log = next(iter(builds.values()))[0]
+        topic_log.commit({p: b for p, (_, b) in builds.items()}, operation=operation)
+
+
 def finish_transaction(store: Store, log: Log[TransactionLogState], epoch: int) -> str | None:
     """Finish the unfinished transaction of this identity, if any, as epoch ``epoch``.
     Returns "commit" or "abort" for what was done, None when nothing was unfinished."""
@@ -150,12 +184,9 @@ def finish_transaction(store: Store, log: Log[TransactionLogState], epoch: int) 
         result = "commit" if committed else "abort"
     if result is None:
         result = "abort"
-    for tp in sorted(current.partitions):
-        try:
-            partition = store.partition(tp.topic, tp.partition)
-        except UnknownTopicOrPartitionError:  # the topic was deleted meanwhile: nothing to mark
-            continue
-        partition.end_transaction(pid, epoch, current.version, commit=result == "commit")
+    end_transaction(
+        store, current.partitions, pid, epoch, current.version, commit=result == "commit"
+    )
 
     def complete(s: TransactionLogState) -> list[Action] | None:
         check_epoch(s, epoch, tid)
