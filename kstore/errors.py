@@ -165,3 +165,8 @@ class CommitFailedError(KStoreError):
 
 class IllegalStateError(KStoreError):
     """The call is not valid in the object's current state (closed, not subscribed, ...)."""
+
+
+class TopicUpgradedError(KStoreError):
+    """The partition log was sealed by ``kstore topics upgrade``: the topic is in layout 3 now
+    and is written through its topic log (PROTOCOL.md 26.9). Re-read the topic's metadata."""

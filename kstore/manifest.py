@@ -191,6 +191,8 @@ class PartitionState(LogState):
         self._time_index: list[int] | None = None  # running max of segment max timestamps
         self.open_transactions: dict[str, int] = {}  # "<producer>:<version>" -> first offset
         self.ended_transactions: dict[str, int] = {}  # producer -> newest version with a marker
+        # Layout 2 only: the partition log was sealed by an upgrade to this layout (26.9).
+        self.sealed_layout: int | None = None
 
     def copy(self) -> PartitionState:
         clone: PartitionState = super().copy()  # type: ignore[assignment]
@@ -282,6 +284,8 @@ class PartitionState(LogState):
             self.ended_transactions[pid] = max(
                 self.ended_transactions.get(pid, -1), _int(body, "version")
             )
+        elif name == "sealed":
+            self.sealed_layout = _int(body, "layout")
         elif name == "cleaned":
             self.cleaned_offset = max(self.cleaned_offset, _int(body, "offset"))
         elif name == "tombstone":  # only in checkpoints: a removed file awaiting vacuum
@@ -357,6 +361,8 @@ class PartitionState(LogState):
             actions.append({"txn": {"appId": app, "version": version}})
         for path, when in sorted(self.removed.items()):
             actions.append({"tombstone": {"path": path, "deletionTimestamp": when}})
+        if self.sealed_layout is not None:
+            actions.append({"sealed": {"layout": self.sealed_layout}})
         return actions
 
     # -- lookups -------------------------------------------------------------------------------

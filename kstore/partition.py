@@ -18,6 +18,7 @@ from kstore.errors import (
     InvalidRecordError,
     KStoreError,
     OffsetOutOfRangeError,
+    TopicUpgradedError,
 )
 from kstore.log import Action, CommitResult, Log, RetryPolicy, protocol_action
 
@@ -355,6 +356,18 @@ class Partition:
                 shared.actions,
                 shared.attempts,
             )
+        sealed = build
+
+        def build_unless_sealed(state: PartitionState) -> list[Action] | None:
+            if state.sealed_layout is not None:
+                raise TopicUpgradedError(
+                    f"{self.topic}-{self.partition}: the topic was upgraded to layout "
+                    f"{state.sealed_layout}; its partition log takes no more commits (re-read "
+                    "the topic's metadata, or finish the upgrade with `kstore topics upgrade`)"
+                )
+            return sealed(state)  # type: ignore[no-any-return]
+
+        build = build_unless_sealed
         state = self.state(refresh=False)
         if time.monotonic() - self._confirmed > STALE_STATE_S:
             # A commit built on a state older than the versions vacuum deleted could take a
