@@ -557,6 +557,86 @@ def schema_history(
     print_table(table)
 
 
+_STEP_WORDS = {
+    "sealed": {"done": "sealed", "already": "was sealed", "planned": "to seal"},
+    "adopted": {"done": "adopted", "already": "was adopted", "planned": "to adopt"},
+}
+
+
+@app.command(
+    "upgrade",
+    epilog="Examples:\n\n  kstore topics upgrade orders --dry-run\n\n"
+    "  kstore topics upgrade orders\n\n"
+    "Safe to run again: a run that stopped half-way is finished by the next one, and a topic "
+    "already in layout 3 is left alone. Readers older than layout 3 cannot read the topic "
+    "afterwards.",
+)
+def upgrade(
+    ctx: typer.Context,
+    topic: TopicArg,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what would be done; change nothing.")
+    ] = False,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Move a topic from layout 2 (a log per partition) to layout 3 (shared topic logs).
+
+    Seals every partition log, adopts each partition's state (segments by reference, nothing
+    copied; open transactions and producer sequences carried) into the topic logs, then
+    switches the topic's metadata to layout 3.
+    """
+    from kstore.upgrade import upgrade_topic
+
+    handle = store_from(ctx, store, option, config_file)
+    report = upgrade_topic(handle, topic, dry_run=dry_run)
+    if output is OutputFormat.json:
+        print_json(report.to_json())
+        return
+    if report.layout_before == 3:
+        note(f"Topic {topic!r} is in layout 3 already; nothing to do.")
+        return
+    # LOG: the topic log that adopts the partition.
+    numeric = ["PARTITION", "LOG", "LOG-END", "SEGMENTS", "OPEN-TXN", "PRODUCERS"]
+    table = new_table(*numeric, "SEAL", "ADOPTION", right=numeric)
+    for p in report.partitions:
+        table.add_row(
+            *(
+                text(v)
+                for v in (
+                    p.partition,
+                    p.topic_log,
+                    p.end_offset,
+                    p.segments,
+                    p.open_transactions,
+                    p.producers,
+                )
+            ),
+            text(_STEP_WORDS["sealed"][p.sealed]),
+            text(_STEP_WORDS["adopted"][p.adopted]),
+        )
+    print_table(table)
+    logs = {"done": "written", "already": "already there", "planned": "would be written"}
+    for index, step in report.topic_logs:
+        name = "_log" if index == 0 else f"_log.{index}"
+        note(f"Topic log {index} ({name}): {logs[step]}.")
+    layout = {"done": "switched", "already": "already switched", "planned": "would switch"}
+    note(f"Metadata: {layout[report.metadata]} to layout 3.")
+    if dry_run:
+        pending = report.metadata == "planned" or any(
+            "planned" in (p.sealed, p.adopted) for p in report.partitions
+        )
+        what = "would be upgraded to layout 3" if pending else "needs no change"
+        note(f"Dry run: topic {topic!r} {what}; nothing was changed.")
+    elif report.changed:
+        note(f"Upgraded topic {topic!r} to layout 3.")
+    else:
+        note(f"Topic {topic!r} was upgraded to layout 3 already; nothing changed.")
+
+
 def _offsets_json(path: str) -> list[tuple[str, int, int]]:
     """kafka-delete-records' --offset-json-file: {"partitions": [{"topic", "partition",
     "offset"}, ...], "version": 1}."""
