@@ -2,21 +2,30 @@
 
 Checkpoints (every ``checkpoint.interval`` commits, 100 by default) hold the whole partition
 state, so opening a partition should read one checkpoint plus fewer than 100 commits, whatever
-the number of commits before it. This benchmark builds, on the local disk:
+the number of commits before it. This benchmark builds, on the local disk, in layout 2 (a log
+per partition, PROTOCOL.md 26):
 
 - ``small``: a partition with 100 commits (100 appends, so 100 live segments);
 - ``large``: a partition with 10,000 commits (10,000 appends, so 10,000 live segments);
 - ``large-history``: 10,000 commits of which 100 are appends and the rest only record a
   transaction identifier: a long history, but the same state size as ``small``;
 - ``large-replay`` (the baseline): the ``large`` log with its checkpoints removed, so opening
-  it replays every commit, which is what checkpoints are there to avoid.
+  it replays every commit, which is what checkpoints are there to avoid;
+
+and in layout 3 (one topic log; each append a range of a data object in ``_data/``, as a
+producer flush writes it):
+
+- ``small-l3`` and ``large-l3``: partition 0 of a one-partition layout-3 topic with 100 and
+  10,000 appends, opened from the topic log's checkpoint (a top file and the partition's
+  sidecar in ``_sidecars/``).
 
 A checkpoint holds the whole state, so ``large`` costs more than ``small`` in proportion to its
 live segments (its checkpoint lists 10,000 of them; merging and retention keep that number
 down in practice), while ``large-history`` shows the cost of history alone.
 
-Each is opened several times with a fresh :class:`kstore.Store` (``Partition.state()``), and the
-median times are printed with their ratios and written to benchmarks/results/open_partition.json.
+Each is opened several times with a fresh :class:`kstore.Store` (``Partition.state()``), the
+cases taking turns, and the median times are printed with their ratios and written to
+benchmarks/results/open_partition.json.
 
 Run: ``.venv/bin/python benchmarks/open_partition.py [--large 10000] [--repeat 7]``
 """
@@ -24,7 +33,6 @@ Run: ``.venv/bin/python benchmarks/open_partition.py [--large 10000] [--repeat 7
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -37,22 +45,28 @@ from typing import Any
 
 import pyarrow as pa
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import write_results
 from kstore import Store
-from kstore.segments import TIMESTAMP_TYPE
+from kstore.layout import topic_data_dir
+from kstore.segments import TIMESTAMP_TYPE, write_data_object
 
 TOPIC = "bench"
-RESULTS = Path(__file__).resolve().parent / "results" / "open_partition.json"
 
 
-def build(root: str, commits: int, appends: int | None = None) -> str:
-    """A store at ``root`` whose partition 0 of TOPIC has ``commits`` commits, the first
-    ``appends`` of them (all by default) appends of one small segment each and the rest
-    commits that only record a transaction identifier (as an empty streaming micro-batch
-    does), so that the history is long but the state small. Returns the log directory."""
+def build(root: str, commits: int, appends: int | None = None, layout: int = 2) -> str:
+    """A store at ``root`` whose partition 0 of TOPIC (of the given layout) has ``commits``
+    commits, the first ``appends`` of them (all by default) appends of one small segment each
+    and the rest commits that only record a transaction identifier (as an empty streaming
+    micro-batch does), so that the history is long but the state small. In layout 3 each
+    append is a range of a data object, as a producer flush writes it. Returns the log
+    directory (the partition's in layout 2, the topic log's in layout 3)."""
     appends = commits if appends is None else appends
     store = Store(root)
-    meta = store.create_topic(TOPIC, 1)
+    meta = store.create_topic(TOPIC, 1, layout=layout)
     partition = store.partition(TOPIC, 0)
+    incarnation = topic_data_dir(TOPIC, meta.topic_id)
     for i in range(commits):
         # durable=False only to build the fixture quickly; opening is what is measured.
         if i < appends:
@@ -63,112 +77,149 @@ def build(root: str, commits: int, appends: int | None = None) -> str:
                     "timestamp": pa.array([1_700_000_000_000_000 + i * 1000], TIMESTAMP_TYPE),
                 }
             )
-            partition.append(table, durable=False)
+            if layout == 3:
+                files = write_data_object(
+                    store.storage, incarnation, [(0, table, partition.layout)], durable=False
+                )
+                partition.commit_segments([files[0]], durable=False)
+            else:
+                partition.append(table, durable=False)
         else:
             txn = {"txn": {"appId": "bench-query", "version": i}}
             partition.commit_actions(lambda state, a=txn: [a], operation="TXN", durable=False)
     state = partition.state()
-    assert state.version == commits - 1
+    assert state.version == commits - 1, (state.version, commits)
     assert state.end_offset == appends
     assert len(state.segments) == appends
-    return os.path.join(root, "topics", TOPIC, meta.topic_id, "0", "_log")
+    if layout == 3:
+        assert all(s.byte_range is not None for s in state.segments)
+        return os.path.join(root, incarnation, "_log")
+    return os.path.join(root, incarnation, "0", "_log")
 
 
-def time_open(root: str, repeat: int, expect_version: int) -> list[float]:
-    """Seconds to open the partition with a fresh Store, ``repeat`` times."""
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        store = Store(root, create=False)
-        state = store.partition(TOPIC, 0).state()
-        times.append(time.perf_counter() - started)
-        assert state.version == expect_version, (state.version, expect_version)
-    return times
+def open_once(root: str, expect_version: int) -> float:
+    """Seconds to open the partition with a fresh Store."""
+    started = time.perf_counter()
+    store = Store(root, create=False)
+    state = store.partition(TOPIC, 0).state()
+    elapsed = time.perf_counter() - started
+    assert state.version == expect_version, (state.version, expect_version)
+    return elapsed
+
+
+def files_under(directory: str) -> tuple[int, int]:
+    """(files, bytes) of the checkpoint files in a log directory and its sidecars."""
+    count = size = 0
+    for folder in (directory, os.path.join(os.path.dirname(directory), "_sidecars")):
+        if not os.path.isdir(folder):
+            continue
+        for name in os.listdir(folder):
+            if ".checkpoint." in name or folder.endswith("_sidecars"):
+                count += 1
+                size += os.path.getsize(os.path.join(folder, name))
+    return count, size
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--small", type=int, default=100)
     parser.add_argument("--large", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if args.small < 1 or args.large < args.small or args.repeat < 1:
+        raise SystemExit("need 1 <= --small <= --large and --repeat >= 1")
 
+    load_before = [round(x, 2) for x in os.getloadavg()]
     work = tempfile.mkdtemp(prefix="kstore-bench-open-")
     try:
-        small_root = os.path.join(work, "small")
-        large_root = os.path.join(work, "large")
-        history_root = os.path.join(work, "large-history")
-        replay_root = os.path.join(work, "large-replay")
+        roots = {
+            name: os.path.join(work, name)
+            for name in ("small", "large", "large-history", "large-replay", "small-l3", "large-l3")
+        }
         t0 = time.perf_counter()
-        build(small_root, args.small)
-        large_log = build(large_root, args.large)
-        build(history_root, args.large, appends=args.small)
+        build(roots["small"], args.small)
+        large_log = build(roots["large"], args.large)
+        build(roots["large-history"], args.large, appends=args.small)
+        build(roots["small-l3"], args.small, layout=3)
+        large_l3_log = build(roots["large-l3"], args.large, layout=3)
         build_s = time.perf_counter() - t0
         # The baseline: the same log without checkpoints, so opening replays every commit.
-        shutil.copytree(large_root, replay_root)
-        replay_log = large_log.replace(large_root, replay_root, 1)
+        shutil.copytree(roots["large"], roots["large-replay"])
+        replay_log = large_log.replace(roots["large"], roots["large-replay"], 1)
         for name in os.listdir(replay_log):
             if ".checkpoint." in name or name == "_last_checkpoint":
                 os.unlink(os.path.join(replay_log, name))
-        checkpoints = sorted(n for n in os.listdir(large_log) if ".checkpoint." in n)
 
         cases = [
-            ("small", small_root, args.small, args.small),
-            ("large", large_root, args.large, args.large),
-            ("large-history", history_root, args.large, args.small),
-            ("large-replay", replay_root, args.large, args.large),
+            ("small", 2, args.small, args.small),
+            ("large", 2, args.large, args.large),
+            ("large-history", 2, args.large, args.small),
+            ("large-replay", 2, args.large, args.large),
+            ("small-l3", 3, args.small, args.small),
+            ("large-l3", 3, args.large, args.large),
         ]
+        times: dict[str, list[float]] = {name: [] for name, *_ in cases}
+        for name, _, commits, _ in cases:
+            open_once(roots[name], commits - 1)  # warm the page cache and imports
+        for _ in range(args.repeat):  # the cases take turns: a slow spell falls on all
+            for name, _, commits, _ in cases:
+                times[name].append(open_once(roots[name], commits - 1))
         rows: dict[str, dict[str, Any]] = {}
-        for name, root, commits, segments in cases:
-            time_open(root, 1, commits - 1)  # warm the page cache and imports
-            times = time_open(root, args.repeat, commits - 1)
+        for name, layout, commits, segments in cases:
             rows[name] = {
+                "layout": layout,
                 "commits": commits,
                 "live_segments": segments,
-                "median_ms": statistics.median(times) * 1000,
-                "min_ms": min(times) * 1000,
-                "max_ms": max(times) * 1000,
-                "runs_ms": [t * 1000 for t in times],
+                "median_ms": statistics.median(times[name]) * 1000,
+                "min_ms": min(times[name]) * 1000,
+                "max_ms": max(times[name]) * 1000,
+                "runs_ms": [t * 1000 for t in times[name]],
             }
+        checkpoints = {
+            "large": dict(zip(("files", "bytes"), files_under(large_log), strict=True)),
+            "large-l3": dict(zip(("files", "bytes"), files_under(large_l3_log), strict=True)),
+        }
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    small = rows["small"]["median_ms"]
-    large = rows["large"]["median_ms"]
-    history = rows["large-history"]["median_ms"]
-    replay = rows["large-replay"]["median_ms"]
+    def med(name: str) -> float:
+        return float(rows[name]["median_ms"])
+
     result = {
-        "benchmark": "open_partition",
         "storage": "local disk",
         "checkpoint_interval": 100,
         "repeat": args.repeat,
         "build_seconds": build_s,
-        "large_checkpoints": len(checkpoints),
+        "checkpoint_files": checkpoints,
         "cases": rows,
-        "ratio_large_over_small": large / small,
-        "ratio_large_history_over_small": history / small,
-        "ratio_replay_over_large": replay / large,
-        "python": sys.version.split()[0],
+        "ratio_large_over_small": med("large") / med("small"),
+        "ratio_large_history_over_small": med("large-history") / med("small"),
+        "ratio_replay_over_large": med("large-replay") / med("large"),
+        "ratio_large_l3_over_small_l3": med("large-l3") / med("small-l3"),
+        "ratio_large_l3_over_large": med("large-l3") / med("large"),
+        "load_before": load_before,
+        "load_after": [round(x, 2) for x in os.getloadavg()],
         "pyarrow": pa.__version__,
-        "machine": platform.machine(),
+        "platform": platform.platform(),
     }
 
     print(
-        f"{'case':<15}{'commits':>9}{'segments':>10}{'median ms':>12}{'min ms':>10}{'max ms':>10}"
+        f"{'case':<15}{'layout':>7}{'commits':>9}{'segments':>10}{'median ms':>12}"
+        f"{'min ms':>10}{'max ms':>10}"
     )
     for name, row in rows.items():
         print(
-            f"{name:<15}{row['commits']:>9}{row['live_segments']:>10}{row['median_ms']:>12.2f}"
-            f"{row['min_ms']:>10.2f}{row['max_ms']:>10.2f}"
+            f"{name:<15}{row['layout']:>7}{row['commits']:>9}{row['live_segments']:>10}"
+            f"{row['median_ms']:>12.2f}{row['min_ms']:>10.2f}{row['max_ms']:>10.2f}"
         )
-    print(f"ratio large / small:          {large / small:6.2f}x  (100x the live segments)")
-    print(f"ratio large-history / small:  {history / small:6.2f}x  (100x the history, same state)")
-    print(f"ratio large-replay / large:   {replay / large:6.2f}x  (no checkpoints: what they save)")
-
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print(f"ratio large / small:          {result['ratio_large_over_small']:6.2f}x")
+    print(f"ratio large-history / small:  {result['ratio_large_history_over_small']:6.2f}x")
+    print(f"ratio large-replay / large:   {result['ratio_replay_over_large']:6.2f}x")
+    print(f"ratio large-l3 / small-l3:    {result['ratio_large_l3_over_small_l3']:6.2f}x")
+    print(f"ratio large-l3 / large:       {result['ratio_large_l3_over_large']:6.2f}x")
+    print(f"checkpoint files: {checkpoints}")
+    print(f"load average before {load_before}, after {result['load_after']}")
+    print(f"wrote {write_results('open_partition', result)}")
     return result
 
 

@@ -1,47 +1,67 @@
-"""Requests and end-to-end latency on SeaweedFS as the partition count grows.
+"""Requests and end-to-end latency on SeaweedFS (or local disk) as the partition count grows.
 
 One producer process sends keyed 100-byte records at a fixed rate (linger 0, acks=1) to a topic
 of 1, 8 or 64 partitions; one consumer in this process tails every partition and measures
-send-to-receive time from the timestamp in each value. Each side counts the S3 requests it sends
-(PUT, GET, HEAD, LIST, DELETE; ``Storage.count_requests``, every HTTP attempt). Then the producer
-stops and the consumer polls an idle topic for ``--idle-seconds``: its requests per poll.
+send-to-receive time from the timestamp in each value. On SeaweedFS each side counts the S3
+requests it sends (PUT, GET, HEAD, LIST, DELETE; ``Storage.count_requests``, every HTTP
+attempt). Then the producer stops and the consumer polls an idle topic for ``--idle-seconds``:
+its requests per poll. At the end of each case the topic's files are summed: the log (commits,
+checkpoints, ``_last_checkpoint``: everything under ``_log*/``, plus ``_sidecars/``) against the
+data (``_data/`` objects and ``segments/``).
 
 The same record rate at every partition count, so what grows is what the format costs per
-partition. The cases take turns over ``--rounds`` rounds and report medians (and ranges).
+partition. Layout 2 (a log and a segment per partition) and layout 3 (one topic log, one data
+object per flush) run side by side: the cases take turns over ``--rounds`` rounds, the two
+layouts alternating, and each figure is reported as the median with its range over the rounds.
+``--backend local`` measures latency on the local disk instead (no requests to count).
 
-    .venv/bin/python benchmarks/requests.py --rate 500 --seconds 10 --rounds 2
+Each run replaces its own section (backend and rate) in benchmarks/results/requests.json and
+keeps the others, so the 500 and 5,000 records/s runs sit side by side:
+
+    .venv/bin/python benchmarks/requests.py --rate 5000 --seconds 10 --rounds 3
+    .venv/bin/python benchmarks/requests.py --rate 500 --seconds 10 --rounds 3
+    .venv/bin/python benchmarks/requests.py --backend local --rate 5000 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
+import os
 import statistics
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import percentile, table, write_results
+from benchmarks.common import RESULTS, percentile, table, write_results
 from kstore import Store
 from kstore.consumer import Consumer
+from kstore.layout import topic_data_dir
+
+TOPIC = "req"
 
 PRODUCER_SCRIPT = r"""
-import json, struct, sys, time
+import contextlib, collections, json, struct, sys, time
 from kstore import Store
 from kstore.producer import Producer
 url, options, rate, seconds = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 store = Store(url, options, create=False)
 with Producer(store, acks=1, linger_ms=0) as producer:
     producer.partitions_for("req")
+    before = producer.metrics()
     print("ready", flush=True)
     sys.stdin.readline()
-    with store.storage.count_requests() as counts:
+    counting = store.storage.count_requests() if store.storage.is_s3 else contextlib.nullcontext(collections.Counter())
+    with counting as counts:
         interval = 1.0 / rate
         start = time.perf_counter()
         i = 0
@@ -54,16 +74,87 @@ with Producer(store, acks=1, linger_ms=0) as producer:
             i += 1
         producer.flush()
         elapsed = time.perf_counter() - start
-    print(json.dumps({"sent": i, "elapsed": elapsed, "requests": dict(counts)}), flush=True)
+    after = producer.metrics()
+    print(json.dumps({
+        "sent": i,
+        "elapsed": elapsed,
+        "requests": dict(counts),
+        "flushes": after["batch-total"] - before["batch-total"],
+        "commits": after["commit-total"] - before["commit-total"],
+    }), flush=True)
 """
 
 RECORD_BYTES = 100 + 8  # value and a key of about 8 bytes
 
 
-def run_case(url: str, options: dict[str, Any], partitions: int, args: Any) -> dict[str, Any]:
+def topic_bytes(store: Store, topic: str) -> dict[str, int]:
+    """Bytes of the topic's files by kind: ``log`` (everything under ``_log*/`` and
+    ``_sidecars/``), of which ``checkpoint`` (checkpoint files, ``_last_checkpoint`` and
+    sidecars), and ``data`` (``_data/`` objects and ``segments/``)."""
+    meta = store.topic(topic)
+    root = topic_data_dir(topic, meta.topic_id)
+    storage = store.storage
+    sizes: list[tuple[str, int]] = []
+    if storage.is_local:
+        base = storage.full_path(root)
+        for folder, _, names in os.walk(base):
+            for name in names:
+                full = os.path.join(folder, name)
+                sizes.append(
+                    (os.path.relpath(full, base).replace(os.sep, "/"), os.path.getsize(full))
+                )
+    else:
+        base = storage.full_path(root)
+        storage.fs.invalidate_cache(base)
+        for path, info in storage.fs.find(base, detail=True).items():
+            sizes.append((path[len(base) :].lstrip("/"), int(info.get("size") or 0)))
+    out = {"log": 0, "checkpoint": 0, "data": 0, "other": 0, "log_files": 0, "data_files": 0}
+    for rel, size in sizes:
+        parts = rel.split("/")
+        name = parts[-1]
+        if name.startswith(".tmp-"):
+            continue
+        if any(p.startswith("_log") for p in parts[:-1]) or parts[0] == "_sidecars":
+            out["log"] += size
+            out["log_files"] += 1
+            if ".checkpoint." in name or name == "_last_checkpoint" or parts[0] == "_sidecars":
+                out["checkpoint"] += size
+        elif parts[0] == "_data" or "segments" in parts[:-1]:
+            out["data"] += size
+            out["data_files"] += 1
+        else:
+            out["other"] += size
+    return out
+
+
+def load_now() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def busy_processes(limit: int = 8) -> list[str]:
+    """The processes using the most CPU right now (what else ran), as ``ps`` shows them."""
+    out = subprocess.run(
+        ["ps", "-eo", "pcpu,etime,args", "--sort=-pcpu"], capture_output=True, text=True
+    ).stdout.splitlines()
+    return [line.strip()[:160] for line in out[1 : limit + 1]]
+
+
+@contextlib.contextmanager
+def counting(store: Store) -> Iterator[collections.Counter[str]]:
+    if store.storage.is_s3:
+        with store.storage.count_requests() as counts:
+            yield counts
+    else:
+        yield collections.Counter()
+
+
+def run_case(
+    url: str, options: dict[str, Any], partitions: int, layout: int, args: Any
+) -> dict[str, Any]:
+    load_before = load_now()
     store = Store(url, options)
-    store.create_topic("req", partitions=partitions)
-    consumer = Consumer("req", store=store, auto_offset_reset="latest", fetch_max_wait_ms=5)
+    store.create_topic(TOPIC, partitions=partitions, layout=layout)
+    consumer = Consumer(TOPIC, store=store, auto_offset_reset="latest", fetch_max_wait_ms=5)
     consumer.poll(timeout_ms=0)
     proc = subprocess.Popen(
         [
@@ -83,13 +174,15 @@ def run_case(url: str, options: dict[str, Any], partitions: int, args: Any) -> d
     assert proc.stdin is not None
     proc.stdout.readline()
     samples: list[float] = []
-    with store.storage.count_requests() as consumed:
+    with counting(store) as consumed:
         proc.stdin.write("go\n")
         proc.stdin.flush()
         started = time.perf_counter()
-        deadline = time.time() + args.seconds + 30
+        deadline = time.time() + args.seconds + args.drain_seconds
         expected = int(args.rate * args.seconds * 0.98)
+        polls = 0
         while time.time() < deadline and len(samples) < expected:
+            polls += 1
             for records in consumer.poll(timeout_ms=50).values():
                 now = time.time()
                 samples.extend((now - struct.unpack(">d", r.value[:8])[0]) * 1000 for r in records)
@@ -97,84 +190,184 @@ def run_case(url: str, options: dict[str, Any], partitions: int, args: Any) -> d
         consume_requests = dict(consumed)
     produced = json.loads(proc.stdout.readline())
     proc.wait()
-    with store.storage.count_requests() as idle:
-        polls = 0
+    idle_polls = 0
+    with counting(store) as idle:
         idle_end = time.perf_counter() + args.idle_seconds
         while time.perf_counter() < idle_end:
             consumer.poll(timeout_ms=0)
-            polls += 1
+            idle_polls += 1
             time.sleep(0.1)
         idle_requests = dict(idle)
     consumer.close()
-    warm = samples[len(samples) // 10 :]
+    files = topic_bytes(store, TOPIC)
+    warm = samples[len(samples) // 10 :]  # the first tenth: connections and caches warming
     mb = produced["sent"] * RECORD_BYTES / 1e6
     produce_total = sum(produced["requests"].values())
     consume_total = sum(consume_requests.values())
+    flushes = max(produced["flushes"], 1)
     return {
         "partitions": partitions,
+        "layout": layout,
         "sent": produced["sent"],
         "received": len(samples),
         "p50_ms": percentile(warm, 50),
         "p99_ms": percentile(warm, 99),
+        "flushes": produced["flushes"],
+        "commits": produced["commits"],
+        "commits_per_flush": produced["commits"] / flushes,
         "produce_requests": produced["requests"],
         "produce_requests_per_s": produce_total / produced["elapsed"],
         "produce_requests_per_mb": produce_total / mb,
+        "produce_requests_per_flush": produce_total / flushes,
+        "consume_polls": polls,
         "consume_requests": consume_requests,
         "consume_requests_per_s": consume_total / consume_elapsed,
         "consume_requests_per_mb": consume_total / mb,
-        "idle_requests_per_poll": sum(idle_requests.values()) / max(polls, 1),
+        "idle_polls": idle_polls,
+        "idle_requests_per_poll": sum(idle_requests.values()) / max(idle_polls, 1),
         "idle_requests": idle_requests,
+        "bytes": files,
+        "checkpoint_pct_of_data": 100 * files["checkpoint"] / max(files["data"], 1),
+        "log_pct_of_data": 100 * files["log"] / max(files["data"], 1),
+        "load_before": load_before,
+        "load_after": load_now(),
     }
 
 
+# (column, key in a run) of the summary rows: medians over the rounds, with their ranges.
+COLUMNS = [
+    ("p50 ms", "p50_ms"),
+    ("p99 ms", "p99_ms"),
+    ("prod req/s", "produce_requests_per_s"),
+    ("prod req/MB", "produce_requests_per_mb"),
+    ("prod req/flush", "produce_requests_per_flush"),
+    ("commits/flush", "commits_per_flush"),
+    ("cons req/s", "consume_requests_per_s"),
+    ("cons req/MB", "consume_requests_per_mb"),
+    ("idle req/poll", "idle_requests_per_poll"),
+    ("ckpt % data", "checkpoint_pct_of_data"),
+    ("log % data", "log_pct_of_data"),
+]
+
+
+def summarise(
+    runs: list[dict[str, Any]], counts: list[int], layouts: list[int]
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for layout in layouts:
+        first_total: float | None = None
+        for p in counts:
+            mine = [r for r in runs if r["layout"] == layout and r["partitions"] == p]
+            if not mine:
+                continue
+            row: dict[str, Any] = {"layout": layout, "partitions": p, "rounds": len(mine)}
+            for column, key in COLUMNS:
+                values = [r[key] for r in mine]
+                row[column] = statistics.median(values)
+                row[column + " range"] = [min(values), max(values)]
+            total = row["prod req/s"] + row["cons req/s"]
+            if first_total is None:
+                first_total = total
+            row["total req/s vs first"] = total / first_total if first_total else float("nan")
+            rows.append(row)
+    return rows
+
+
+def parse_ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"{what} must be integers separated by commas, got {text!r}") from None
+    if not values:
+        raise SystemExit(f"{what} is empty")
+    return values
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rate", type=float, default=500.0, help="records per second")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--idle-seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--drain-seconds", type=float, default=30.0, help="how long the consumer may lag"
+    )
     parser.add_argument("--partitions", default="1,8,64")
+    parser.add_argument("--layouts", default="2,3", help="layouts to run side by side")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--backend", choices=["seaweedfs", "local"], default="seaweedfs")
     args = parser.parse_args()
-    from tests.servers import SeaweedServer
+    counts = parse_ints(args.partitions, "--partitions")
+    layouts = parse_ints(args.layouts, "--layouts")
+    if any(layout not in (2, 3) for layout in layouts):
+        raise SystemExit(f"--layouts must name layouts 2 and/or 3, got {args.layouts!r}")
+    if args.rate <= 0 or args.seconds <= 0 or args.rounds < 1:
+        raise SystemExit("--rate and --seconds must be positive and --rounds at least 1")
 
-    counts = [int(x) for x in args.partitions.split(",")]
-    runs: dict[int, list[dict[str, Any]]] = {p: [] for p in counts}
+    section = f"{args.backend}@{args.rate:g}"
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    before = {"load": load_now(), "busiest": busy_processes()}
+    runs: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="kstore-bench-req-"))
-    server = SeaweedServer(work / "seaweed")
-    server.start()
+    server: Any = None
+    if args.backend == "seaweedfs":
+        from tests.servers import SeaweedServer
+
+        server = SeaweedServer(work / "seaweed")
+        server.start()
     try:
-        for _ in range(args.rounds):
-            for partitions in counts:  # the cases take turns, round after round
-                url, options = server.new_store_url(f"req-{partitions}")
-                result = run_case(url, options, partitions, args)
-                runs[partitions].append(result)
-                print(json.dumps({k: v for k, v in result.items() if "requests" not in k}))
+        for round_no in range(args.rounds):
+            # Every case once per round; the layouts alternate, and which goes first swaps
+            # each round, so a slow spell of the shared machine falls on both alike.
+            order = layouts if round_no % 2 == 0 else layouts[::-1]
+            for partitions in counts:
+                for layout in order:
+                    name = f"req-l{layout}-{partitions}"
+                    if server is not None:
+                        url, options = server.new_store_url(name)
+                    else:
+                        url, options = str(work / f"{name}-{round_no}"), {}
+                    result = run_case(url, options, partitions, layout, args)
+                    result["round"] = round_no
+                    runs.append(result)
+                    brief = {
+                        k: v for k, v in result.items() if "requests" not in k and k != "bytes"
+                    }
+                    print(json.dumps(brief), flush=True)
     finally:
-        server.kill()
+        if server is not None:
+            server.kill()
 
-    def med(p: int, key: str) -> float:
-        return statistics.median(r[key] for r in runs[p])
+    rows = summarise(runs, counts, layouts)
+    shown = ["layout", "partitions", *(c for c, _ in COLUMNS), "total req/s vs first"]
+    if args.backend == "local":
+        shown = [
+            "layout",
+            "partitions",
+            "p50 ms",
+            "p99 ms",
+            "commits/flush",
+            "ckpt % data",
+            "log % data",
+        ]
+    print(table(rows, shown))
 
-    rows = []
-    for p in counts:
-        rows.append(
-            {
-                "partitions": p,
-                "p50 ms": med(p, "p50_ms"),
-                "p99 ms": med(p, "p99_ms"),
-                "produce req/s": med(p, "produce_requests_per_s"),
-                "produce req/MB": med(p, "produce_requests_per_mb"),
-                "consume req/s": med(p, "consume_requests_per_s"),
-                "consume req/MB": med(p, "consume_requests_per_mb"),
-                "idle req/poll": med(p, "idle_requests_per_poll"),
-            }
-        )
-    first = rows[0]
-    for row in rows:
-        total = row["produce req/s"] + row["consume req/s"]
-        row["total vs first"] = total / (first["produce req/s"] + first["consume req/s"])
-    print(table(rows, list(rows[0])))
-    print(f"\nwrote {write_results('requests', {'rows': rows, 'runs': runs, 'args': vars(args)})}")
+    # One section per backend and rate; the sections of other runs are kept.
+    previous_path = RESULTS / "requests.json"
+    sections: dict[str, Any] = {}
+    if previous_path.exists():
+        with contextlib.suppress(ValueError):
+            sections = dict(json.loads(previous_path.read_text()).get("sections", {}))
+    sections[section] = {
+        "command": " ".join([os.path.relpath(sys.executable, RESULTS.parent.parent), *sys.argv]),
+        "started": started_at,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine_before": before,
+        "machine_after": {"load": load_now(), "busiest": busy_processes()},
+        "args": vars(args),
+        "rows": rows,
+        "runs": runs,
+    }
+    print(f"\nwrote {write_results('requests', {'sections': dict(sorted(sections.items()))})}")
 
 
 if __name__ == "__main__":
