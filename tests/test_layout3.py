@@ -1,0 +1,290 @@
+"""Layout 3 (PROTOCOL.md 26): topic logs shared by partitions, data objects, sidecar checkpoints."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from kstore import (
+    Consumer,
+    CorruptLogError,
+    InvalidConfigurationError,
+    Producer,
+    ProducerFencedError,
+    Store,
+)
+from kstore.log import decode_commit, version_file
+from kstore.topic_log import TopicLogState
+from tests.conftest import StoreTarget
+
+
+def _store(target: StoreTarget) -> Store:
+    return Store(target.url, target.storage_options)
+
+
+def _files(store: Store, directory: str) -> list[str]:
+    return sorted(info.name for info in store.storage.list_dir(directory))
+
+
+def _incarnation(store: Store, topic: str) -> str:
+    meta = store.topic(topic)
+    return f"topics/{topic}/{meta.topic_id}"
+
+
+def _commits(store: Store, log_dir: str) -> list[list[tuple[str, dict[str, Any]]]]:
+    out = []
+    for name in _files(store, log_dir):
+        if name.endswith(".json") and "checkpoint" not in name:
+            out.append(decode_commit(store.storage.read(f"{log_dir}/{name}"), name)[1])
+    return out
+
+
+def _consume_all(url: str, options: dict[str, Any], topic: str, expected: int) -> list[Any]:
+    consumer = Consumer(store=Store(url, options), auto_offset_reset="earliest")
+    consumer.subscribe([topic])
+    records: list[Any] = []
+    for _ in range(50):
+        for batch in consumer.poll(200).values():
+            records.extend(batch)
+        if len(records) >= expected:
+            break
+    consumer.close()
+    return records
+
+
+def test_one_flush_to_many_partitions_is_one_object_and_one_commit(any_store: StoreTarget) -> None:
+    store = _store(any_store)
+    store.create_topic("t", 8)
+    incarnation = _incarnation(store, "t")
+    with Producer(store, linger_ms=10_000) as producer:
+        futures = [
+            producer.send("t", key=f"k{i}".encode(), value=f"v{i}".encode()) for i in range(400)
+        ]
+        producer.flush()
+        metas = [f.get() for f in futures]
+    assert {m.partition for m in metas} == set(range(8))
+    assert _files(store, f"{incarnation}/_data") and len(_files(store, f"{incarnation}/_data")) == 1
+    commits = _commits(store, f"{incarnation}/_log")
+    appends = [c for c in commits if any(name == "add" for name, _ in c)]
+    assert len(appends) == 1
+    assert sorted(body["partition"] for name, body in appends[0] if name == "add") == list(range(8))
+    # No partition keeps a log of its own in layout 3.
+    assert not [n for n in _files(store, incarnation) if n not in ("_data", "_log")]
+    records = _consume_all(any_store.url, any_store.storage_options, "t", 400)
+    got = {(r.partition, r.offset): (r.key, r.value) for r in records}
+    assert got == {
+        (m.partition, m.offset): (f"k{i}".encode(), f"v{i}".encode()) for i, m in enumerate(metas)
+    }
+    # Offsets are dense per partition from 0.
+    for p in range(8):
+        offsets = sorted(o for q, o in got if q == p)
+        assert offsets == list(range(len(offsets)))
+
+
+def test_commit_logs_split_partitions_over_logs(local_store: tuple[str, dict[str, Any]]) -> None:
+    store = Store(*local_store)
+    store.create_topic("t", 4, config={"commit.logs": 2})
+    incarnation = _incarnation(store, "t")
+    with Producer(store, linger_ms=10_000) as producer:
+        for p in range(4):
+            producer.send("t", value=b"x", partition=p)
+        producer.flush()
+    data = _files(store, f"{incarnation}/_data")
+    assert len(data) == 2  # one object per topic log
+    for index, log_dir in ((0, "_log"), (1, "_log.1")):
+        adds = [b for c in _commits(store, f"{incarnation}/{log_dir}") for n, b in c if n == "add"]
+        assert sorted(b["partition"] for b in adds) == [index, index + 2]
+    with pytest.raises(InvalidConfigurationError, match="commit.logs"):
+        store.alter_topic_config("t", {"commit.logs": 3})
+    with pytest.raises(InvalidConfigurationError, match="layout 3 only"):
+        store.create_topic("old", 2, config={"commit.logs": 2}, layout=2)
+
+
+def test_transaction_markers_of_one_log_land_in_one_commit(any_store: StoreTarget) -> None:
+    store = _store(any_store)
+    store.create_topic("t", 3)
+    producer = Producer(store, transactional_id="tx")
+    producer.init_transactions()
+    producer.begin_transaction()
+    for p in range(3):
+        producer.send("t", value=b"in-txn", partition=p)
+    producer.commit_transaction()
+    producer.close()
+    commits = _commits(store, f"{_incarnation(store, 't')}/_log")
+    with_markers = [c for c in commits if any(n == "txnMarker" for n, _ in c)]
+    assert len(with_markers) == 1
+    assert sorted(b["partition"] for n, b in with_markers[0] if n == "txnMarker") == [0, 1, 2]
+    for p in range(3):
+        state = store.partition("t", p).state()
+        assert state.last_stable_offset == state.end_offset == 1
+
+
+def test_a_refused_partition_fails_alone_in_a_shared_commit(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    store = Store(*local_store)
+    store.create_topic("t", 2)
+    shared = store.topic_log("t", store.topic("t"), 0)
+
+    def ok(state: Any) -> list[dict[str, Any]]:
+        return [{"logStart": {"offset": 0}}]
+
+    def fenced(state: Any) -> list[dict[str, Any]]:
+        raise ProducerFencedError("fenced")
+
+    result, refused = shared.commit({0: ok, 1: fenced}, operation="TEST", isolate=True)
+    assert result is not None and set(refused) == {1}
+    assert isinstance(refused[1], ProducerFencedError)
+    with pytest.raises(ProducerFencedError):
+        shared.commit({0: ok, 1: fenced}, operation="TEST")
+    assert shared.state().version == result.version  # the refused commit wrote nothing
+
+
+def test_checkpoint_sidecars_are_reused_while_a_partition_is_unchanged(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    store = Store(*local_store)
+    store.create_topic("t", 3, config={"checkpoint.interval": 4})
+    incarnation = _incarnation(store, "t")
+    with Producer(store, linger_ms=0) as producer:
+        for i in range(5):  # versions 0-4: every partition changes
+            for p in range(3):
+                producer.send("t", value=b"a%d" % i, partition=p)
+            producer.flush()
+        for i in range(4):  # versions 5-8: only partition 0
+            producer.send("t", value=b"b%d" % i, partition=0)
+            producer.flush()
+
+    def sidecars(version: int) -> dict[int, str]:
+        top = store.storage.read(f"{incarnation}/_log/{version:020d}.checkpoint.json")
+        _, actions = decode_commit(top, "checkpoint")
+        return {b["partition"]: b["path"] for n, b in actions if n == "sidecar"}
+
+    first, second = sidecars(4), sidecars(8)
+    assert set(first) == set(second) == {0, 1, 2}
+    assert second[1] == first[1] and second[2] == first[2]  # unchanged: by reference
+    assert second[0] != first[0]
+    # A reader that loads the checkpoint sees exactly the state a replay from version 0 builds.
+    shared = Store(*local_store).topic_log("t", store.topic("t"), 0)
+    loaded = shared.log.load()
+    replayed = shared.log.load_version(8)
+    assert loaded.version == 8
+    for p in range(3):
+        assert (
+            loaded.partition(p).checkpoint_actions() == replayed.partition(p).checkpoint_actions()
+        )
+
+
+def test_a_missing_sidecar_or_a_bad_range_is_a_corrupt_log(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    store = Store(*local_store)
+    store.create_topic("t", 2, config={"checkpoint.interval": 1})
+    incarnation = _incarnation(store, "t")
+    with Producer(store, linger_ms=0) as producer:
+        for p in (0, 1):
+            producer.send("t", value=b"x", partition=p)
+            producer.flush()
+    top = store.storage.read(f"{incarnation}/_log/{1:020d}.checkpoint.json")
+    path = next(
+        b["path"] for n, b in decode_commit(top, "c")[1] if n == "sidecar" and b["partition"] == 1
+    )
+    store.storage.delete([f"{incarnation}/{path}"])
+    with pytest.raises(CorruptLogError, match="sidecar"):
+        Store(*local_store).partition("t", 1).state()
+    state = TopicLogState()
+    for bad in ([-1, 5], [0, 0], "0-5", [0]):
+        with pytest.raises(CorruptLogError, match="range"):
+            state.apply(
+                "add",
+                {
+                    "partition": 0,
+                    "path": "_data/x.kdat",
+                    "baseOffset": 0,
+                    "lastOffset": 0,
+                    "records": 1,
+                    "minTimestamp": 0,
+                    "maxTimestamp": 0,
+                    "size": 5,
+                    "checksum": "crc32c:0",
+                    "format": "arrow",
+                    "range": bad,
+                },
+            )
+    with pytest.raises(CorruptLogError, match="illegal segment path"):
+        state.apply(
+            "add",
+            {
+                "partition": 0,
+                "path": "_data/../../x.kdat",
+                "baseOffset": 0,
+                "lastOffset": 0,
+                "records": 1,
+                "minTimestamp": 0,
+                "maxTimestamp": 0,
+                "size": 5,
+                "checksum": "crc32c:0",
+                "format": "arrow",
+                "range": [0, 5],
+            },
+        )
+
+
+def test_a_layout_2_topic_keeps_its_partition_logs(any_store: StoreTarget) -> None:
+    store = _store(any_store)
+    meta = store.create_topic("old", 2, layout=2)
+    assert meta.layout == 2
+    with Producer(store) as producer:
+        for i in range(10):
+            producer.send("old", key=b"%d" % i, value=b"v")
+    incarnation = _incarnation(store, "old")
+    assert "_log" not in _files(store, incarnation)
+    assert any(_files(store, f"{incarnation}/{p}/_log") for p in (0, 1))
+    assert len(_consume_all(any_store.url, any_store.storage_options, "old", 10)) == 10
+
+
+def test_a_layout_3_topic_is_refused_by_older_readers(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    store = Store(*local_store)
+    store.create_topic("t", 1)
+    first = store.storage.read(f"topics/t/_log/{version_file(0)}")
+    protocol = [json.loads(line) for line in first.decode().splitlines() if '"protocol"' in line]
+    assert protocol and protocol[-1]["protocol"]["minReaderVersion"] == 3
+
+
+@pytest.mark.s3
+def test_an_idle_consumer_asks_once_per_topic_per_poll(
+    seaweed_store: tuple[str, dict[str, Any]],
+) -> None:
+    url, options = seaweed_store
+    store = Store(url, options)
+    requests: dict[int, int] = {}
+    for partitions in (1, 16):
+        topic = f"idle{partitions}"
+        store.create_topic(topic, partitions)
+        with Producer(store) as producer:
+            for p in range(partitions):
+                producer.send(topic, value=b"x", partition=p)
+        consumer = Consumer(store=Store(url, options), auto_offset_reset="earliest")
+        consumer.assign([_tp(topic, p) for p in range(partitions)])
+        seen = 0
+        while seen < partitions:
+            seen += sum(len(b) for b in consumer.poll(500).values())
+        consumer.poll(0)  # settle: positions known, metadata cached
+        with consumer.store.storage.count_requests() as counts:
+            for _ in range(5):
+                consumer.poll(0)
+        requests[partitions] = sum(counts.values())
+        consumer.close()
+    # One GET of the next topic log version per poll, whatever the partition count (plus at
+    # most one metadata re-read in the second these polls take).
+    assert requests[1] <= 6 and requests[16] <= 6, requests
+
+
+def _tp(topic: str, partition: int) -> Any:
+    from kstore import TopicPartition
+
+    return TopicPartition(topic, partition)
