@@ -39,19 +39,30 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
+from typing import Any, cast
 
 from kstore.compaction.jobs import PartitionResult, WorkItem, name_time_ms
 
 from kstore.config import INTENT_PROTECTION_MS, MIN_FILE_DELETE_DELAY_MS
 from kstore.config import MIN_ORPHAN_AGE_MS as MIN_ORPHAN_AGE_MS
-from kstore.errors import InvalidConfigurationError
+from kstore.errors import InvalidConfigurationError, KStoreError
 from kstore.layout import TOPICS, partition_dir, topic_data_dir, topic_log_dir
-from kstore.log import LAST_CHECKPOINT, Action, Log, checkpoint_file, parse_log_file_name
+from kstore.log import (
+    LAST_CHECKPOINT,
+    Action,
+    Log,
+    checkpoint_file,
+    decode_commit,
+    parse_log_file_name,
+)
+from kstore.manifest import DATA_PREFIX, segment_location
 from kstore.names import validate_topic_name
 from kstore.partition import STALE_STATE_S, PartitionState
 from kstore.storage import FileInfo, Storage, unique_id
-from kstore.store import Store, TopicState
+from kstore.store import Store, TopicMetadata, TopicState
+from kstore.topic_log import SIDECARS, TopicLogFiles, TopicLogState
+
+from .deletion import layout3_metadata
 
 OPERATION = "vacuum"
 DEFAULT_ORPHAN_AGE_MS = 60 * 60_000
@@ -61,6 +72,8 @@ DEFAULT_LOG_RETENTION_MS = 30 * 24 * 60 * 60_000
 # that they never build on, or poll past, log versions vacuum deleted; keep versions longer.
 MIN_LOG_RETENTION_MS = int(2 * STALE_STATE_S * 1000)
 _TOPIC_ID = re.compile(r"[0-9a-f]{32}")
+# A data object's name carries the time its writer started it (PROTOCOL.md 5).
+_DATA_NAME_TIME = re.compile(r"^(\d{13})-[0-9a-f]{32}\.kdat$")
 
 
 def check_ages(orphan_age_ms: int, log_retention_ms: int) -> None:
@@ -85,6 +98,8 @@ def _age_reference(info: FileInfo) -> int | None:
     if info.mtime_ms is None:
         return None
     named = name_time_ms(info.name)
+    if named is None and (match := _DATA_NAME_TIME.match(info.name)) is not None:
+        named = int(match.group(1))
     return info.mtime_ms if named is None else max(info.mtime_ms, named)
 
 
@@ -152,23 +167,33 @@ class RemovalState(PartitionState):
         return self.version if found is None else found
 
 
+class VersionTimes:
+    """When the storage recorded each version of a log, from one listing of its directory."""
+
+    def __init__(self, log_files: list[FileInfo]) -> None:
+        self.times: dict[tuple[int, bool], int | None] = {}
+        self.oldest: int | None = None
+        for info in log_files:
+            parsed = parse_log_file_name(info.name)
+            if parsed is not None:
+                self.times[parsed] = info.mtime_ms
+                self.oldest = parsed[0] if self.oldest is None else min(self.oldest, parsed[0])
+
+    def at(self, version: int) -> int | None:
+        """The storage time of ``version``'s commit (else its checkpoint: a later file, which
+        only keeps things longer); None when unknown (it landed after the listing)."""
+        for key in ((version, False), (version, True)):
+            if self.times.get(key) is not None:
+                return self.times[key]
+        if self.oldest is not None and version < self.oldest:
+            return 0  # below every kept version: removed before the log retention, long due
+        return None
+
+
 def _removed_at(state: RemovalState, path: str, log_files: list[FileInfo]) -> int | None:
     """When the storage recorded the commit that removed ``path`` (or a later file, which
     only keeps it longer); None when unknown (the commit landed after the listing)."""
-    version = state.removal_version(path)
-    times: dict[tuple[int, bool], int | None] = {}
-    oldest: int | None = None
-    for info in log_files:
-        parsed = parse_log_file_name(info.name)
-        if parsed is not None:
-            times[parsed] = info.mtime_ms
-            oldest = parsed[0] if oldest is None else min(oldest, parsed[0])
-    for key in ((version, False), (version, True)):  # the commit, else its checkpoint
-        if times.get(key) is not None:
-            return times[key]
-    if oldest is not None and version < oldest:
-        return 0  # below every kept version: removed before the log retention, long due
-    return None
+    return VersionTimes(log_files).at(state.removal_version(path))
 
 
 def old_log_files(
@@ -199,7 +224,15 @@ def _written_by_running_spark_jobs(storage: Any, partition_directory: str, now: 
     longer than the orphan age; they are not orphans while their intent is recorded (and
     younger than a week: a crashed driver's stale intents stop protecting after that).
     Read as plain JSON: the jobs must not import the Spark extension's module to read them."""
-    protected: set[str] = set()
+    return {
+        path for directory, path in _spark_intents(storage, now) if directory == partition_directory
+    }
+
+
+def _spark_intents(storage: Any, now: int) -> set[tuple[str, str]]:
+    """(partition directory, path as the intent names it) of every write intent that still
+    protects its file (see :func:`_written_by_running_spark_jobs`)."""
+    protected: set[tuple[str, str]] = set()
     for info in storage.list_dir(SPARK_PENDING):
         if not info.name.endswith(".json") or (
             info.mtime_ms is not None and now - info.mtime_ms > INTENT_PROTECTION_MS
@@ -211,15 +244,23 @@ def _written_by_running_spark_jobs(storage: Any, partition_directory: str, now: 
                 directory = partition_dir(
                     str(item["topic"]), str(item["topicId"]), int(item["partition"])
                 )
-                if directory == partition_directory:
-                    protected.add(str(item["path"]))
+                protected.add((directory, str(item["path"])))
         except (ValueError, KeyError, TypeError):
             continue  # malformed: protects nothing (vacuum errs on the side of keeping files)
     return protected
 
 
 def vacuum_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> PartitionResult:
-    """The vacuum job's per-partition function (runs on an executor)."""
+    """The vacuum job's per-partition function (runs on an executor). A partition of layout 3
+    shares its topic logs and data objects with the other partitions of its topic: partition
+    0's task vacuums the whole incarnation, the other partitions' tasks have nothing to do."""
+    meta = layout3_metadata(store, item)
+    if meta is not None:
+        if item.partition != 0:
+            return PartitionResult(
+                item.topic, item.partition, OPERATION, reason="vacuumed with partition 0 (layout 3)"
+            )
+        return vacuum_incarnation(store, item, meta, options)
     part = item.open(store)
     storage = part.storage
     orphan_age = int(options["orphan_age_ms"])
@@ -361,3 +402,258 @@ def stale_incarnations(
             if _TOPIC_ID.fullmatch(entry.name) and entry.name != current:
                 stale.append(topic_data_dir(name, entry.name))
     return sorted(stale)
+
+
+# -- layout 3: a topic incarnation's topic logs, data objects and sidecars -----------------------
+
+
+class TopicRemovalState(TopicLogState):
+    """A topic log state that also knows which version removed each partition's removed
+    files (as :class:`RemovalState` does for a partition log)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # (partition, path) -> the removing version; None: at or before the checkpoint (or the
+        # upgrade's version 0) that carried it as a tombstone, set when that version is stamped
+        self.removed_in: dict[tuple[int, str], int | None] = {}
+        self._tombstones = False
+
+    def copy(self) -> TopicRemovalState:
+        clone: TopicRemovalState = super().copy()  # type: ignore[assignment]
+        clone.removed_in = dict(self.removed_in)
+        return clone
+
+    def apply(self, name: str, body: dict[str, Any]) -> None:
+        super().apply(name, body)
+        partition = body.get("partition")
+        if type(partition) is not int:
+            return
+        if name == "remove":
+            self.removed_in[(partition, str(body["path"]))] = self.version + 1
+        elif name == "tombstone":
+            self.removed_in[(partition, str(body["path"]))] = None
+            self._tombstones = True
+
+    def stamp(self, version: int) -> None:
+        super().stamp(version)
+        if self._tombstones:
+            self.removed_in = {
+                key: version if v is None else v for key, v in self.removed_in.items()
+            }
+            self._tombstones = False
+
+    def removal_version(self, partition: int, path: str) -> int:
+        """The version whose commit removed ``path`` from ``partition`` (or a later one)."""
+        found = self.removed_in.get((partition, path))
+        return self.version if found is None else found
+
+
+def _retained_sidecars(
+    storage: Storage, log_dir: str, listing: list[FileInfo], keep_from: int | None
+) -> set[str] | None:
+    """The sidecar paths (``_sidecars/...``) that the checkpoints vacuum keeps (those at or
+    above ``keep_from``; all when None) name; None when one of them cannot be read (then no
+    sidecar of the incarnation can be judged unreferenced)."""
+    versions = [
+        parsed[0]
+        for info in listing
+        if (parsed := parse_log_file_name(info.name)) is not None
+        and parsed[1]
+        and (keep_from is None or parsed[0] >= keep_from)
+    ]
+    paths = [f"{log_dir}/{checkpoint_file(v)}" for v in versions]
+    found = storage.read_many(paths)
+    named: set[str] = set()
+    for path in paths:
+        data = found.get(path)
+        if data is None:
+            continue  # deleted since the listing: a newer checkpoint exists, and is read
+        try:
+            _, actions = decode_commit(data, path)
+            for name, body in actions:
+                if name == "sidecar":
+                    named.add(str(body["path"]))
+        except (KStoreError, KeyError, TypeError, ValueError):
+            return None
+    return named
+
+
+def vacuum_incarnation(
+    store: Store, item: WorkItem, meta: TopicMetadata, options: dict[str, Any]
+) -> PartitionResult:
+    """Vacuum a layout-3 topic incarnation as a whole (PROTOCOL.md 22.5): its topic logs, the
+    data objects its partitions share, its sidecars and its partitions' ``segments/``.
+
+    A data object goes once no partition has it live and every partition that removed it did
+    so at least ``file.delete.delay.ms`` ago; its ``vacuumed`` entries, one per partition that
+    recorded it, go into one commit per topic log."""
+    storage = store.storage
+    orphan_age = int(options["orphan_age_ms"])
+    log_retention = int(options["log_retention_ms"])
+    check_ages(orphan_age, log_retention)
+    incarnation = topic_data_dir(item.topic, item.topic_id)
+    data_dir, sidecar_dir = f"{incarnation}/{DATA_PREFIX.rstrip('/')}", f"{incarnation}/{SIDECARS}"
+    logs = store.topic_logs(item.topic, meta)
+    directories = {p: partition_dir(item.topic, item.topic_id, p) for p in range(meta.partitions)}
+    fixed = options.get("now_ms")
+    clock = StorageClock(
+        storage,
+        data_dir,
+        None if fixed is None else int(fixed),
+        dry_run=bool(options.get("dry_run")),
+    )
+    # List everything first, then read the states: a file committed meanwhile is seen as live.
+    now, data_files = clock.list()
+    segment_files = {p: storage.list_dir(f"{d}/segments") for p, d in directories.items()}
+    sidecar_files = storage.list_dir(sidecar_dir)
+    log_files = [storage.list_dir(t.directory) for t in logs]
+    readers = [
+        TopicLogFiles(
+            storage,
+            t.directory,
+            TopicRemovalState,
+            checkpoint_interval=int(meta.effective_config["checkpoint.interval"]),
+        )
+        for t in logs
+    ]
+    states = [cast(TopicRemovalState, r.load()) for r in readers]
+    result = PartitionResult.starting(item, OPERATION, states[0].partition(item.partition))
+    if (
+        all(s.version < 0 for s in states)
+        and not data_files
+        and not sidecar_files
+        and not any(segment_files.values())
+        and not any(log_files)
+    ):
+        result.reason = "no data"
+        return result
+    delay = max(int(item.config["file.delete.delay.ms"]), MIN_FILE_DELETE_DELAY_MS)
+    intended = {
+        segment_location(directory, path) for directory, path in _spark_intents(storage, now)
+    }
+    doomed: dict[str, int] = {}  # path relative to the store root -> size
+    # Topic log -> partition -> removed paths that are due and go (``vacuumed``).
+    forget: dict[int, dict[int, set[str]]] = {}
+    data_live: set[str] = set()
+    data_removals: dict[str, list[tuple[int, int, bool]]] = {}  # path -> (log, partition, due)
+    for k, state in enumerate(states):
+        times = VersionTimes(log_files[k])
+        for p, partition_state in state.partitions.items():
+            by_name = {f.name: f for f in segment_files.get(p, [])}
+            for seg in partition_state.segments:
+                if seg.path.startswith(DATA_PREFIX):
+                    data_live.add(seg.path)
+            for path in partition_state.removed:
+                at = times.at(state.removal_version(p, path))
+                due = at is not None and now - at >= delay
+                if path.startswith(DATA_PREFIX):
+                    data_removals.setdefault(path, []).append((k, p, due))
+                elif due:
+                    forget.setdefault(k, {}).setdefault(p, set()).add(path)
+                    info = by_name.get(path.removeprefix("segments/"))
+                    if info is not None and p in directories:
+                        doomed[f"{directories[p]}/{path}"] = info.size
+    data_by_name = {f.name: f for f in data_files}
+    for path, entries in sorted(data_removals.items()):
+        # Shared: the object goes only when every partition is done with it.
+        if path in data_live or not all(due for _, _, due in entries):
+            continue
+        for k, p, _ in entries:
+            forget.setdefault(k, {}).setdefault(p, set()).add(path)
+        info = data_by_name.get(path.removeprefix(DATA_PREFIX))
+        if info is not None:
+            doomed[f"{incarnation}/{path}"] = info.size
+
+    def old_enough(info: FileInfo, age: int) -> bool:
+        written = _age_reference(info)
+        return written is not None and now - written > age
+
+    # Orphans: files no entry of any partition names, live or removed.
+    named_data = data_live | set(data_removals)
+    for info in data_files:
+        full = f"{data_dir}/{info.name}"
+        if (
+            f"{DATA_PREFIX}{info.name}" not in named_data
+            and full not in intended
+            and info.name not in ("", ".", "..")
+            and old_enough(info, orphan_age)
+        ):
+            doomed[full] = info.size
+    for p, listing in segment_files.items():
+        own = states[p % len(states)].partitions.get(p) if states else None
+        named = set() if own is None else {s.path for s in own.segments} | set(own.removed)
+        for info in listing:
+            full = f"{directories[p]}/segments/{info.name}"
+            if (
+                f"segments/{info.name}" not in named
+                and full not in intended
+                and info.name not in ("", ".", "..")
+                and old_enough(info, orphan_age)
+            ):
+                doomed[full] = info.size
+    keep_from: list[int | None] = []
+    for k, listing in enumerate(log_files):
+        for info in listing:
+            if info.name.startswith(".tmp-") and old_enough(info, orphan_age):
+                doomed[f"{logs[k].directory}/{info.name}"] = info.size
+        kept, old = old_log_files(listing, now, log_retention)
+        keep_from.append(kept)
+        for info in old:
+            doomed[f"{logs[k].directory}/{info.name}"] = info.size
+    # Sidecars: those no kept checkpoint names, once older than the log retention (a younger
+    # one may belong to a checkpoint being written). Checkpoints are read only when needed.
+    candidates = [
+        info
+        for info in sidecar_files
+        if info.name not in ("", ".", "..") and old_enough(info, log_retention)
+    ]
+    if candidates:
+        retained: set[str] | None = set()
+        for k, listing in enumerate(log_files):
+            named_here = _retained_sidecars(storage, logs[k].directory, listing, keep_from[k])
+            retained = None if named_here is None or retained is None else retained | named_here
+        if retained is not None:
+            for info in candidates:
+                if f"{SIDECARS}/{info.name}" not in retained:
+                    doomed[f"{sidecar_dir}/{info.name}"] = info.size
+    # Refresh: anything a commit made live, or removed anew, since the listing stays.
+    for k, reader in enumerate(readers):
+        newest = cast(TopicRemovalState, reader.update(states[k]))
+        for p, partition_state in newest.partitions.items():
+            directory = directories.get(p, partition_dir(item.topic, item.topic_id, p))
+            going = forget.get(k, {}).get(p, set())
+            for seg in partition_state.segments:
+                doomed.pop(segment_location(directory, seg.path), None)
+            for path in partition_state.removed:
+                if path not in going:
+                    doomed.pop(segment_location(directory, path), None)
+    result.files = sorted(doomed)
+    result.files_deleted = len(doomed)
+    result.bytes_deleted = sum(doomed.values())
+    if not doomed and not forget:
+        result.reason = "nothing to delete"
+        return result
+    if options.get("dry_run"):
+        result.outcome = "dry-run"
+        result.reason = f"would delete {len(doomed)} file(s)"
+        return result
+    for k, kept in enumerate(keep_from):
+        if kept is not None:
+            _point_hint_at(storage, logs[k].directory, kept)
+    storage.delete(result.files)
+    result.outcome = "committed"
+    result.reason = f"deleted {len(doomed)} file(s)"
+    for k, per_partition in sorted(forget.items()):
+        builds = {p: _forget_build(paths) for p, paths in per_partition.items()}
+        committed, _ = logs[k].commit(builds, operation="VACUUM")
+        if committed is not None:
+            result.commits += 1
+    return result
+
+
+def _forget_build(paths: set[str]) -> Any:
+    def build(state: PartitionState) -> list[Action] | None:
+        still = sorted(paths & set(state.removed))
+        return [{"vacuumed": {"paths": still}}] if still else None
+
+    return build

@@ -197,6 +197,7 @@ def test_vacuum_deletes_removed_files_only_after_the_grace_period(
             "min.cleanable.dirty.ratio": 0.0,
             "file.delete.delay.ms": delay,
         },
+        layout=2,  # a partition log; layout 3: tests/test_layout3_maintenance.py
     )
     part = store.partition("t", 0)
     append(part, [b"a", b"a"], [b"1", b"2"], now_ms())
@@ -267,7 +268,7 @@ def test_vacuum_deletes_old_orphans_and_keeps_young_ones(
 
 def test_vacuum_deletes_old_temporary_files(local_store: Target) -> None:
     store = open_store(local_store)
-    store.create_topic("t", 1)
+    store.create_topic("t", 1, layout=2)  # a partition log (_log/)
     part = store.partition("t", 0)
     append(part, [b"a"], [b"1"], now_ms())
     for sub in ("segments", "_log"):
@@ -355,7 +356,7 @@ def test_a_long_idle_writer_and_reader_reload_past_deleted_log_versions(
     local_store: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = open_store(local_store)
-    store.create_topic("t", 1, {"checkpoint.interval": 3})
+    store.create_topic("t", 1, {"checkpoint.interval": 3}, layout=2)
     idle_writer = store.partition("t", 0)
     append(idle_writer, [b"k"], [b"first"], now_ms())
     idle_reader = Store(*local_store).partition("t", 0)
@@ -376,7 +377,7 @@ def test_a_long_idle_writer_and_reader_reload_past_deleted_log_versions(
 
 def test_vacuum_deletes_log_versions_before_the_newest_old_checkpoint(local_store: Target) -> None:
     store = open_store(local_store)
-    store.create_topic("t", 1, {"checkpoint.interval": 5})
+    store.create_topic("t", 1, {"checkpoint.interval": 5}, layout=2)
     part = store.partition("t", 0)
     for i in range(23):
         append(part, [b"k"], [b"%d" % i], now_ms())
