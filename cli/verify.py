@@ -21,6 +21,13 @@ What is checked, per topic:
   strictly increasing and inside the manifest's range (dense segments' offsets follow from
   ``baseOffset`` and are dense by construction);
 - files in ``segments/`` that no live segment or pending deletion references (warnings).
+
+A topic of layout 3 (PROTOCOL.md 26) keeps no log per partition: each of its topic logs is
+checked as above (every commit from version 0, every checkpoint read with its sidecars), and
+each partition's state in it as a partition log's would be. A live segment that is a range of
+a shared data object is checked against the object (it exists and holds the range; the range's
+bytes, read alone, match the checksum); data objects and sidecars that nothing names are
+reported as orphans (warnings).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kstore.log import LogState
     from kstore.partition import Partition, PartitionState
-    from kstore.storage import Storage
+    from kstore.storage import FileInfo, Storage
     from kstore.store import Store, TopicMetadata
 
 ERROR = "error"
@@ -139,6 +146,9 @@ def verify_topic(
         return report
     report.partitions = meta.partitions
     _check_topic_dirs(store.storage, topic_dir(topic), meta, out)
+    if meta.layout == 3:
+        _verify_layout3(store, meta, report, progress=progress, read_data=read_data)
+        return report
     for number in range(meta.partitions):
         _verify_partition(store, meta, number, report, progress=progress, read_data=read_data)
     return report
@@ -203,10 +213,12 @@ def _check_log_files(
     factory: Callable[[], LogState],
     out: _Collector,
     report: TopicReport,
+    read_checkpoint: Callable[[int], LogState | None] | None = None,
 ) -> dict[int, Any] | None:
     """Decode every file of a log and replay its commits in order. Returns the replayed state
     summaries by version (for comparison with what readers load), or None when the replay
-    could not run to the newest version."""
+    could not run to the newest version. ``read_checkpoint`` loads a checkpoint whose state is
+    not all in its own file (a topic log's sidecars); None when the file is absent."""
     from kstore.errors import CorruptLogError, KStoreError
     from kstore.log import (
         LAST_CHECKPOINT,
@@ -255,6 +267,12 @@ def _check_log_files(
     for version in checkpoints:
         path = f"{directory}/{checkpoint_file(version)}"
         try:
+            if read_checkpoint is not None:
+                loaded = read_checkpoint(version)
+                if loaded is None:
+                    continue  # deleted since the listing (log cleanup): not a problem
+                checkpoint_states[version] = loaded
+                continue
             data = storage.read(path)
             header, actions = decode_commit(data, path)
             if header.get("checkpointVersion") != version:
@@ -323,7 +341,12 @@ def _check_log_files(
 def _summary(state: LogState) -> dict[str, Any]:
     """The parts of a state that readers act on, in a comparable form."""
     from kstore.partition import PartitionState
+    from kstore.topic_log import TopicLogState
 
+    if isinstance(state, TopicLogState):
+        empty = _summary(PartitionState())
+        every = {p: _summary(state.partition(p)) for p in sorted(state.partitions)}
+        return {"partitions": {p: s for p, s in every.items() if s != empty}}
     if not isinstance(state, PartitionState):
         body = getattr(state, "metadata", None)
         return {"metadata": body, "deleted": getattr(state, "deleted", None)}
@@ -357,7 +380,14 @@ def _summary(state: LogState) -> dict[str, Any]:
 
 
 def _difference(a: dict[str, Any], b: dict[str, Any]) -> str:
-    fields = [key for key in a if a.get(key) != b.get(key)]
+    if "partitions" in a or "partitions" in b:  # a topic log: say which partitions differ
+        mine, theirs = a.get("partitions", {}), b.get("partitions", {})
+        return "; ".join(
+            f"partition {p}: {_difference(mine.get(p, {}), theirs.get(p, {})) or 'differs'}"
+            for p in sorted(set(mine) | set(theirs))
+            if mine.get(p) != theirs.get(p)
+        )
+    fields = [key for key in {**a, **b} if a.get(key) != b.get(key)]
     return ", ".join(f"{key} differs" for key in fields)
 
 
@@ -413,8 +443,114 @@ def _verify_partition(
                 progress(seg.size_bytes)
 
 
+def _verify_layout3(
+    store: Store,
+    meta: TopicMetadata,
+    report: TopicReport,
+    *,
+    progress: Progress | None,
+    read_data: bool,
+) -> None:
+    """A layout-3 topic: its topic logs (with their checkpoints' sidecars), each partition's
+    state in them, the shared data objects and the sidecars (see the module docstring)."""
+    from kstore.errors import KStoreError
+    from kstore.layout import topic_data_dir
+    from kstore.log import decode_commit, parse_log_file_name
+    from kstore.manifest import DATA_PREFIX, PartitionState
+    from kstore.topic_log import SIDECARS, TopicLogFiles, TopicLogState
+
+    storage = store.storage
+    topic_out = _Collector(report, None)
+    incarnation = topic_data_dir(meta.name, meta.topic_id)
+    replays: dict[int, dict[int, Any] | None] = {}  # topic log index -> its replay
+    named_sidecars: set[str] = set()
+    logs = store.topic_logs(meta.name, meta)
+    for topic_log in logs:
+        directory = topic_log.directory
+        files = TopicLogFiles(storage, directory, TopicLogState)
+        try:
+            replays[topic_log.index] = _check_log_files(
+                storage, directory, TopicLogState, topic_out, report, files._read_checkpoint
+            )
+            for info in storage.list_dir(directory):
+                parsed = parse_log_file_name(info.name)
+                if parsed is None or not parsed[1]:
+                    continue
+                path = f"{directory}/{info.name}"
+                data = storage.read_if_exists(path)
+                if data is None:
+                    continue
+                try:
+                    for name, body in decode_commit(data, path)[1]:
+                        if name == "sidecar":
+                            named_sidecars.add(str(body["path"]))
+                except (KStoreError, KeyError, TypeError, ValueError):
+                    continue  # reported as a corrupt checkpoint by the replay above
+        except KStoreError as exc:  # the storage failed while listing or reading
+            topic_out.error(f"the topic log cannot be read: {_short(exc)}", directory)
+            replays[topic_log.index] = None
+    try:
+        objects = {info.name: info for info in storage.list_dir(f"{incarnation}/_data")}
+        sidecars = storage.list_dir(f"{incarnation}/{SIDECARS}")
+    except KStoreError as exc:
+        topic_out.error(f"the topic's data objects cannot be listed: {_short(exc)}", incarnation)
+        return
+    named_objects: set[str] = set()
+    empty = _summary(PartitionState())
+    for number in range(meta.partitions):
+        out = _Collector(report, number)
+        partition = store.partition(meta.name, number, meta)
+        where = partition.log.directory
+        try:
+            state = partition.state()
+        except KStoreError as exc:
+            out.error(f"the topic log cannot be loaded: {_short(exc)}", where)
+            continue
+        replayed = replays.get(number % len(logs)) if logs else None
+        if replayed and state.version in replayed:
+            expected = replayed[state.version]["partitions"].get(number, empty)
+            diff = _difference(expected, _summary(state))
+            if diff:
+                out.error(
+                    f"the state readers load (newest checkpoint plus later commits) disagrees "
+                    f"with the replay of every commit: {diff}",
+                    where,
+                )
+        named_objects.update(
+            p
+            for p in [*(s.path for s in state.segments), *state.removed]
+            if p.startswith(DATA_PREFIX)
+        )
+        _check_manifest(state, partition, out)
+        _check_files(store, partition, state, out, objects)
+        for seg in state.segments:
+            report.segments += 1
+            report.records += seg.record_count
+            report.bytes += seg.size_bytes
+            if read_data:
+                _check_segment(partition, seg, out)
+                if progress is not None:
+                    progress(seg.size_bytes)
+    for name in sorted(objects):
+        if f"{DATA_PREFIX}{name}" not in named_objects:
+            topic_out.warning(
+                "data object no partition names, live or removed (a flush that never "
+                "committed, a duplicate batch, or one still committing)",
+                f"{incarnation}/_data/{name}",
+            )
+    for info in sorted(sidecars, key=lambda i: i.name):
+        if f"{SIDECARS}/{info.name}" not in named_sidecars:
+            topic_out.warning(
+                "sidecar no checkpoint names (a checkpoint that lost its race, or one whose "
+                "checkpoint was cleaned up)",
+                f"{incarnation}/{SIDECARS}/{info.name}",
+            )
+
+
 def _check_manifest(state: PartitionState, partition: Partition, out: _Collector) -> None:
-    where = f"{partition.directory}/_log"
+    from kstore.manifest import segment_location
+
+    where = partition.log.directory  # the partition log, or the topic log (layout 3)
     if state.log_start_offset > state.end_offset:
         out.error(
             f"log start offset {state.log_start_offset} is past the end offset {state.end_offset}",
@@ -422,7 +558,7 @@ def _check_manifest(state: PartitionState, partition: Partition, out: _Collector
         )
     previous = None
     for seg in state.segments:
-        path = f"{partition.directory}/{seg.path}"
+        path = segment_location(partition.directory, seg.path)
         if seg.last_offset >= state.end_offset:
             out.error(
                 f"segment covers offsets {seg.base_offset}..{seg.last_offset}, beyond the end "
@@ -449,9 +585,16 @@ def _check_manifest(state: PartitionState, partition: Partition, out: _Collector
 
 
 def _check_files(
-    store: Store, partition: Partition, state: PartitionState, out: _Collector
+    store: Store,
+    partition: Partition,
+    state: PartitionState,
+    out: _Collector,
+    objects: dict[str, FileInfo] | None = None,
 ) -> None:
+    """Live segments against the storage listing, and files in ``segments/`` that nothing
+    names. ``objects``: layout 3's data objects by name (``_data/`` listed once per topic)."""
     from kstore.errors import KStoreError
+    from kstore.manifest import DATA_PREFIX, segment_location
 
     directory = f"{partition.directory}/segments"
     try:
@@ -461,9 +604,25 @@ def _check_files(
         return
     live = {seg.path: seg for seg in state.segments}
     for seg in state.segments:
+        path = segment_location(partition.directory, seg.path)
+        if seg.byte_range is not None:
+            start, length = seg.byte_range
+            found = (objects or {}).get(seg.path.removeprefix(DATA_PREFIX))
+            if found is None:
+                out.error(
+                    f"data object is missing from storage (range {start}+{length} of this "
+                    "partition)",
+                    path,
+                )
+            elif found.size < start + length:
+                out.error(
+                    f"data object is {found.size} bytes, the range {start}+{length} ends at "
+                    f"{start + length}",
+                    path,
+                )
+            continue
         name = seg.path.removeprefix("segments/")
         info = listing.get(name)
-        path = f"{partition.directory}/{seg.path}"
         if info is None:
             out.error("segment file is missing from storage", path)
         elif info.size != seg.size_bytes:
@@ -488,17 +647,20 @@ def _check_segment(partition: Partition, seg: Any, out: _Collector) -> None:
     import pyarrow.compute as pc
 
     from kstore.errors import CorruptLogError, CorruptRecordError, KStoreError
+    from kstore.manifest import segment_location
 
-    path = f"{partition.directory}/{seg.path}"
+    path = segment_location(partition.directory, seg.path)
+    # A range of a data object: say which one (the object's other ranges are other partitions').
+    where = "" if seg.byte_range is None else f"range {seg.byte_range[0]}+{seg.byte_range[1]}: "
     try:
         table = partition.read_segment(seg)
     except (CorruptRecordError, CorruptLogError) as exc:
         message = _short(exc)
         # The reader's message names the file already; keep what follows it.
-        out.error(message.split("): ", 1)[-1] if "): " in message else message, path)
+        out.error(where + (message.split("): ", 1)[-1] if "): " in message else message), path)
         return
     except KStoreError as exc:
-        out.error(f"segment cannot be read: {_short(exc)}", path)
+        out.error(f"{where}segment cannot be read: {_short(exc)}", path)
         return
     stamps = table.column("timestamp")
     if stamps.null_count:

@@ -1,0 +1,209 @@
+"""Vacuum and verify of layout-3 topics (PROTOCOL.md 17.4, 22.5, 26): partitions share topic
+logs, data objects and checkpoint sidecars, so vacuum works per topic incarnation and verify
+checks the topic logs and the objects' ranges. Run in this process (spark=None) on memory and
+local disk, the shared-object case also on SeaweedFS. Time is the jobs' fixed ``now_ms``
+against the storage's modification times, as in tests/test_jobs_retention.py."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from kstore.cli.verify import verify_topic
+from kstore.retention import run_retention, vacuum
+
+from kstore import Store
+from kstore.layout import topic_data_dir
+from kstore.log import decode_commit, parse_log_file_name
+from kstore.producer import Producer
+from kstore.topic_log import SIDECARS
+from tests.test_jobs_support import Target, now_ms, open_store, rows
+
+HOUR = 3_600_000
+DAY = 24 * HOUR
+DELAY = 60_000
+
+ALL = ["memory_store", "local_store", pytest.param("seaweed_store", marks=pytest.mark.s3)]
+FAST = ["memory_store", "local_store"]
+
+
+def produce_one_flush(store: Store, topic: str, partitions: int, tag: bytes = b"v") -> str:
+    """One record to each partition in one producer flush: one data object holding a range
+    per partition. Returns the object's manifest path (``_data/...``)."""
+    with Producer(store, linger_ms=60_000) as producer:
+        for p in range(partitions):
+            producer.send(topic, value=tag + b"%d" % p, key=b"k", partition=p)
+        producer.flush()
+    paths = {store.partition(topic, p).state().segments[-1].path for p in range(partitions)}
+    assert len(paths) == 1, paths  # the premise: the partitions share one object
+    path = paths.pop()
+    assert path.startswith("_data/")
+    return path
+
+
+def values(store: Store, topic: str, partition: int) -> list[bytes | None]:
+    """Every live value of a partition, read and verified (Partition.read)."""
+    return [v for _, _, v in rows(store.partition(topic, partition))]
+
+
+def object_location(store: Store, topic: str, path: str) -> str:
+    return f"{topic_data_dir(topic, store.topic(topic).topic_id)}/{path}"
+
+
+def remove_ranges(where: Target, store: Store, topic: str, partitions: list[int]) -> None:
+    """Remove each partition's ranges as Kafka's DeleteRecords then retention do."""
+    for p in partitions:
+        store.partition(topic, p).delete_records(-1)
+    run_retention(None, *where, verbose=False)
+    for p in partitions:
+        assert store.partition(topic, p).state().segments == []
+
+
+@pytest.mark.parametrize("target", ALL)
+def test_a_shared_object_stays_until_every_partition_removed_it_and_the_delay_passed(
+    target: str, request: pytest.FixtureRequest
+) -> None:
+    where: Target = request.getfixturevalue(target)
+    store = open_store(where)
+    store.create_topic("t", 3, {"file.delete.delay.ms": DELAY})
+    path = produce_one_flush(store, "t", 3)
+    location = object_location(store, "t", path)
+
+    remove_ranges(where, store, "t", [0])
+    t0 = now_ms()
+    # Partition 0's removal is long due, but partitions 1 and 2 still read the object.
+    summary = vacuum(None, *where, verbose=False, now_ms=t0 + DELAY + HOUR // 2)
+    assert summary.errors == []
+    assert location not in summary.files
+    assert store.storage.exists(location)
+    assert path in store.partition("t", 0).state().removed  # kept until the object goes
+    assert values(store, "t", 1) == [b"v1"]
+
+    before = now_ms()
+    remove_ranges(where, store, "t", [1, 2])
+    t1 = now_ms()
+    # Every partition has removed it, but the last removals are not yet due. (S3 records
+    # times to the second: a removal may look up to 1 s older than it is.)
+    early = vacuum(None, *where, verbose=False, now_ms=before + DELAY - 2000)
+    assert location not in early.files
+    assert store.storage.exists(location)
+
+    topic_log = store.topic_logs("t")[0]
+    version = topic_log.state().version
+    late = vacuum(None, *where, verbose=False, now_ms=t1 + DELAY)
+    assert late.errors == []
+    assert location in late.files
+    assert not store.storage.exists(location)
+    assert late.count("committed") == 1  # one row: the incarnation, on partition 0's item
+    # One topic-log commit forgets the object in each partition that recorded it.
+    state = topic_log.state()
+    assert state.version == version + 1
+    commit = topic_log.log.read_commit(version + 1)
+    assert commit is not None
+    vacuumed = sorted(
+        (body["partition"], body["paths"]) for name, body in commit[1] if name == "vacuumed"
+    )
+    assert vacuumed == [(0, [path]), (1, [path]), (2, [path])]
+    for p in range(3):
+        assert store.partition("t", p).state().removed == {}
+
+
+@pytest.mark.parametrize("target", FAST)
+def test_an_object_nothing_names_is_deleted_after_the_orphan_age_and_not_before(
+    target: str, request: pytest.FixtureRequest
+) -> None:
+    where: Target = request.getfixturevalue(target)
+    store = open_store(where)
+    store.create_topic("t", 2)
+    live = object_location(store, "t", produce_one_flush(store, "t", 2))
+    data_dir = live.rsplit("/", 1)[0]
+    written = now_ms()
+    # A producer wrote its object and crashed before the commit.
+    orphan = f"{data_dir}/{written:013d}-{uuid.uuid4().hex}.kdat"
+    store.storage.put_if_absent(orphan, b"never committed")
+    # Before the orphan age (1 hour by default) it may still be committing.
+    young = vacuum(None, *where, verbose=False, now_ms=written + HOUR - 60_000)
+    assert young.files == []
+    assert store.storage.exists(orphan)
+    done = vacuum(None, *where, verbose=False, now_ms=now_ms() + HOUR + 60_000)
+    assert done.errors == []
+    assert done.files == [orphan]
+    assert not store.storage.exists(orphan)
+    assert store.storage.exists(live)
+    assert values(store, "t", 0) == [b"v0"]
+
+
+@pytest.mark.parametrize("target", FAST)
+def test_a_sidecar_no_kept_checkpoint_names_is_deleted(
+    target: str, request: pytest.FixtureRequest
+) -> None:
+    where: Target = request.getfixturevalue(target)
+    store = open_store(where)
+    store.create_topic("t", 2, {"checkpoint.interval": 2})
+    for i in range(5):
+        produce_one_flush(store, "t", 2, tag=b"%d-" % i)
+    incarnation = topic_data_dir("t", store.topic("t").topic_id)
+    sidecar_dir = f"{incarnation}/{SIDECARS}"
+    # A checkpoint writer that lost its race left a sidecar no checkpoint names.
+    stray = f"{sidecar_dir}/0-{0:020d}-{uuid.uuid4().hex}.json"
+    store.storage.put_if_absent(stray, b"{}")
+    # Younger than the log retention: it may belong to a checkpoint being written.
+    assert stray not in vacuum(None, *where, verbose=False).files
+    summary = vacuum(None, *where, verbose=False, now_ms=now_ms() + 31 * DAY)
+    assert summary.errors == []
+    assert stray in summary.files
+    remaining = {f"{SIDECARS}/{i.name}" for i in store.storage.list_dir(sidecar_dir)}
+    # What stays is exactly what the kept checkpoints name.
+    log_dir = store.topic_logs("t")[0].directory
+    named: set[str] = set()
+    for info in store.storage.list_dir(log_dir):
+        parsed = parse_log_file_name(info.name)
+        if parsed is not None and parsed[1]:
+            _, actions = decode_commit(store.storage.read(f"{log_dir}/{info.name}"), info.name)
+            named |= {str(body["path"]) for name, body in actions if name == "sidecar"}
+    assert named
+    assert remaining == named
+    # A reader that starts now loads the kept checkpoint and its sidecars.
+    fresh = Store(*where)
+    assert values(fresh, "t", 1) == [b"%d-1" % i for i in range(5)]
+    assert verify_topic(fresh, "t").ok
+
+
+@pytest.mark.parametrize("target", FAST)
+def test_verify_passes_a_healthy_topic_and_reports_a_missing_object_and_a_bad_range(
+    target: str, request: pytest.FixtureRequest
+) -> None:
+    where: Target = request.getfixturevalue(target)
+    store = open_store(where)
+    store.create_topic("t", 3, {"checkpoint.interval": 2})
+    first = produce_one_flush(store, "t", 3, tag=b"a")
+    second = produce_one_flush(store, "t", 3, tag=b"b")
+    third = produce_one_flush(store, "t", 3, tag=b"c")
+    healthy = verify_topic(store, "t")
+    assert healthy.findings == []
+    assert (healthy.segments, healthy.records) == (9, 9)
+
+    # A byte flipped inside partition 1's range of the second object.
+    location = object_location(store, "t", second)
+    seg = next(s for s in store.partition("t", 1).state().segments if s.path == second)
+    assert seg.byte_range is not None
+    data = bytearray(store.storage.read(location))
+    data[seg.byte_range[0] + seg.byte_range[1] // 2] ^= 0xFF
+    store.storage.put(location, bytes(data))
+    # The third object gone.
+    store.storage.delete([object_location(store, "t", third)])
+    # An object a crashed producer left.
+    orphan = location.rsplit("/", 1)[0] + f"/{now_ms():013d}-{uuid.uuid4().hex}.kdat"
+    store.storage.put_if_absent(orphan, b"never committed")
+
+    report = verify_topic(Store(*where), "t")
+    problems = {(f.partition, f.path, f.message) for f in report.problems}
+    missing = object_location(store, "t", third)
+    assert {p for p, path, msg in problems if path == missing and "missing" in msg} == {0, 1, 2}
+    bad = [(p, msg) for p, path, msg in problems if path == location]
+    assert len(bad) == 1, problems  # partitions 0 and 2 read their ranges of it fine
+    assert bad[0][0] == 1
+    assert "checksum" in bad[0][1].lower(), bad
+    assert f"range {seg.byte_range[0]}+{seg.byte_range[1]}" in bad[0][1]
+    assert [f.path for f in report.warnings] == [orphan]
+    assert object_location(store, "t", first) not in {f.path for f in report.findings}
