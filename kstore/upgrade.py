@@ -46,6 +46,10 @@ if TYPE_CHECKING:
     from kstore.store import Store, TopicMetadata, TopicState
 
 SEALED = "sealed"
+# Every commit of the upgrade, in every log it writes (PROTOCOL.md 27.1).
+OPERATION = "UPGRADE TOPIC"
+# Rounds of steps 1 and 2 for partitions added while the upgrade runs, before giving up.
+_MAX_ROUNDS = 5
 # Partition logs are sealed concurrently: on an object store each seal is a few round trips.
 _SEAL_THREADS = 8
 
@@ -122,19 +126,45 @@ class UpgradeReport:
 
 def upgrade_topic(store: Store, topic: str, *, dry_run: bool = False) -> UpgradeReport:
     """Upgrade ``topic`` from layout 2 to layout 3 (all three steps; see the module). A topic
-    already in layout 3 is left alone. ``dry_run``: report what would be done, write nothing."""
-    meta = store.topic(topic)
+    already in layout 3 is left alone. ``dry_run``: report what would be done, write nothing.
+
+    Partitions added while the upgrade runs are sealed and adopted too before the layout
+    switches (PROTOCOL.md 27.1)."""
+    first = meta = store.topic(topic)
     if meta.layout == LAYOUT_V3:
         return UpgradeReport(topic, meta.topic_id, dry_run, LAYOUT_V3, (), (), Step.already)
     _check_layout(meta)
-    states, sealed = _seal(store, meta, dry_run=dry_run)
-    adopted, logs = _adopt(store, meta, states, dry_run=dry_run)
-    metadata = _switch(store, meta, dry_run=dry_run)
+    states: dict[int, PartitionState] = {}
+    sealed: dict[int, Step] = {}
+    adopted: dict[int, Step] = {}
+    logs: dict[int, Step] = {}
+    for _ in range(_MAX_ROUNDS):
+        round_states, round_sealed = _seal(store, meta, dry_run=dry_run)
+        round_adopted, round_logs = _adopt(store, meta, round_states, dry_run=dry_run)
+        states.update(round_states)
+        # A later round finds done what an earlier one did: the first news is kept.
+        for merged, found in ((sealed, round_sealed), (adopted, round_adopted), (logs, round_logs)):
+            for key, step in found.items():
+                if merged.get(key, Step.already) is Step.already:
+                    merged[key] = step
+        try:
+            metadata = _switch(store, meta, dry_run=dry_run)
+            break
+        except _PartitionsGrewError:
+            meta = store.topic(topic)  # the same incarnation (checked by _switch), grown
+            if meta.layout == LAYOUT_V3:  # a concurrent run switched it
+                metadata = Step.already
+                break
+    else:
+        raise IllegalStateError(
+            f"topic {topic!r} kept growing during the upgrade ({_MAX_ROUNDS} rounds); "
+            "run it again once partitions are no longer being added"
+        )
     if not dry_run:
         _forget_partitions(store, topic)
     return UpgradeReport(
         topic,
-        meta.topic_id,
+        first.topic_id,
         dry_run,
         LAYOUT_V2,
         tuple(_partition_report(p, states[p], meta, sealed[p], adopted[p]) for p in sorted(states)),
@@ -225,8 +255,8 @@ def _seal(
         result = log.commit(
             state,
             build,
-            operation="UPGRADE SEAL",
-            info={"topic": meta.name, "partition": partition},
+            operation=OPERATION,
+            info={"topic": meta.name, "partition": partition, "upgradeStep": 1},
         )
         final = result.state if result is not None else log.load()
         return final, Step.done if did else Step.already
@@ -317,8 +347,8 @@ def _adopt_log(
     topic_log.log.commit(
         current,
         build,
-        operation="UPGRADE ADOPT",
-        info={"topic": meta.name, "log": topic_log.index, "layoutFrom": LAYOUT_V2},
+        operation=OPERATION,
+        info={"topic": meta.name, "log": topic_log.index, "upgradeStep": 2},
     )
     return adopted
 
@@ -368,7 +398,7 @@ def _switch(store: Store, meta: TopicMetadata, *, dry_run: bool) -> Step:
         if found.layout == LAYOUT_V3:
             return None
         if found.partitions != meta.partitions:
-            raise IllegalStateError(
+            raise _PartitionsGrewError(
                 f"topic {meta.name!r} grew from {meta.partitions} to {found.partitions} "
                 "partitions during the upgrade; run the upgrade again to adopt the new ones"
             )
@@ -393,10 +423,14 @@ def _switch(store: Store, meta: TopicMetadata, *, dry_run: bool) -> Step:
 
     if dry_run:
         return Step.planned if build(state) is not None else Step.already
-    result = log.commit(state, build, operation="UPGRADE LAYOUT")
+    result = log.commit(state, build, operation=OPERATION, info={"upgradeStep": 3})
     with store._lock:
         store._topic_logs[meta.name] = result.state if result is not None else log.update(state)
     return Step.done if did else Step.already
+
+
+class _PartitionsGrewError(IllegalStateError):
+    """Step 3 found more partitions than steps 1 and 2 moved: they must be moved first."""
 
 
 def _forget_partitions(store: Store, topic: str) -> None:

@@ -17,6 +17,7 @@ from kstore.cli.app import app
 from typer.testing import CliRunner
 
 import kstore
+from kstore import upgrade as upgrade_module
 from kstore.consumer import Consumer
 from kstore.errors import (
     IllegalStateError,
@@ -241,7 +242,7 @@ def test_upgrade_writes_the_versions_and_adopts_segments_by_reference(
     shared = Log(store.storage, f"{incarnation}/_log", TopicLogState)
     commit = shared.read_commit(0)
     assert commit is not None
-    assert commit[0]["operation"] == "UPGRADE ADOPT"
+    assert commit[0]["operation"] == "UPGRADE TOPIC"
     assert commit[1][0] == ("protocol", {"minReaderVersion": 3, "minWriterVersion": 3})
     assert {body["partition"] for _, body in commit[1][1:]} == set(range(PARTITIONS))
     adds = [body for name, body in commit[1] if name == "add"]
@@ -594,3 +595,32 @@ def test_cli_upgrade_json_reports_each_partition(target: tuple[str, dict[str, An
     assert [
         (p["partition"], p["log_end_offset"], p["sealed"], p["adopted"]) for p in out["partitions"]
     ] == [(p, before.states[p].end_offset, "already", "done") for p in range(PARTITIONS)]
+
+
+def test_partitions_added_during_a_run_are_moved_before_the_switch(
+    target: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = kstore.Store(*target)
+    before = build_layout2(store)
+    real_adopt = upgrade_module._adopt
+    rounds: list[int] = []
+
+    def adopt_then_grow(*args: Any, **kwargs: Any) -> Any:
+        done = real_adopt(*args, **kwargs)
+        if not rounds:  # another client adds a partition and writes to it, before step 3
+            other = fresh(target)
+            other.add_partitions(TOPIC, PARTITIONS + 1)
+            other.partition(TOPIC, PARTITIONS).append(table([b"late"]))
+        rounds.append(len(done[0]))
+        return done
+
+    monkeypatch.setattr(upgrade_module, "_adopt", adopt_then_grow)
+    report = upgrade_topic(store, TOPIC)
+    assert rounds == [PARTITIONS, PARTITIONS + 1]
+    assert [(p.partition, p.sealed, p.adopted, p.end_offset) for p in report.partitions] == [
+        *((p, Step.done, Step.done, before.states[p].end_offset) for p in range(PARTITIONS)),
+        (PARTITIONS, Step.done, Step.done, 1),
+    ]
+    reader = fresh(target)
+    assert (reader.topic(TOPIC).layout, reader.topic(TOPIC).partitions) == (3, PARTITIONS + 1)
+    assert read_all(reader) == sorted([*before.rows, (PARTITIONS, 0, None, b"late")])
