@@ -422,15 +422,20 @@ def test_a_member_told_by_a_refused_commit_that_it_was_expelled_stops_reading(
 
 
 class HookedReads(Storage):
-    """A storage that runs ``hook`` once, when it is next asked for a segment file."""
+    """A storage that runs ``hook`` once, when it is next asked for records (a segment file,
+    or a range of a data object)."""
 
     hook: Callable[[], None] | None = None
 
     def _segments_read(self, rels: list[str]) -> None:
         hook = self.hook
-        if hook is not None and any("/segments/" in rel for rel in rels):
+        if hook is not None and any("/segments/" in rel or "/_data/" in rel for rel in rels):
             self.hook = None
             hook()
+
+    def read_ranges(self, rel: str, ranges: Any, **kwargs: Any) -> list[bytes]:
+        self._segments_read([rel])
+        return super().read_ranges(rel, ranges, **kwargs)
 
     def read(self, rel: str) -> bytes:
         self._segments_read([rel])

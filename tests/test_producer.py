@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 import zlib
@@ -47,6 +48,15 @@ def faulty_local_store(
 def is_commit(path: str) -> bool:
     """A commit of a log (not a checkpoint)."""
     return "/_log/" in path and path.endswith(".json") and "checkpoint" not in path
+
+
+def is_record_write(path: str) -> bool:
+    """A file of records: a segment (layout 2) or a data object (layout 3)."""
+    return "/segments/" in path or "/_data/" in path
+
+
+# Partition 0's commits: its own log in layout 2, the topic log (log 0) in layout 3.
+PARTITION_0_LOG = re.compile(r"/[0-9a-f]{32}/(0/)?_log/")
 
 
 @pytest.fixture(params=BACKENDS)
@@ -197,7 +207,9 @@ def test_batches_queued_behind_a_slow_delivery_are_merged_and_keep_every_outcome
 def test_a_failed_partition_of_a_merged_delivery_fails_exactly_its_records(
     local_store: tuple[str, dict[str, Any]],
 ) -> None:
-    faulty, store = faulty_local_store(local_store, 2)
+    faulty = FaultyStorage(kstore.Storage(local_store[0]))
+    store = kstore.Store.from_storage(faulty)
+    store.create_topic("t", partitions=2, layout=2)
     # The slow write is partition 0's: the first matching rule applies, so a delay that could
     # match partition 1's write would let that one through.
     faulty.add(
@@ -218,6 +230,40 @@ def test_a_failed_partition_of_a_merged_delivery_fails_exactly_its_records(
     assert read_all(store, "t")[1] == []
 
 
+def test_a_failed_topic_log_of_a_merged_delivery_fails_exactly_its_records(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    """Layout 3: partitions in different topic logs are written and committed apart; a
+    failed commit of one log fails exactly the records of its partitions."""
+    faulty = FaultyStorage(kstore.Storage(local_store[0]))
+    store = kstore.Store.from_storage(faulty)
+    store.create_topic("t", partitions=2, config={"commit.logs": 2})
+    log_0 = re.compile(r"/[0-9a-f]{32}/_log/")
+    faulty.add(
+        Fault(
+            "put_if_absent",
+            when="delay",
+            delay_s=0.5,
+            times=1,
+            match=lambda p: is_commit(p) and bool(log_0.search(p)),
+        )
+    )
+    faulty.add(Fault("put_if_absent", when="before", match=lambda p: "/_log.1/" in p))
+    with Producer(store, batch_size=300, linger_ms=0, retries=0) as producer:
+        futures = [producer.send("t", b"v%d" % i, partition=i % 2) for i in range(200)]
+        producer.flush()
+        assert producer.metrics()["batch-total"] < 40
+    for i, future in enumerate(futures):
+        assert future.is_done()
+        if i % 2:
+            # The commit of log 1 kept failing: its outcome is unknown.
+            assert isinstance(future.exception, CommitStateUnknownError)
+        else:
+            assert future.get(timeout=1).partition == 0
+    assert [r["value"] for r in read_all(store, "t")[0]] == [b"v%d" % i for i in range(0, 200, 2)]
+    assert read_all(store, "t")[1] == []
+
+
 def test_a_delivery_written_behind_a_failed_one_starts_a_new_epoch(
     local_store: tuple[str, dict[str, Any]],
 ) -> None:
@@ -231,7 +277,7 @@ def test_a_delivery_written_behind_a_failed_one_starts_a_new_epoch(
     faulty.add(Fault("put_new", when="delay", delay_s=0.5, times=1))
     # The first commit lands but reports an error, and reading it back fails until the log
     # gives up: its outcome stays unknown.
-    partition_commit = lambda path: is_commit(path) and "/0/_log/" in path  # noqa: E731
+    partition_commit = lambda path: is_commit(path) and bool(PARTITION_0_LOG.search(path))  # noqa: E731
     faulty.add(Fault("put_if_absent", when="after", times=1, match=partition_commit))
     faulty.add(
         Fault(
@@ -384,7 +430,7 @@ def test_retries_under_injected_faults_lose_nothing_and_duplicate_nothing(
 
 def test_undeliverable_records_fail_their_futures(local_store: tuple[str, dict[str, Any]]) -> None:
     faulty, store = faulty_local_store(local_store)
-    faulty.add(Fault("put_new", when="before", match=lambda p: "/segments/" in p))
+    faulty.add(Fault("put_new", when="before", match=is_record_write))
     errors: list[BaseException] = []
     with Producer(store, retries=2, retry_backoff_ms=1) as producer:
         fut = producer.send("t", value=b"x").add_errback(errors.append)
@@ -440,7 +486,7 @@ def test_zombie_transactional_producer_is_fenced(store: kstore.Store) -> None:
 def test_backpressure_blocks_then_times_out(local_store: tuple[str, dict[str, Any]]) -> None:
     faulty, store = faulty_local_store(local_store)
     # Every segment write stalls, so the buffer cannot drain.
-    faulty.add(Fault("put_new", when="delay", delay_s=2.0, match=lambda p: "/segments/" in p))
+    faulty.add(Fault("put_new", when="delay", delay_s=2.0, match=is_record_write))
     producer = Producer(store, buffer_memory=5_000, batch_size=1_000, max_block_ms=300, linger_ms=0)
     started = time.monotonic()
 
