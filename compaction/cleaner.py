@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 
 from kstore.errors import CommitConflictError, ConcurrentModificationError, StaleWriteError
 from kstore.log import Action
+from kstore.manifest import DATA_PREFIX
 from kstore.partition import Partition, PartitionState, Segment
 from kstore.segments import FORMAT_PARQUET, SegmentFile, write_segment
 from kstore.store import Store
@@ -479,6 +480,9 @@ def _replace(
 
 
 def _discard(part: Partition, paths: list[str]) -> None:
-    """Delete new files no commit references (they would otherwise wait for vacuum)."""
-    if paths:
-        part.storage.delete([f"{part.directory}/{p}" for p in paths])
+    """Delete new files no commit references (they would otherwise wait for vacuum). Only a
+    partition's own segment files: a data object (layout 3, ``_data/``) holds other
+    partitions' records too, and only vacuum may delete it."""
+    mine = [f"{part.directory}/{p}" for p in paths if not p.startswith(DATA_PREFIX)]
+    if mine:
+        part.storage.delete(mine)

@@ -30,18 +30,19 @@ from kstore.errors import (
     ConcurrentModificationError,
     InvalidConfigurationError,
     KStoreError,
+    UnknownTopicOrPartitionError,
 )
 from kstore.layout import partition_dir
 from kstore.partition import Partition, PartitionState
 from kstore.segments import BINARY, Layout, layout_of
 from kstore.storage import redact_url
-from kstore.store import Store
+from kstore.store import Store, TopicMetadata
 
 # A new file that a maintenance job wrote is committed within MAX_UNCOMMITTED_MS of the start
 # of its write, by this machine's monotonic clock, or not at all (the job abandons the commit
 # and deletes the file); vacuum's orphan age is at least twice that (PROTOCOL.md 23.1).
 
-_NAME_TIME = re.compile(r"^(\d{13})-[0-9a-f]{32}\.(arrow|parquet)$")
+_NAME_TIME = re.compile(r"^(\d{13})-[0-9a-f]{32}\.(arrow|parquet|kdat)$")
 
 Progress = Callable[[str], None]
 
@@ -60,8 +61,23 @@ class WorkItem:
     partition: int
     config: dict[str, Any]  # the topic's effective config
     layout: Layout = BINARY  # what the segments hold: binary, or a typed topic's columns
+    # The topic's metadata as planned; None: looked up when the item is opened.
+    metadata: TopicMetadata | None = None
 
     def open(self, store: Store) -> Partition:
+        """The partition, with its own log (layout 2) or the topic log it shares (layout 3).
+        A layout-3 partition has no log of its own: opening ``<p>/_log`` would read nothing,
+        and a commit there would start a partition log no reader of the topic looks at."""
+        meta = self.metadata
+        if meta is None:
+            meta = store.topic(self.topic)
+            if meta.topic_id != self.topic_id:
+                raise UnknownTopicOrPartitionError(
+                    f"topic {self.topic!r} was re-created (id {meta.topic_id}, the work item "
+                    f"names {self.topic_id})"
+                )
+        if meta.layout == 3:
+            return store.partition(self.topic, self.partition, meta)
         return Partition(
             store.storage,
             self.topic,
@@ -264,7 +280,7 @@ def plan_items(
             continue
         layout = layout_of(meta)
         items.extend(
-            WorkItem(name, meta.topic_id, p, config, layout) for p in range(meta.partitions)
+            WorkItem(name, meta.topic_id, p, config, layout, meta) for p in range(meta.partitions)
         )
     return items
 
@@ -427,7 +443,8 @@ def now_ms(options: Mapping[str, Any]) -> int:
 
 
 def name_time_ms(path: str) -> int | None:
-    """The time a segment was named (5.4 of PROTOCOL.md), or None for another kind of name."""
+    """The time a segment or data object was named (5.4 of PROTOCOL.md), or None for another
+    kind of name."""
     match = _NAME_TIME.match(path.rsplit("/", 1)[-1])
     return int(match.group(1)) if match else None
 

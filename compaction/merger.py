@@ -12,7 +12,12 @@ Which segments merge (from the manifest alone):
   of its bytes. A segment that dominates its group is left out and the rest of the group is
   reconsidered on each side. This makes merging tiered: a byte is rewritten only when the
   segment holding it at least doubles, so each byte is rewritten O(log(segment.bytes /
-  flush size)) times, however often the job runs.
+  flush size)) times, however often the job runs;
+- layout 3: a group holding a ranged add (a partition's range of a shared data object) is
+  merged even when it is alone or dominant, so that after a run every range below the last
+  stable offset lives in a per-partition file (whole-file reads for Spark, and data objects
+  that vacuum can delete). A range is rewritten once this way; afterwards the tiered rule
+  applies to its file.
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kstore.partition import PartitionState, Segment
-from kstore.segments import FORMAT_PARQUET, write_segment
+from kstore.partition import Partition, PartitionState, Segment
+from kstore.segments import FORMAT_PARQUET, read_segments, write_segment
 from kstore.store import Store
 
 from .cleaner import _codec, _replace, compatible, delete_horizon
@@ -58,11 +63,14 @@ def plan_merge(state: PartitionState, config: Mapping[str, Any]) -> list[list[Se
 
 
 def _undominated(group: list[Segment]) -> list[list[Segment]]:
-    if len(group) < 2:
+    # A ranged add (layout 3) is always rewritten: merging is what turns data objects into
+    # per-partition files, so a lone or dominant range is merged too (PROTOCOL.md 22.4 allows
+    # it). Only a dominant segment file is left out, as the tiered rule says.
+    if not group or (len(group) < 2 and group[0].byte_range is None):
         return []
     total = sum(s.size_bytes for s in group)
     biggest = max(range(len(group)), key=lambda i: group[i].size_bytes)
-    if 2 * group[biggest].size_bytes <= total:
+    if 2 * group[biggest].size_bytes <= total or group[biggest].byte_range is not None:
         return [group]
     return _undominated(group[:biggest]) + _undominated(group[biggest + 1 :])
 
@@ -86,6 +94,16 @@ def _horizon(
     return max(horizons) if horizons else None
 
 
+def _read_group(part: Partition, group: list[Segment]) -> list[pa.Table]:
+    """The group's records. On an object store its files are fetched together (the ranges of
+    one data object in one coalesced request, objects and files concurrently) rather than one
+    round trip per segment."""
+    fetched: dict[str, bytes] = {}
+    if part.storage.is_remote and len(group) > 1:
+        fetched = read_segments(part.storage, part.directory, group)
+    return [part.read_segment(seg, data=fetched.get(seg.path)) for seg in group]
+
+
 def merge_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> PartitionResult:
     """The merge job's per-partition function (runs on an executor)."""
     part = item.open(store)
@@ -103,7 +121,7 @@ def merge_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> Pa
         return result
     codec = _codec(item.config)
     for number, group in enumerate(groups):
-        tables = [part.read_segment(seg) for seg in group]
+        tables = _read_group(part, group)
         written_at = time.monotonic()  # before the write: a slow write counts too
         written = write_segment(
             part.storage,
