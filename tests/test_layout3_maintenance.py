@@ -225,3 +225,30 @@ def test_verify_passes_a_healthy_topic_and_reports_a_missing_object_and_a_bad_ra
     assert f"range {seg.byte_range[0]}+{seg.byte_range[1]}" in bad[0][1]
     assert [f.path for f in report.warnings] == [orphan]
     assert object_location(store, "t", first) not in {f.path for f in report.findings}
+
+
+def test_objects_of_several_topic_logs_go_with_one_commit_per_log(memory_store: Target) -> None:
+    store = open_store(memory_store)
+    store.create_topic("t", 4, {"file.delete.delay.ms": DELAY, "commit.logs": 2})
+    with Producer(store, linger_ms=60_000) as producer:
+        for p in range(4):
+            producer.send("t", value=b"v%d" % p, key=b"k", partition=p)
+        producer.flush()
+    # One object per topic log: partitions 0 and 2 share one, 1 and 3 the other.
+    path = {p: store.partition("t", p).state().segments[0].path for p in range(4)}
+    assert path[0] == path[2] != path[1] == path[3]
+    remove_ranges(memory_store, store, "t", [0, 1, 2, 3])
+    logs = store.topic_logs("t")
+    versions = [log.state().version for log in logs]
+    summary = vacuum(None, *memory_store, verbose=False, now_ms=now_ms() + DELAY + 1000)
+    assert summary.errors == []
+    assert sorted(summary.files) == sorted(object_location(store, "t", path[p]) for p in (0, 1))
+    assert sum(r.commits for r in summary.partitions) == 2
+    for k, log in enumerate(logs):
+        commit = log.log.read_commit(versions[k] + 1)
+        assert commit is not None
+        assert sorted(
+            (body["partition"], body["paths"]) for name, body in commit[1] if name == "vacuumed"
+        ) == [(p, [path[p]]) for p in (k, k + 2)]
+    report = verify_topic(Store(*memory_store), "t")
+    assert report.findings == []
