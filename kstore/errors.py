@@ -169,4 +169,4 @@ class IllegalStateError(KStoreError):
 
 class TopicUpgradedError(KStoreError):
     """The partition log was sealed by ``kstore topics upgrade``: the topic is in layout 3 now
-    and is written through its topic log (PROTOCOL.md 26.9). Re-read the topic's metadata."""
+    and is written through its topic log (PROTOCOL.md 8.29, 27). Re-read the topic's metadata."""

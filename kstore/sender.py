@@ -30,7 +30,12 @@ from kstore.accumulator import (
     _sort_key,
     _TopicInfo,
 )
-from kstore.errors import KStoreError, ProducerFencedError, UnknownTopicOrPartitionError
+from kstore.errors import (
+    KStoreError,
+    ProducerFencedError,
+    TopicUpgradedError,
+    UnknownTopicOrPartitionError,
+)
 from kstore.partition import ProducerBatch
 from kstore.partitioner import NO_PARTITION, Partitioner, StickyPartitioner
 from kstore.schema import key_bytes
@@ -256,7 +261,7 @@ class Sender:
         tag: str | None,
     ) -> None:
         """Layout 3: one data object and one commit per topic log for all the partitions of
-        the delivery in that log (PROTOCOL.md 26.4), whatever their number."""
+        the delivery in that log (PROTOCOL.md 12.7), whatever their number."""
         topic, meta = delivery.batch.topic, info.metadata
         by_log: dict[int, dict[int, pa.Table]] = {}
         for p in delivery.jobs:
@@ -425,7 +430,18 @@ class Sender:
         if previous is not None:
             concurrent.futures.wait([previous])  # its outcome is its own delivery's
         try:
-            return self._write_partition(info, p, table, deadline, transaction)
+            try:
+                return self._write_partition(info, p, table, deadline, transaction)
+            except TopicUpgradedError:
+                # Upgraded to layout 3 since the metadata was read: write through the topic log.
+                fresh = self._topic_info(info.metadata.name, refresh=True)
+                if fresh.metadata.layout != 3 or fresh.metadata.topic_id != info.metadata.topic_id:
+                    raise
+                index = p % fresh.metadata.commit_logs
+                outcome = self._write_shared(fresh, index, {p: table}, deadline, transaction)[p]
+                if isinstance(outcome, BaseException):
+                    raise outcome from None
+                return outcome
         except Exception as exc:
             # Before the partition's next write starts: it must see the new epoch. Any failure
             # counts, not only the library's own: the write may have landed, and a later batch

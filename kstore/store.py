@@ -567,6 +567,13 @@ class Store:
     def describe_topic(self, name: str) -> TopicDescription:
         meta = self.topic(name)
         parts = []
+        if meta.layout == 3:
+            # One read per topic log, not one per partition.
+            logs = [log.state() for log in self.topic_logs(name, meta)]
+            for p in range(meta.partitions):
+                state = logs[log_index(p, meta.commit_logs)].partition(p)
+                parts.append(_describe_partition(p, state))
+            return TopicDescription(meta, parts)
         for p in range(meta.partitions):
             parts.append(_describe_partition(p, self.partition_state(name, p, meta)))
         return TopicDescription(meta, parts)

@@ -75,6 +75,7 @@ class TopicLogState(LogState):
         # (a partition unchanged since keeps its sidecar in the next checkpoint).
         self.sidecar_version = -1
         self.sidecars: dict[int, Action] = {}
+        self.sidecars_seen = 0.0  # when that checkpoint was read or written (monotonic)
 
     def copy(self) -> TopicLogState:
         clone: TopicLogState = super().copy()  # type: ignore[assignment]
@@ -88,6 +89,8 @@ class TopicLogState(LogState):
     def apply(self, name: str, body: dict[str, Any]) -> None:
         partition = body.get("partition")
         if partition is None:
+            if name in PARTITION_ACTIONS:
+                raise CorruptLogError(f"action {name!r} in a topic log must name its partition")
             super().apply(name, body)
             return
         if name == "sidecar":  # checkpoints only: loaded by TopicLogFiles
@@ -150,21 +153,61 @@ def tag_actions(actions: list[Action], partition: int) -> list[Action]:
 
 
 SIDECARS = "_sidecars"
+# Actions that belong to one partition (PROTOCOL.md 8.27): in a topic log each names it.
+PARTITION_ACTIONS = frozenset(
+    {
+        "add",
+        "remove",
+        "logStart",
+        "endOffset",
+        "producer",
+        "txn",
+        "cleaned",
+        "tombstone",
+        "txnMarker",
+        "vacuumed",
+        "txnEnded",
+    }
+)
+
+
+def encode_sidecar(partition: int, version: int, actions: list[Action]) -> bytes:
+    """A sidecar file (PROTOCOL.md 7.4): a header line, then one partition's actions."""
+    header = {"sidecar": {"partition": partition, "version": version, "actions": len(actions)}}
+    lines = [json.dumps(header, separators=(",", ":"))]
+    lines.extend(json.dumps(a, separators=(",", ":")) for a in actions)
+    return ("\n".join(lines) + "\n").encode()
+
+
+def decode_sidecar(data: bytes, where: str, partition: int) -> list[tuple[str, dict[str, Any]]]:
+    """A sidecar's actions; CorruptLogError when it is damaged or holds another partition."""
+    # The same line syntax and truncation checks as a commit, with its own header line.
+    if not data.startswith(b'{"sidecar":'):
+        raise CorruptLogError(f"{where}: the first line must be the sidecar header")
+    info, actions = decode_commit(data.replace(b'{"sidecar":', b'{"commitInfo":', 1), where)
+    if info.get("partition") != partition:
+        raise CorruptLogError(
+            f"{where}: holds partition {info.get('partition')!r}, not {partition}"
+        )
+    return actions
 
 
 class TopicLogFiles(Log[TopicLogState]):
     """A topic log's files: checkpoints keep each partition's state in a sidecar file, and
     a partition that did not change since the previous checkpoint keeps its sidecar by
     reference (Delta's v2 checkpoints): a checkpoint writes what changed, not the whole
-    topic (PROTOCOL.md 26.6)."""
+    topic (PROTOCOL.md 7.4, 13.2)."""
 
     def _sidecar_dir(self) -> str:
         return f"{self.directory.rsplit('/', 1)[0]}/{SIDECARS}"
 
     def write_checkpoint(self, state: TopicLogState) -> None:
         sidecars: dict[int, Action] = {}
+        # A sidecar is reused only from a checkpoint this writer read or wrote recently:
+        # vacuum may delete sidecars that no checkpoint newer than the log retention names.
+        fresh = time.monotonic() - state.sidecars_seen < STALE_STATE_S
         for partition in sorted(state.partitions):
-            known = state.sidecars.get(partition)
+            known = state.sidecars.get(partition) if fresh else None
             if known is not None and state.changed.get(partition, 0) <= state.sidecar_version:
                 sidecars[partition] = known
                 continue
@@ -172,9 +215,7 @@ class TopicLogFiles(Log[TopicLogState]):
                 a for a in state.partition(partition).checkpoint_actions() if "protocol" not in a
             ]
             name = f"{partition}-{state.version:020d}-{unique_id()}.json"
-            payload = encode_commit(
-                actions, {"sidecarOf": partition, "checkpointVersion": state.version}
-            )
+            payload = encode_sidecar(partition, state.version, actions)
             self.storage.put_new(f"{self._sidecar_dir()}/{name}", payload)
             sidecars[partition] = {
                 "partition": partition,
@@ -200,6 +241,7 @@ class TopicLogFiles(Log[TopicLogState]):
             self._path(LAST_CHECKPOINT), json.dumps({"version": state.version}).encode()
         )
         state.sidecars, state.sidecar_version = sidecars, state.version
+        state.sidecars_seen = time.monotonic()
 
     def _read_checkpoint(self, version: int) -> TopicLogState | None:
         where = f"{self.storage.display_url}/{self._path(checkpoint_file(version))}"
@@ -235,10 +277,16 @@ class TopicLogFiles(Log[TopicLogState]):
                 content = found.get(path)
                 if content is None:
                     raise CorruptLogError(f"sidecar {path} of partition {partition} is missing")
-                head, partition_actions = decode_commit(content, path)
-                if head.get("sidecarOf") != partition:
+                expected = sidecars[partition]
+                if len(content) != expected.get("size"):
                     raise CorruptLogError(
-                        f"sidecar {path} holds partition {head.get('sidecarOf')!r}"
+                        f"sidecar {path} has {len(content)} bytes, the checkpoint records "
+                        f"{expected.get('size')!r}"
+                    )
+                partition_actions = decode_sidecar(content, path, partition)
+                if len(partition_actions) != expected.get("actions"):
+                    raise CorruptLogError(
+                        f"sidecar {path}: action count differs from the checkpoint's"
                     )
                 for name, body in partition_actions:
                     state.apply(name, {**body, "partition": partition})
@@ -248,6 +296,7 @@ class TopicLogFiles(Log[TopicLogState]):
             raise CorruptLogError(f"{where}: {exc}") from None
         state.stamp(version)
         state.sidecars, state.sidecar_version = sidecars, version
+        state.sidecars_seen = time.monotonic()
         ts = info.get("timestamp")
         if isinstance(ts, int):
             state.last_commit_ms = ts

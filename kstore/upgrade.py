@@ -151,7 +151,11 @@ def upgrade_topic(store: Store, topic: str, *, dry_run: bool = False) -> Upgrade
             metadata = _switch(store, meta, dry_run=dry_run)
             break
         except _PartitionsGrewError:
-            meta = store.topic(topic)  # the same incarnation (checked by _switch), grown
+            meta = store.topic(topic)
+            if meta.topic_id != first.topic_id:
+                raise UnknownTopicOrPartitionError(
+                    f"topic {topic!r} (id {first.topic_id}) was deleted during the upgrade"
+                ) from None
             if meta.layout == LAYOUT_V3:  # a concurrent run switched it
                 metadata = Step.already
                 break

@@ -21,6 +21,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -523,14 +524,18 @@ def commit_files(
     if not groups:
         return {}
 
-    def commit_one(key: tuple[str, str, int]) -> AppendResult:
-        topic, topic_id, p = key
-        files = sorted(groups[key], key=lambda f: f.order)
+    def check_topic(topic: str, topic_id: str) -> TopicMetadata:
         meta = store.topic(topic)
         if meta.topic_id != topic_id:
             raise ConcurrentModificationError(
                 f"kstore sink: topic {topic!r} was deleted and re-created while this write ran"
             )
+        return meta
+
+    def commit_one(key: tuple[str, str, int]) -> dict[tuple[str, int], AppendResult]:
+        topic, topic_id, p = key
+        files = sorted(groups[key], key=lambda f: f.order)
+        meta = check_topic(topic, topic_id)
         _check_sink_ages(topic, p, files)
         result = store.partition(topic, p, meta).commit_segments(
             [f.file for f in files], txn=txn, durable=durable, operation="SPARK WRITE"
@@ -538,20 +543,60 @@ def commit_files(
         if result.duplicate:
             # An earlier attempt of this batch committed this partition with its own files.
             delete_files(store, files)
-        return result
+        return {(topic, p): result}
+
+    def commit_shared(unit: tuple[str, str, int]) -> dict[tuple[str, int], AppendResult]:
+        """Layout 3: the partitions of one topic log in one commit, atomic across them."""
+        topic, topic_id, _ = unit
+        meta = check_topic(topic, topic_id)
+        outcomes: dict[int, dict[str, Any]] = {}
+        builds = {}
+        for key in units[unit]:
+            p = key[2]
+            files = sorted(groups[key], key=lambda f: f.order)
+            _check_sink_ages(topic, p, files)
+            outcomes[p] = {}
+            builds[p] = store.partition(topic, p, meta).append_build(
+                [f.file for f in files], txn=txn, outcome=outcomes[p]
+            )
+        shared = store.topic_log(topic, meta, units[unit][0][2])
+        result, _ = shared.commit(builds, operation="SPARK WRITE", durable=durable)
+        out: dict[tuple[str, int], AppendResult] = {}
+        for key in units[unit]:
+            p = key[2]
+            landed = outcomes[p].get("range")
+            if result is None or landed is None:
+                # An earlier attempt of this batch committed this partition with its own files.
+                delete_files(store, groups[key])
+                out[(topic, p)] = AppendResult(-1, -1, None, 0, duplicate=True)
+            else:
+                out[(topic, p)] = AppendResult(landed[0], landed[1], result.version, landed[2])
+        return out
+
+    # A commit unit: one partition (layout 2), or one topic log's partitions (layout 3).
+    units: dict[tuple[str, str, int], list[tuple[str, str, int]]] = {}
+    layouts: dict[str, TopicMetadata] = {}
+    for key in sorted(groups):
+        meta = layouts.get(key[0]) or store.topic(key[0])
+        layouts[key[0]] = meta
+        if meta.layout == 3 and meta.topic_id == key[1]:
+            units.setdefault((key[0], key[1], -1 - key[2] % meta.commit_logs), []).append(key)
+        else:
+            units[key] = [key]
+
+    def commit_unit(unit: tuple[str, str, int]) -> dict[tuple[str, int], AppendResult]:
+        return commit_shared(unit) if unit[2] < 0 else commit_one(unit)
 
     results: dict[tuple[str, int], AppendResult] = {}
     failures: list[tuple[tuple[str, str, int], BaseException]] = []
-    with concurrent.futures.ThreadPoolExecutor(
-        max_workers=min(COMMIT_THREADS, len(groups))
-    ) as pool:
-        futures = {pool.submit(commit_one, key): key for key in sorted(groups)}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(COMMIT_THREADS, len(units))) as pool:
+        futures = {pool.submit(commit_unit, unit): unit for unit in sorted(units)}
         for future in concurrent.futures.as_completed(futures):
-            key = futures[future]
+            unit = futures[future]
             try:
-                results[(key[0], key[2])] = future.result()
+                results.update(future.result())
             except BaseException as exc:  # collected, then re-raised after the cleanup
-                failures.append((key, exc))
+                failures.extend((key, exc) for key in units[unit])
     if failures:
         unknown = {key for key, exc in failures if isinstance(exc, CommitStateUnknownError)}
         leftovers = [f for key, _ in failures if key not in unknown for f in groups[key]]

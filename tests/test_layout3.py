@@ -288,3 +288,44 @@ def _tp(topic: str, partition: int) -> Any:
     from kstore import TopicPartition
 
     return TopicPartition(topic, partition)
+
+
+def test_a_sidecar_whose_size_differs_or_an_unnamed_partition_action_is_corrupt(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    store = Store(*local_store)
+    store.create_topic("t", 1, config={"checkpoint.interval": 1})
+    incarnation = _incarnation(store, "t")
+    with Producer(store, linger_ms=0) as producer:
+        producer.send("t", value=b"x").get(timeout=30)
+        producer.send("t", value=b"y").get(timeout=30)
+    top = store.storage.read(f"{incarnation}/_log/{1:020d}.checkpoint.json")
+    path = next(b["path"] for n, b in decode_commit(top, "c")[1] if n == "sidecar")
+    content = store.storage.read(f"{incarnation}/{path}")
+    assert content.startswith(b'{"sidecar":{"partition":0,"version":1,')
+    store.storage.put(f"{incarnation}/{path}", content + b"\n")
+    with pytest.raises(CorruptLogError, match="bytes, the checkpoint records"):
+        Store(*local_store).partition("t", 0).state()
+    with pytest.raises(CorruptLogError, match="must name its partition"):
+        TopicLogState().apply("logStart", {"offset": 3})
+
+
+def test_sidecars_of_a_checkpoint_seen_long_ago_are_written_again(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    store = Store(*local_store)
+    store.create_topic("t", 2, config={"checkpoint.interval": 1000})
+    with Producer(store, linger_ms=0) as producer:
+        for p in (0, 1):
+            producer.send("t", value=b"x", partition=p)
+    shared = store.topic_log("t", store.topic("t"), 0)
+    state = shared.state()
+    shared.log.write_checkpoint(state)
+    first = dict(state.sidecars)
+    state.stamp(state.version)  # nothing changed
+    shared.log.write_checkpoint(state)
+    assert state.sidecars == first  # reused while fresh
+    state.sidecars_seen -= 25 * 3600  # as if read a day ago: vacuum may have taken them
+    shared.log.write_checkpoint(state)
+    assert {p: s["path"] for p, s in state.sidecars.items()}.keys() == first.keys()
+    assert all(state.sidecars[p]["path"] != first[p]["path"] for p in first)
