@@ -252,3 +252,47 @@ def test_objects_of_several_topic_logs_go_with_one_commit_per_log(memory_store: 
         ) == [(p, [path[p]]) for p in (k, k + 2)]
     report = verify_topic(Store(*memory_store), "t")
     assert report.findings == []
+
+
+def test_verify_replays_topic_logs_against_checkpoints_and_their_sidecars(
+    local_store: Target,
+) -> None:
+    store = open_store(local_store)
+    store.create_topic("t", 2, {"checkpoint.interval": 3})
+    for i in range(7):
+        produce_one_flush(store, "t", 2, tag=b"%d-" % i)
+    report = verify_topic(store, "t")
+    assert report.findings == []
+    assert report.log_files >= 7 + 2  # commits 0..6, checkpoints 3 and 6
+    log_dir = store.topic_logs("t")[0].directory
+
+    def sidecar_of(version: int, partition: int) -> str:
+        _, actions = decode_commit(
+            store.storage.read(f"{log_dir}/{version:020d}.checkpoint.json"), "checkpoint"
+        )
+        (body,) = [b for n, b in actions if n == "sidecar" and b["partition"] == partition]
+        return f"{topic_data_dir('t', store.topic('t').topic_id)}/{body['path']}"
+
+    # A sidecar that disagrees with the commits: the checkpoint is at fault, for partition 1.
+    sidecar = sidecar_of(3, 1)
+    text = store.storage.read(sidecar).decode()
+    assert '"endOffset":{"offset":4}' in text  # one record per flush, versions 0..3
+    store.storage.put(
+        sidecar,
+        text.replace('"endOffset":{"offset":4}', '"endOffset":{"offset":9}').encode(),
+    )
+    report = verify_topic(Store(*local_store), "t")
+    (problem,) = report.problems
+    assert "checkpoint 3 disagrees" in problem.message
+    assert "partition 1: endOffset differs" in problem.message
+    # A sidecar gone: the checkpoint cannot be loaded.
+    store.storage.delete([sidecar_of(6, 0)])
+    report = verify_topic(Store(*local_store), "t")
+    assert any(
+        "checkpoint 6 is corrupt" in p.message and "missing" in p.message for p in report.problems
+    ), report.problems
+    # A truncated commit of the topic log.
+    commit = f"{log_dir}/{1:020d}.json"
+    store.storage.put(commit, store.storage.read(commit)[:-20])
+    report = verify_topic(Store(*local_store), "t")
+    assert any("commit 1 is corrupt" in p.message for p in report.problems), report.problems
