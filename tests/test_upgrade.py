@@ -624,3 +624,35 @@ def test_partitions_added_during_a_run_are_moved_before_the_switch(
     reader = fresh(target)
     assert (reader.topic(TOPIC).layout, reader.topic(TOPIC).partitions) == (3, PARTITIONS + 1)
     assert read_all(reader) == sorted([*before.rows, (PARTITIONS, 0, None, b"late")])
+
+
+def test_a_live_idempotent_producer_carries_on_through_the_upgrade(
+    target: tuple[str, dict[str, Any]],
+) -> None:
+    store = kstore.Store(*target)
+    store.create_topic(TOPIC, PARTITIONS, layout=2)
+    with Producer(fresh(target)) as producer:  # its own store, as another process
+        before = [
+            producer.send(TOPIC, value=b"a%d" % p, partition=p).get(timeout=30)
+            for p in range(PARTITIONS)
+        ]
+        entries = {p: store.partition_state(TOPIC, p).producers for p in range(PARTITIONS)}
+        upgrade_topic(store, TOPIC)
+        after = [
+            producer.send(TOPIC, value=b"b%d" % p, partition=p).get(timeout=30)
+            for p in range(PARTITIONS)
+        ]
+    assert [m.offset for m in after] == [m.offset + 1 for m in before]
+    reader = fresh(target)
+    for p in range(PARTITIONS):
+        ((pid, old),) = entries[p].items()
+        new = reader.partition_state(TOPIC, p).producers[pid]  # the same producer, in order
+        assert (new.epoch, new.first_sequence) == (old.epoch, old.last_sequence + 1)
+    assert [(p, o, v) for p, o, _, v in read_all(reader)] == sorted(
+        [(p, 0, b"a%d" % p) for p in range(PARTITIONS)]
+        + [(p, 1, b"b%d" % p) for p in range(PARTITIONS)]
+    )
+    meta = reader.topic(TOPIC)
+    for p in range(PARTITIONS):  # nothing written to the sealed partition logs
+        assert partition_log(reader, p).load().version == 1
+    assert meta.layout == 3
