@@ -84,10 +84,10 @@ def read_values(partition: Partition, from_offset: int = 0) -> list[bytes]:
     return [] if not batches else pa.Table.from_batches(batches).column("value").to_pylist()
 
 
-def three_segment_topic(target: StoreTarget) -> tuple[Store, Partition]:
+def three_segment_topic(target: StoreTarget, layout: int = 3) -> tuple[Store, Partition]:
     """Topic "t", partition 0 with three commits: offsets 0-1, 2-3 and 4-5."""
     store = open_store(target)
-    store.create_topic("t", 1)
+    store.create_topic("t", 1, layout=layout)
     part = store.partition("t", 0)
     for i in range(3):
         part.append(records(2, 2 * i))
@@ -387,10 +387,13 @@ def test_a_missing_segment_is_named(any_store: StoreTarget) -> None:
 # --- malformed manifest files ------------------------------------------------------------------
 
 
-def _malformations(good: bytes) -> dict[str, bytes]:
+def _malformations(good: bytes, layout: int) -> dict[str, bytes]:
     lines = good.split(b"\n")
     first = json.loads(lines[0])
-    return {
+    # In a topic log (layout 3) a partition-scoped action names its partition: the injected
+    # actions carry it, so that each case reaches the same check as in a partition log.
+    tag = b', "partition": 0' if layout == 3 else b""
+    cases = {
         "truncated-mid-line": good[: len(good) // 2],
         "cut-at-a-line-boundary": b"\n".join(lines[:-2]) + b"\n",  # the last action is gone
         "no-final-newline": good[:-1],
@@ -400,23 +403,49 @@ def _malformations(good: bytes) -> dict[str, bytes]:
         "two-actions-on-a-line": b'{"commitInfo": {"actions": 0}, "add": {}}\n',
         "no-commit-info": b"\n".join(lines[1:]),
         "empty": b"",
-        "bad-field-type": json.dumps(first).encode() + b'\n{"add": {"path": 5}}\n',
+        "bad-field-type": json.dumps(first).encode() + b'\n{"add": {"path": 5%s}}\n' % tag,
         "path-traversal": json.dumps(first).encode()
         + (
             b'\n{"add": {"path": "../../../etc/passwd", "baseOffset": 2, "lastOffset": 3,'
             b' "records": 2, "minTimestamp": 0, "maxTimestamp": 0, "size": 1,'
-            b' "checksum": "crc32c:00000000", "format": "arrow"}}\n'
+            b' "checksum": "crc32c:00000000", "format": "arrow"%s}}\n' % tag
         ),
         "remove-of-unknown": json.dumps(first).encode()
-        + (b'\n{"remove": {"path": "segments/nope.arrow", "deletionTimestamp": 1}}\n'),
+        + (b'\n{"remove": {"path": "segments/nope.arrow", "deletionTimestamp": 1%s}}\n' % tag),
     }
+    if layout == 3:
+        ranged = (
+            b'{"add": {"path": "%s", "baseOffset": 2, "lastOffset": 3, "records": 2,'
+            b' "minTimestamp": 0, "maxTimestamp": 0, "size": %d, "checksum": "crc32c:00000000",'
+            b' "format": "arrow", "range": %s, "partition": 0}}\n'
+        )
+        head = json.dumps(first).encode() + b"\n"
+        cases |= {
+            "partition-not-an-integer": good.replace(b'"partition":0}}', b'"partition":"0"}}'),
+            "partition-negative": good.replace(b'"partition":0}}', b'"partition":-1}}'),
+            "partition-a-boolean": good.replace(b'"partition":0}}', b'"partition":false}}'),
+            "data-object-traversal": head + ranged % (b"_data/../../x.kdat", 1, b"[0, 1]"),
+            "range-of-a-segment-path": head + ranged % (b"segments/x.arrow", 1, b"[0, 1]"),
+            "empty-range": head + ranged % (b"_data/1-x.kdat", 0, b"[0, 0]"),
+            "negative-range-start": head + ranged % (b"_data/1-x.kdat", 1, b"[-1, 1]"),
+            "range-not-a-pair": head + ranged % (b"_data/1-x.kdat", 1, b"[0, 1, 2]"),
+            "size-not-the-range-length": head + ranged % (b"_data/1-x.kdat", 2, b"[0, 1]"),
+        }
+    return cases
 
 
-def test_malformed_partition_commit_files_are_corrupt_logs(any_store: StoreTarget) -> None:
-    store, part = three_segment_topic(any_store)
+@pytest.mark.parametrize("layout", [2, 3])
+def test_malformed_partition_commit_files_are_corrupt_logs(
+    any_store: StoreTarget, layout: int
+) -> None:
+    """Layout 2: a commit of the partition log; layout 3: a commit of the topic log that the
+    partition's actions are in."""
+    store, part = three_segment_topic(any_store, layout)
     path = f"{part.log.directory}/{version_file(1)}"
     good = store.storage.read(path)
-    for label, bad in _malformations(good).items():
+    cases = _malformations(good, layout)
+    for label, bad in cases.items():
+        assert bad != good, label  # every case really alters the file
         store.storage.put(path, bad)
         before = snapshot(store.storage)
         with pytest.raises(CorruptLogError, match=re.escape(version_file(1))):
@@ -430,6 +459,35 @@ def test_malformed_partition_commit_files_are_corrupt_logs(any_store: StoreTarge
     ]
 
 
+@pytest.mark.parametrize("action", ["add", "remove"])
+def test_a_topic_log_action_without_its_partition_is_a_corrupt_log(
+    quick_store: StoreTarget, action: str
+) -> None:
+    """PROTOCOL 8.27 and 9.3: in a topic log, a partition-scoped action that names no
+    partition is corrupt; it is not an unknown action to be skipped."""
+    store, part = three_segment_topic(quick_store)
+    path = f"{part.log.directory}/{version_file(1)}"
+    good = store.storage.read(path)
+    body = json.loads(good.split(b"\n")[1])["add"]
+    del body["partition"]
+    if action == "remove":  # of the live segment of version 0, by its exact path
+        zero = store.storage.read(f"{part.log.directory}/{version_file(0)}")
+        seg = next(
+            json.loads(line)["add"] for line in zero.split(b"\n") if line.startswith(b'{"add"')
+        )
+        body = {"path": seg["path"], "deletionTimestamp": 1}
+    first = json.loads(good.split(b"\n")[0])
+    store.storage.put(path, encode_commit([{action: body}], first["commitInfo"]))
+    before = snapshot(store.storage)
+    for call in (
+        lambda: open_store(quick_store).partition("t", 0).state(),
+        lambda: open_store(quick_store).describe_topic("t"),
+    ):
+        with pytest.raises(CorruptLogError, match=f"{re.escape(version_file(1))}.*partition"):
+            call()
+    assert snapshot(store.storage) == before
+
+
 def test_malformed_checkpoint_and_topic_log_are_corrupt_logs(any_store: StoreTarget) -> None:
     store = open_store(any_store)
     store.create_topic("t", 1, {"checkpoint.interval": 2})
@@ -439,7 +497,7 @@ def test_malformed_checkpoint_and_topic_log_are_corrupt_logs(any_store: StoreTar
     checkpoint = f"{part.log.directory}/{checkpoint_file(2)}"
     assert store.storage.read(f"{part.log.directory}/{LAST_CHECKPOINT}") == b'{"version": 2}'
     good = store.storage.read(checkpoint)
-    for label, bad in _malformations(good).items():
+    for label, bad in _malformations(good, layout=2).items():  # the syntax cases
         if label in ("bad-field-type", "path-traversal", "remove-of-unknown", "empty"):
             continue  # a checkpoint header differs from a commit's; covered for commits
         store.storage.put(checkpoint, bad)
