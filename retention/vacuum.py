@@ -496,17 +496,20 @@ def vacuum_incarnation(
     logs = store.topic_logs(item.topic, meta)
     directories = {p: partition_dir(item.topic, item.topic_id, p) for p in range(meta.partitions)}
     fixed = options.get("now_ms")
+    # The probe goes into topic log 0's directory, which exists once the topic has a commit:
+    # a probe in an empty ``_data/`` would leave a directory marker behind on some stores.
     clock = StorageClock(
         storage,
-        data_dir,
+        logs[0].directory,
         None if fixed is None else int(fixed),
         dry_run=bool(options.get("dry_run")),
     )
     # List everything first, then read the states: a file committed meanwhile is seen as live.
-    now, data_files = clock.list()
-    segment_files = {p: storage.list_dir(f"{d}/segments") for p, d in directories.items()}
-    sidecar_files = storage.list_dir(sidecar_dir)
-    log_files = [storage.list_dir(t.directory) for t in logs]
+    now, first_log = clock.list()
+    log_files = [first_log, *(_files(storage, t.directory) for t in logs[1:])]
+    data_files = _files(storage, data_dir)
+    segment_files = {p: _files(storage, f"{d}/segments") for p, d in directories.items()}
+    sidecar_files = _files(storage, sidecar_dir)
     readers = [
         TopicLogFiles(
             storage,
@@ -649,6 +652,13 @@ def vacuum_incarnation(
         if committed is not None:
             result.commits += 1
     return result
+
+
+def _files(storage: Storage, directory: str) -> list[FileInfo]:
+    """A directory's entries, without the marker of the directory itself that some object
+    stores (SeaweedFS) list under its own name once it is empty: it is no file of ours."""
+    own = directory.rsplit("/", 1)[-1]
+    return [i for i in storage.list_dir(directory) if not (i.name == own and i.size == 0)]
 
 
 def _forget_build(paths: set[str]) -> Any:
