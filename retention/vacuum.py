@@ -1,6 +1,6 @@
 """Vacuum: delete from storage what no reader may still need.
 
-Per partition:
+Per partition (layout 2):
 
 Every age is judged by the storage's clock (PROTOCOL.md 23.1): "now" is the modification time
 of a probe file vacuum writes (on local disk and in memory, this machine's clock; in a dry run,
@@ -28,6 +28,19 @@ which writes nothing, too), never a time another machine wrote into a file.
 
 The directory is listed *before* the newest state is read, and that state is refreshed again
 just before deleting, so a file committed while vacuum runs is seen as referenced.
+
+Per topic incarnation of layout 3 (PROTOCOL.md 22.5), in partition 0's task: the partitions
+share topic logs, data objects (``_data/``) and checkpoint sidecars (``_sidecars/``), so they
+are judged together. The steps are the ones above, with every partition of every topic log:
+
+- a data object goes only when no partition has it live and every partition that removed it
+  did so ``file.delete.delay.ms`` ago; then one ``vacuumed`` commit per topic log forgets it
+  in each partition that recorded it;
+- an object no partition names, live or removed, is an orphan (the orphan age);
+- a sidecar no kept checkpoint (at or above K) names goes once older than the log retention;
+  the kept checkpoints are read only when such an old sidecar exists;
+- old versions of each topic log go as 3. says. Each topic log's directory is listed whole
+  (the removal times are its commit files' modification times): one listing per log per run.
 
 Per store (on the driver, one listing per topic): data directories of topic incarnations
 that are no longer current (a topic deleted or re-created whose old files were not all
