@@ -441,8 +441,8 @@ def _forget_partitions(store: Store, topic: str) -> None:
     """Drop this store object's layout-2 partition objects of the topic, so that its next
     reads and writes go through the topic logs."""
     with store._lock:
-        for key in [k for k, p in store._partitions.items() if k[0] == topic]:
-            if store._partitions[key].topic_log is None:
+        for key, part in list(store._partitions.items()):
+            if key[0] == topic and part.topic_log is None:
                 del store._partitions[key]
 
 
