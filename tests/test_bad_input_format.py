@@ -19,7 +19,14 @@ from kstore import Consumer, Producer, Store
 from kstore.errors import CorruptLogError, CorruptRecordError, UnsupportedFormatVersionError
 from kstore.groups import Group, describe_group, list_groups
 from kstore.layout import group_log_dir, producer_log_dir, topic_log_dir
-from kstore.log import LAST_CHECKPOINT, checkpoint_file, encode_commit, version_file
+from kstore.log import (
+    LAST_CHECKPOINT,
+    checkpoint_file,
+    decode_commit,
+    encode_commit,
+    version_file,
+)
+from kstore.manifest import segment_location
 from kstore.records import OffsetAndMetadata, TopicPartition
 from tests.badinput import open_store, quick_store, refused, snapshot
 from tests.conftest import StoreTarget
@@ -37,10 +44,10 @@ def values(store: Store, topic: str = "t") -> list[bytes]:
     return [] if not batches else pa.Table.from_batches(batches).column("value").to_pylist()
 
 
-def checkpointed_topic(target: StoreTarget) -> tuple[Store, str]:
+def checkpointed_topic(target: StoreTarget, layout: int = 3) -> tuple[Store, str]:
     """Topic "t" with a checkpoint every 2 commits and 5 commits: checkpoints at 2 and 4."""
     store = open_store(target)
-    store.create_topic("t", 1, {"checkpoint.interval": 2})
+    store.create_topic("t", 1, {"checkpoint.interval": 2}, layout=layout)
     with Producer(store, linger_ms=0) as p:
         for i in range(5):
             p.send("t", b"v%d" % i).get(10)
@@ -121,19 +128,28 @@ def test_a_checkpoint_whose_header_disagrees_is_a_corrupt_log(
     )
 
 
-def test_a_boolean_checkpoint_version_is_not_version_1(quick_store: StoreTarget) -> None:
+@pytest.mark.parametrize("layout", [2, 3])
+def test_a_boolean_checkpoint_version_is_not_version_1(
+    quick_store: StoreTarget, layout: int
+) -> None:
     """Regression: True == 1 in Python, so a header `"checkpointVersion": true` passed for
-    checkpoint 1 (and `"actions": true` for a commit of one action)."""
+    checkpoint 1 (and `"actions": true` for a commit of one action). Layout 3: the checkpoint
+    of the topic log, with its sidecar."""
     store = open_store(quick_store)
-    store.create_topic("t", 1)
+    store.create_topic("t", 1, layout=layout)
     part = store.partition("t", 0)
     with Producer(store, linger_ms=0) as p:
         for i in range(2):
             p.send("t", b"v%d" % i).get(10)
-    state = part.log.load_version(1)
+    checkpoint = f"{part.log.directory}/{checkpoint_file(1)}"
+    part.log.write_checkpoint(part.log.load_version(1))  # a checkpoint as writers write it
+    _, actions = decode_commit(store.storage.read(checkpoint), checkpoint)
+    assert [name for name, _ in actions][1:] == (
+        ["sidecar"] if layout == 3 else ["endOffset", "logStart", "add", "add", "producer"]
+    )
     store.storage.put(
-        f"{part.log.directory}/{checkpoint_file(1)}",
-        encode_commit(state.checkpoint_actions(), {"checkpointVersion": True}),
+        checkpoint,
+        encode_commit([{n: b} for n, b in actions], {"checkpointVersion": True}),
     )
     refused(
         store.storage,
@@ -156,13 +172,17 @@ def test_a_boolean_checkpoint_version_is_not_version_1(quick_store: StoreTarget)
     )
 
 
-def test_a_checkpoint_requiring_a_newer_reader_is_refused(quick_store: StoreTarget) -> None:
-    store, log_dir = checkpointed_topic(quick_store)
-    state = store.partition("t", 0).state()
-    actions = [FUTURE_READER, *state.checkpoint_actions()[1:]]
-    store.storage.put(
-        f"{log_dir}/{checkpoint_file(4)}", encode_commit(actions, {"checkpointVersion": 4})
-    )
+@pytest.mark.parametrize("layout", [2, 3])
+def test_a_checkpoint_requiring_a_newer_reader_is_refused(
+    quick_store: StoreTarget, layout: int
+) -> None:
+    """Layout 3: the checkpoint of the topic log, its sidecar intact."""
+    store, log_dir = checkpointed_topic(quick_store, layout)
+    path = f"{log_dir}/{checkpoint_file(4)}"
+    _, actions = decode_commit(store.storage.read(path), path)
+    assert actions[0][0] == "protocol"
+    future = [FUTURE_READER, *({n: b} for n, b in actions[1:])]
+    store.storage.put(path, encode_commit(future, {"checkpointVersion": 4}))
     refused(
         store.storage,
         lambda: open_store(quick_store).partition("t", 0).state(),
@@ -172,23 +192,53 @@ def test_a_checkpoint_requiring_a_newer_reader_is_refused(quick_store: StoreTarg
     )
 
 
-def test_unknown_fields_and_actions_are_ignored(quick_store: StoreTarget) -> None:
-    store, log_dir = checkpointed_topic(quick_store)
-    state = store.partition("t", 0).state()
+def _with_future_fields(action: dict[str, Any]) -> dict[str, Any]:
+    ((name, body),) = action.items()
+    return {name: {**body, "zzFuture": [1, {"a": None}]}}
+
+
+FUTURE_ACTION = {"futureAction": {"anything": True}}
+
+
+def _future_sidecar(storage: Any, path: str) -> tuple[int, int]:
+    """Rewrites a sidecar with an unknown field on its header and on every action, and an
+    unknown action; returns its new action count and size (for the checkpoint naming it)."""
+    lines = storage.read(path).splitlines()
+    ((kind, header),) = json.loads(lines[0]).items()
+    actions = [_with_future_fields(json.loads(line)) for line in lines[1:]] + [FUTURE_ACTION]
+    head = {kind: {**header, "actions": len(actions), "zzFuture": 1}}
+    payload = "".join(json.dumps(a) + "\n" for a in [head, *actions]).encode()
+    storage.put(path, payload)
+    return len(actions), len(payload)
+
+
+@pytest.mark.parametrize("layout", [2, 3])
+def test_unknown_fields_and_actions_are_ignored(quick_store: StoreTarget, layout: int) -> None:
+    """Layout 2: the partition log's checkpoint; layout 3: the topic log's checkpoint and the
+    partition's sidecar."""
+    store, log_dir = checkpointed_topic(quick_store, layout)
+    path = f"{log_dir}/{checkpoint_file(4)}"
+    _, top = decode_commit(store.storage.read(path), path)
     actions = []
-    for action in state.checkpoint_actions():
-        ((name, body),) = action.items()
-        actions.append({name: {**body, "zzFuture": [1, {"a": None}]}})
-    actions.append({"futureAction": {"anything": True}})
-    store.storage.put(
-        f"{log_dir}/{checkpoint_file(4)}",
-        encode_commit(actions, {"checkpointVersion": 4, "futureInfo": 1}),
-    )
+    for name, body in top:
+        if name == "sidecar":
+            incarnation = log_dir.rsplit("/", 1)[0]
+            count, size = _future_sidecar(store.storage, f"{incarnation}/{body['path']}")
+            body = {**body, "actions": count, "size": size}
+        actions.append(_with_future_fields({name: body}))
+    if layout == 3:
+        assert [name for name, _ in top] == ["protocol", "sidecar"]
+    actions.append(FUTURE_ACTION)
+    store.storage.put(path, encode_commit(actions, {"checkpointVersion": 4, "futureInfo": 1}))
     store.storage.put(f"{log_dir}/{LAST_CHECKPOINT}", b'{"version": 4, "zzFuture": 1}')
+    # The checkpoint is the only way to the state: the commits it covers are gone.
+    store.storage.delete([f"{log_dir}/{version_file(v)}" for v in range(5)])
     fresh = open_store(quick_store)
+    assert fresh.partition("t", 0).state().version == 4
     assert values(fresh) == EXPECTED
     with Producer(fresh, linger_ms=0) as p:  # and a current writer carries on
         assert p.send("t", b"v5").get(10).offset == 5
+    assert values(open_store(quick_store)) == [*EXPECTED, b"v5"]
 
 
 def test_a_log_whose_early_versions_are_gone_is_a_corrupt_log(quick_store: StoreTarget) -> None:
@@ -222,25 +272,29 @@ def test_a_log_whose_early_versions_are_gone_is_a_corrupt_log(quick_store: Store
 # --- segments ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("layout", [2, 3])
 @pytest.mark.parametrize("how", ["truncated", "empty", "header-only", "other-segment"])
 def test_truncated_and_swapped_arrow_segments_are_corrupt_records(
-    quick_store: StoreTarget, how: str
+    quick_store: StoreTarget, how: str, layout: int
 ) -> None:
+    """Layout 2: segment files; layout 3: the data objects the segments are ranges of."""
     store = open_store(quick_store)
-    store.create_topic("t", 1)
+    store.create_topic("t", 1, layout=layout)
     with Producer(store, linger_ms=0) as p:
         for i in range(3):
             p.send("t", b"value-%d" % i).get(10)
     part = store.partition("t", 0)
     segs = part.state().segments
-    path = f"{part.directory}/{segs[1].path}"
+    assert [s.byte_range is not None for s in segs] == [layout == 3] * 3
+    path = segment_location(part.directory, segs[1].path)
     data = store.storage.read(path)
     bad = {
         "truncated": data[: len(data) - 7],
         "empty": b"",
         "header-only": data[:8],
-        "other-segment": store.storage.read(f"{part.directory}/{segs[0].path}"),
+        "other-segment": store.storage.read(segment_location(part.directory, segs[0].path)),
     }[how]
+    assert bad != data
     store.storage.put(path, bad)
     before = snapshot(store.storage)
     fresh = open_store(quick_store)
@@ -255,6 +309,56 @@ def test_truncated_and_swapped_arrow_segments_are_corrupt_records(
     assert snapshot(store.storage) == before
     intact = next(open_store(quick_store).partition("t", 0).read(0, max_records=1))
     assert intact.column("value").to_pylist() == [b"value-0"]  # what is intact stays readable
+
+
+@pytest.mark.parametrize("how", ["cut-in-the-second-range", "ranges-swapped"])
+def test_a_damaged_data_object_refuses_the_ranges_it_damages_only(
+    quick_store: StoreTarget, how: str
+) -> None:
+    """Layout 3: one data object holds the ranges of two partitions. Each range is verified on
+    its own bytes: a damaged range is refused naming the object, an intact one stays readable,
+    for a partition's reader and for a consumer (which fetches the ranges of an object
+    together)."""
+    store = open_store(quick_store)
+    store.create_topic("t", 2)
+    with Producer(store, linger_ms=60_000) as p:  # one flush: one object, both partitions
+        for i in range(4):
+            p.send("t", b"value-%d" % i, partition=i % 2)
+        p.flush()
+    segs = {n: store.partition("t", n).state().segments for n in (0, 1)}
+    assert [len(s) for s in segs.values()] == [1, 1]
+    (first, second) = sorted((s[0] for s in segs.values()), key=lambda s: s.byte_range or (0, 0))
+    assert first.path == second.path  # one object
+    assert first.byte_range is not None
+    assert second.byte_range is not None
+    object_path = segment_location(store.partition("t", 0).directory, first.path)
+    data = store.storage.read(object_path)
+    (a_start, a_len), (b_start, b_len) = first.byte_range, second.byte_range
+    assert (a_start, a_start + a_len, b_start + b_len) == (0, b_start, len(data))
+    if how == "cut-in-the-second-range":
+        bad, damaged = data[: b_start + b_len // 2], [second]
+    else:
+        bad, damaged = data[b_start:] + data[:b_start], [first, second]
+    store.storage.put(object_path, bad)
+    before = snapshot(store.storage)
+    for partition, (seg,) in segs.items():
+        fresh = open_store(quick_store)
+        tp = TopicPartition("t", partition)
+        expected = [b"value-%d" % i for i in (partition, partition + 2)]
+        consumer = Consumer(store=fresh, auto_offset_reset="earliest")
+        consumer.assign([tp])
+        if seg in damaged:
+            with pytest.raises(CorruptRecordError, match=re.escape(seg.path)):
+                list(fresh.partition("t", partition).read(0))
+            with pytest.raises(CorruptRecordError, match=re.escape(seg.path)):
+                consumer.poll(timeout_ms=1000)
+        else:
+            got = pa.Table.from_batches(list(fresh.partition("t", partition).read(0)))
+            assert got.column("value").to_pylist() == expected
+            polled = consumer.poll(timeout_ms=1000)
+            assert [r.value for r in polled[tp]] == expected
+        consumer.close()
+    assert snapshot(store.storage) == before
 
 
 # --- group logs --------------------------------------------------------------------------------
