@@ -189,7 +189,7 @@ def test_a_replayed_micro_batch_commits_only_what_is_missing(
     """The driver dies after committing some partitions of a micro-batch; the replay commits
     the others, and nothing twice (the sink's commit path, without Spark scheduling)."""
     store = open_store(local_store_url)
-    store.create_topic("t", 3)
+    store.create_topic("t", 3, layout=2)  # a commit per partition
     options = parse_write_options(
         source_options(local_store_url, topic="t", txnAppId="query-1"), streaming=True
     )
@@ -220,6 +220,61 @@ def test_a_replayed_micro_batch_commits_only_what_is_missing(
     assert len(topic_rows(store, "t")) == 90
     present, live = segment_files(store, "t")
     assert present == live  # no orphan segment files
+
+
+def test_a_replayed_micro_batch_commits_only_the_missing_topic_logs(
+    local_store_url: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Layout 3: a micro-batch commits each topic log's partitions in one commit. The driver
+    dies after one of three logs committed; the replay commits the other two, nothing twice."""
+    from kstore.topic_log import TopicLog
+
+    store = open_store(local_store_url)
+    store.create_topic("t", 3, config={"commit.logs": 3})
+    options = parse_write_options(
+        source_options(local_store_url, topic="t", txnAppId="query-1"), streaming=True
+    )
+    writer = KStoreStreamWriter(options, {"key": "key", "value": "value"})
+    keys = [b"k%d" % i for i in range(90)]
+    batch = pa.RecordBatch.from_pydict({"key": keys, "value": [b"v%d" % i for i in range(90)]})
+    first = writer.write(iter([batch]))
+    real_commit = TopicLog.commit
+    calls: list[int] = []
+
+    def crash_after_one(self: TopicLog, *args: Any, **kwargs: Any) -> Any:
+        if calls:
+            raise RuntimeError("driver died")
+        calls.append(self.index)
+        return real_commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(TopicLog, "commit", crash_after_one)
+    with pytest.raises(RuntimeError, match="driver died"):
+        writer.commit([first], 0)
+    monkeypatch.setattr(TopicLog, "commit", real_commit)
+    assert 0 < len(topic_rows(store, "t")) < 90
+    replay = writer.write(iter([batch]))
+    writer.commit([replay], 0)
+    assert topic_values(store, "t") == sorted(b"v%d" % i for i in range(90))
+    writer.commit([writer.write(iter([batch]))], 0)  # and once more: nothing
+    assert len(topic_rows(store, "t")) == 90
+    present, live = segment_files(store, "t")
+    assert present == live  # no orphan segment files
+
+
+def test_a_micro_batch_is_one_commit_per_topic_log(local_store_url: Any) -> None:
+    store = open_store(local_store_url)
+    meta = store.create_topic("t", 3)
+    options = parse_write_options(
+        source_options(local_store_url, topic="t", txnAppId="query-1"), streaming=True
+    )
+    writer = KStoreStreamWriter(options, {"key": "key", "value": "value"})
+    keys = [b"k%d" % i for i in range(90)]
+    batch = pa.RecordBatch.from_pydict({"key": keys, "value": [b"v%d" % i for i in range(90)]})
+    writer.commit([writer.write(iter([batch]))], 0)
+    log_dir = f"topics/t/{meta.topic_id}/_log"
+    commits = [i.name for i in store.storage.list_dir(log_dir) if i.name.endswith(".json")]
+    assert commits == ["00000000000000000000.json"]  # all three partitions, atomically
+    assert sorted({row[0] for row in topic_rows(store, "t")}) == [0, 1, 2]
 
 
 def _copy_query(
