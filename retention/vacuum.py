@@ -52,6 +52,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from kstore.compaction.jobs import PartitionResult, WorkItem, name_time_ms
@@ -85,6 +86,7 @@ DEFAULT_LOG_RETENTION_MS = 30 * 24 * 60 * 60_000
 # that they never build on, or poll past, log versions vacuum deleted; keep versions longer.
 MIN_LOG_RETENTION_MS = int(2 * STALE_STATE_S * 1000)
 _TOPIC_ID = re.compile(r"[0-9a-f]{32}")
+_LISTING_THREADS = 16
 # A data object's name carries the time its writer started it (PROTOCOL.md 5).
 _DATA_NAME_TIME = re.compile(r"^(\d{13})-[0-9a-f]{32}\.kdat$")
 
@@ -521,7 +523,10 @@ def vacuum_incarnation(
     now, first_log = clock.list()
     log_files = [first_log, *(_files(storage, t.directory) for t in logs[1:])]
     data_files = _files(storage, data_dir)
-    segment_files = {p: _files(storage, f"{d}/segments") for p, d in directories.items()}
+    # One listing per partition: concurrently, as a topic's partitions are all in this task.
+    with ThreadPoolExecutor(max_workers=_LISTING_THREADS) as pool:
+        listed = pool.map(lambda d: _files(storage, f"{d}/segments"), directories.values())
+        segment_files = dict(zip(directories, listed, strict=True))
     sidecar_files = _files(storage, sidecar_dir)
     readers = [
         TopicLogFiles(

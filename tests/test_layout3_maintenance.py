@@ -143,7 +143,11 @@ def test_an_object_nothing_names_is_deleted_after_the_orphan_age_and_not_before(
     young = vacuum(None, *where, verbose=False, now_ms=written + HOUR - 60_000)
     assert young.files == []
     assert store.storage.exists(orphan)
-    done = vacuum(None, *where, verbose=False, now_ms=now_ms() + HOUR + 60_000)
+    later = now_ms() + HOUR + 60_000
+    dry = vacuum(None, *where, verbose=False, dry_run=True, now_ms=later)
+    assert dry.files == [orphan]
+    assert store.storage.exists(orphan)
+    done = vacuum(None, *where, verbose=False, now_ms=later)
     assert done.errors == []
     assert done.files == [orphan]
     assert not store.storage.exists(orphan)
