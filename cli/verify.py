@@ -490,8 +490,8 @@ def _verify_layout3(
             topic_out.error(f"the topic log cannot be read: {_short(exc)}", directory)
             replays[topic_log.index] = None
     try:
-        objects = {info.name: info for info in storage.list_dir(f"{incarnation}/_data")}
-        sidecars = storage.list_dir(f"{incarnation}/{SIDECARS}")
+        objects = {info.name: info for info in _entries(storage, f"{incarnation}/_data")}
+        sidecars = _entries(storage, f"{incarnation}/{SIDECARS}")
     except KStoreError as exc:
         topic_out.error(f"the topic's data objects cannot be listed: {_short(exc)}", incarnation)
         return
@@ -547,6 +547,13 @@ def _verify_layout3(
             )
 
 
+def _entries(storage: Storage, directory: str) -> list[FileInfo]:
+    """A directory's entries, without the marker of the directory itself that some object
+    stores (SeaweedFS) list under its own name once it has been emptied."""
+    own = directory.rsplit("/", 1)[-1]
+    return [i for i in storage.list_dir(directory) if not (i.name == own and i.size == 0)]
+
+
 def _check_manifest(state: PartitionState, partition: Partition, out: _Collector) -> None:
     from kstore.manifest import segment_location
 
@@ -598,7 +605,7 @@ def _check_files(
 
     directory = f"{partition.directory}/segments"
     try:
-        listing = {info.name: info for info in store.storage.list_dir(directory)}
+        listing = {info.name: info for info in _entries(store.storage, directory)}
     except KStoreError as exc:
         out.error(f"the segment directory cannot be listed: {_short(exc)}", directory)
         return
