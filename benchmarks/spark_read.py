@@ -14,7 +14,13 @@ and the ratio (kstore speed / Parquet speed; the target is at least 0.7) are pri
 written to benchmarks/results/spark_read.json, with a streaming figure: records/s of a
 kstore-to-kstore copy query (availableNow, ``--trigger-records`` offsets per micro-batch).
 
-Run: ``.venv/bin/python benchmarks/spark_read.py [--records 2000000] [--repeat 5]``
+``--layout 2|3`` (default 3) chooses the topic layout; ``--write producer`` writes each round
+of segments through the producer (layout 3: one data object per round with a range per
+partition) and ``--merge`` runs the merge job before reading (ranges become per-partition
+Parquet segments).
+
+Run: ``.venv/bin/python benchmarks/spark_read.py [--records 2000000] [--repeat 5]
+[--layout 3 --write producer --merge] [--out PATH]``
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kstore import Store
+from kstore.producer import Producer
 from kstore.segments import HEADERS_TYPE, RECORD_SCHEMA, TIMESTAMP_TYPE
 
 TOPIC = "bench"
@@ -77,25 +84,54 @@ def records(start: int, count: int, rng: np.random.Generator) -> pa.Table:
     return pa.Table.from_arrays([keys, values, stamps, headers], schema=RECORD_SCHEMA)
 
 
-def build(root: str, parquet_dir: str, total: int, partitions: int, segment_records: int) -> None:
+def build(
+    root: str,
+    parquet_dir: str,
+    total: int,
+    partitions: int,
+    segment_records: int,
+    *,
+    layout: int = 3,
+    write: str = "append",
+) -> None:
+    """The topic and its Parquet twin. ``write``: ``append`` writes each segment with
+    Partition.append (a per-partition file); ``producer`` sends one table per round through
+    the producer, so that in layout 3 every flush is one data object holding a range of every
+    partition (what producers write)."""
     store = Store(Path(root).as_uri())
-    store.create_topic(TOPIC, partitions)
-    store.create_topic(SINK, partitions)
+    store.create_topic(TOPIC, partitions, layout=layout)
+    store.create_topic(SINK, partitions, layout=layout)
     rng = np.random.default_rng(7)
     per_partition = total // partitions
     os.makedirs(parquet_dir, exist_ok=True)
     number = 0
-    for p in range(partitions):
-        part = store.partition(TOPIC, p)
-        pieces = []
+    pieces: dict[int, list[pa.Table]] = {p: [] for p in range(partitions)}
+    producer = (
+        Producer(store, linger_ms=60_000, buffer_memory=1 << 31) if write == "producer" else None
+    )
+    try:
         for offset in range(0, per_partition, segment_records):
             count = min(segment_records, per_partition - offset)
-            table = records(number, count, rng)
-            number += count
-            # durable=False only to build the fixture quickly; reading is what is measured.
-            part.append(table, durable=False)
-            pieces.append(table)
-        whole = pa.concat_tables(pieces)
+            round_tables = []
+            for p in range(partitions):
+                table = records(number, count, rng)
+                number += count
+                pieces[p].append(table)
+                if producer is None:
+                    # durable=False only to build the fixture quickly; reading is measured.
+                    store.partition(TOPIC, p).append(table, durable=False)
+                else:
+                    round_tables.append(
+                        table.append_column("partition", pa.array(np.full(count, p, np.int32)))
+                    )
+            if producer is not None:
+                producer.send_batch(TOPIC, pa.concat_tables(round_tables))
+                producer.flush()
+    finally:
+        if producer is not None:
+            producer.close()
+    for p in range(partitions):
+        whole = pa.concat_tables(pieces[p])
         n = whole.num_rows
         rows = pa.table(
             {
@@ -114,6 +150,17 @@ def build(root: str, parquet_dir: str, total: int, partitions: int, segment_reco
         )
 
 
+def live_segments(root: str) -> dict[str, int]:
+    """How the topic's live records are stored: ranges of data objects, per-partition files."""
+    store = Store(Path(root).as_uri())
+    meta = store.topic(TOPIC)
+    counts = {"ranged": 0, "files": 0}
+    for p in range(meta.partitions):
+        for seg in store.partition_state(TOPIC, p, meta).segments:
+            counts["ranged" if seg.byte_range is not None else "files"] += 1
+    return counts
+
+
 def timed(fn: Any) -> tuple[float, Any]:
     started = time.perf_counter()
     result = fn()
@@ -128,6 +175,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--trigger-records", type=int, default=500_000)
     parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--layout", type=int, choices=(2, 3), default=3)
+    parser.add_argument(
+        "--write",
+        choices=("append", "producer"),
+        default="append",
+        help="append: one file per segment; producer: one producer flush per round "
+        "(layout 3: a data object with a range per partition)",
+    )
+    parser.add_argument(
+        "--merge", action="store_true", help="run the merge job (in process) before reading"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
@@ -142,8 +200,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     spark = None
     try:
         t0 = time.perf_counter()
-        build(root, parquet_dir, args.records, args.partitions, args.segment_records)
+        build(
+            root,
+            parquet_dir,
+            args.records,
+            args.partitions,
+            args.segment_records,
+            layout=args.layout,
+            write=args.write,
+        )
         build_s = time.perf_counter() - t0
+        stored = {"before_merge": live_segments(root)}
+        merge_s = None
+        if args.merge:
+            from kstore.compaction import merge_segments
+
+            merge_s, _ = timed(
+                lambda: merge_segments(None, Path(root).as_uri(), None, [TOPIC], verbose=False)
+            )
+            stored["after_merge"] = live_segments(root)
+        print(f"built in {build_s:.1f} s; live segments {stored}", flush=True)
         spark = (
             SparkSession.builder.master(args.master)
             .appName("kstore-bench-spark-read")
@@ -215,6 +291,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "value_bytes": 100,
         "repeat": args.repeat,
         "build_seconds": build_s,
+        "layout": args.layout,
+        "write": args.write,
+        "merged": args.merge,
+        "merge_seconds": merge_s,
+        "live_segments": stored,
         "kstore_median_s": kstore_s,
         "parquet_median_s": parquet_s,
         "kstore_runs_s": kstore_times,

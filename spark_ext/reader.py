@@ -272,24 +272,26 @@ class KStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = from_json_offsets(start)
         until = from_json_offsets(end)
         resolver = self.resolver
-        ranges = []
-        states = {}
+        present = []
         for tp in sorted(until):
             if tp.topic not in resolver.metadata:
                 resolver.topics(strict=False)
             if tp.topic not in resolver.metadata:
                 report_data_loss(self.options.fail_on_data_loss, f"topic {tp.topic!r} is gone")
                 continue
-            state = resolver.state(tp, refresh=tp not in states)
-            states[tp] = state
-            r = check_range(
+            present.append(tp)
+        # One request per topic log (layout 3) or partition log, as latestOffset asks.
+        states = resolver.states(present)
+        ranges = [
+            check_range(
                 tp,
                 begin.get(tp, 0),
                 until[tp],
-                state,
+                states[tp],
                 fail_on_data_loss=self.options.fail_on_data_loss,
             )
-            ranges.append(r)
+            for tp in present
+        ]
         tasks: list[InputPartition] = list(
             plan_tasks(
                 ranges,

@@ -10,11 +10,13 @@ and touch no manifest at all.
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import itertools
 import logging
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,12 +25,14 @@ from pyspark.sql.datasource import InputPartition
 
 from kstore.errors import (
     InvalidTopicError,
+    KStoreError,
     MissingSegmentError,
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
 )
 from kstore.layout import TOPICS
-from kstore.partition import PartitionState, Segment
+from kstore.manifest import segment_location
+from kstore.partition import Partition, PartitionState, Segment, _cache_key
 from kstore.records import TopicPartition
 from kstore.store import Store, TopicMetadata
 
@@ -55,6 +59,8 @@ from .stores import get_store
 log = logging.getLogger(__name__)
 
 ROWS_PER_BATCH = 65_536  # rows per Arrow batch handed to Spark
+# On an object store a task fetches its next segments together, up to this many bytes.
+FETCH_AHEAD_BYTES = 64 << 20
 Offsets = dict[TopicPartition, int]
 
 
@@ -224,13 +230,19 @@ def read_task(task: ReadTask, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
     segment_columns = [c for c in SEGMENT_COLUMNS if c in wanted] + ["offset"]
     low_us, high_us = pushdown.bounds("timestamp")
     constants = ConstantColumns(task.topic, task.partition, task.timestamp_type)
-    for seg in segments:
-        if seg.last_offset < start or seg.base_offset >= end:
-            continue
-        if not _segment_in_time(seg, low_us, high_us):
-            continue
+    wanted_segments = [
+        seg
+        for seg in segments
+        if seg.last_offset >= start
+        and seg.base_offset < end
+        and _segment_in_time(seg, low_us, high_us)
+    ]
+    fetched: dict[str, bytes] = {}
+    for i, seg in enumerate(wanted_segments):
+        if seg.path not in fetched:
+            fetched = _fetch_ahead(partition, wanted_segments[i:], segment_columns)
         try:
-            table = partition.read_segment(seg, segment_columns)
+            table = partition.read_segment(seg, segment_columns, data=fetched.pop(seg.path, None))
         except MissingSegmentError as exc:
             report_data_loss(
                 ctx.fail_on_data_loss,
@@ -249,6 +261,69 @@ def read_task(task: ReadTask, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
                     batch = batch.filter(mask)
             if batch.num_rows:
                 yield output_batch(batch, projection, schema, constants)
+
+
+def _fetch_ahead(
+    partition: Partition, segments: Sequence[Segment], columns: list[str]
+) -> dict[str, bytes]:
+    """On an object store, the bytes of the next segments this task reads (up to
+    FETCH_AHEAD_BYTES, at least one segment), fetched together rather than one round trip
+    each: the ranges of one data object (layout 3) in one coalesced request, whole files and
+    different objects concurrently. Segments already decoded in the cache are skipped. A
+    segment that cannot be fetched here is left out: its own read reports the error."""
+    storage = partition.storage
+    if not storage.is_remote:
+        return {}  # a local read costs no round trip
+    window: list[Segment] = []
+    size = 0
+    for seg in segments:
+        if window and size + seg.size_bytes > FETCH_AHEAD_BYTES:
+            break
+        # The partition's own cache key (decoded tables are cached per columns and schema).
+        if (
+            partition.cache.get(
+                f"{partition.directory}/{_cache_key(seg, columns, partition.layout)}"
+            )
+            is None
+        ):
+            window.append(seg)
+            size += seg.size_bytes
+    if len(window) < 2:
+        return {}
+    whole = {
+        segment_location(partition.directory, s.path): s for s in window if s.byte_range is None
+    }
+    ranged: dict[str, list[Segment]] = {}
+    for seg in window:
+        if seg.byte_range is not None:
+            ranged.setdefault(segment_location(partition.directory, seg.path), []).append(seg)
+
+    def whole_files() -> dict[str, bytes]:
+        found = storage.read_many(list(whole))
+        return {whole[location].path: data for location, data in found.items()}
+
+    def one_object(location: str) -> dict[str, bytes]:
+        members = ranged[location]
+        spans = [
+            (s.byte_range[0], s.byte_range[0] + s.byte_range[1]) for s in members if s.byte_range
+        ]
+        pieces = storage.read_ranges(location, spans)
+        return {
+            s.path: data
+            for s, data in zip(members, pieces, strict=True)
+            if s.byte_range is not None and len(data) == s.byte_range[1]
+        }
+
+    jobs: list[Callable[[], dict[str, bytes]]] = [whole_files] if whole else []
+    jobs.extend(functools.partial(one_object, location) for location in ranged)
+    out: dict[str, bytes] = {}
+    with concurrent.futures.ThreadPoolExecutor(min(8, len(jobs))) as pool:
+        for future in [pool.submit(job) for job in jobs]:
+            try:
+                out.update(future.result())
+            except (FileNotFoundError, KStoreError):
+                continue
+    return out
 
 
 # -- the driver side ------------------------------------------------------------------------------
@@ -323,16 +398,30 @@ class Resolver:
             TopicPartition(t, p) for t, meta in topics.items() for p in range(meta.partitions)
         )
 
-    def state(self, tp: TopicPartition, *, refresh: bool = True) -> PartitionState:
+    def _partition(self, tp: TopicPartition) -> Partition:
         meta = self.metadata.get(tp.topic)
         if meta is None:
             meta = self.metadata[tp.topic] = self.store.topic(tp.topic)
-        return self.store.partition(tp.topic, tp.partition, meta).state(refresh=refresh)
+        return self.store.partition(tp.topic, tp.partition, meta)
+
+    def state(self, tp: TopicPartition, *, refresh: bool = True) -> PartitionState:
+        return self._partition(tp).state(refresh=refresh)
 
     def states(
         self, tps: Iterable[TopicPartition], *, refresh: bool = True
     ) -> dict[TopicPartition, PartitionState]:
-        return {tp: self.state(tp, refresh=refresh) for tp in tps}
+        """The states of ``tps``. Layout 3: each topic log is asked once (its partitions
+        share it), not once per partition, and its partitions are seen at one version."""
+        out: dict[TopicPartition, PartitionState] = {}
+        polled: set[int] = set()
+        for tp in tps:
+            part = self._partition(tp)
+            fresh = refresh
+            if part.topic_log is not None:
+                fresh = refresh and id(part.topic_log) not in polled
+                polled.add(id(part.topic_log))
+            out[tp] = part.state(refresh=fresh)
+        return out
 
     def visible_end(self, state: PartitionState) -> int:
         """Where "latest" is: the log end offset, or with read_committed (the default) the last

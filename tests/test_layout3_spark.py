@@ -110,11 +110,11 @@ def test_streaming_read_picks_up_new_flushes(
         )
 
     try:
-        wait_for(lambda: len(seen()) == 32)
+        wait_for(lambda: len(seen()) == 32, timeout=180)
         produce(store, "t", flushes=2, per_flush=32, tag="b")
         expected = consumed(store, "t")
         assert len(expected) == 96
-        wait_for(lambda: len(seen()) == 96)
+        wait_for(lambda: len(seen()) == 96, timeout=180)
         assert seen() == expected
     finally:
         query.stop()
@@ -183,3 +183,43 @@ def test_compaction_keeps_the_latest_value_per_key(local_store_url: Any) -> None
     assert {
         info.name for info in store.storage.list_dir(f"topics/t/{store.topic('t').topic_id}/_data")
     } == objects
+
+
+def test_a_trigger_asks_each_topic_log_once(
+    local_store_url: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The partitions of one topic log share it: a streaming trigger (latestOffset, then
+    planning the batch) reads its next version once, not once per partition (the reader's
+    driver side, called directly)."""
+    from kstore.spark_ext.options import parse_read_options
+    from kstore.spark_ext.reader import KStoreStreamReader
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from kstore.storage import Storage
+
+    store = open_store(local_store_url)
+    store.create_topic("t", 4)
+    produce(store, "t", flushes=2, per_flush=32)
+    reader = KStoreStreamReader(
+        parse_read_options(
+            source_options(local_store_url, subscribe="t", startingOffsets="earliest"),
+            streaming=True,
+        ),
+        ["value"],
+    )
+    start = reader.initialOffset()
+    reads: list[str] = []
+    real_read = Storage.read
+    monkeypatch.setattr(
+        Storage, "read", lambda self, rel: (reads.append(rel), real_read(self, rel))[1]
+    )
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert sum(end["t"].values()) == 64
+    topic_id = store.topic("t").topic_id
+    shared = [r for r in reads if r.startswith(f"topics/t/{topic_id}/_log/")]
+    assert len(shared) == 1, reads  # the next version of the one topic log
+    reads.clear()
+    tasks = reader.partitions(start, end)
+    assert len(tasks) == 4
+    shared = [r for r in reads if r.startswith(f"topics/t/{topic_id}/_log/")]
+    assert len(shared) == 1, reads
