@@ -61,9 +61,9 @@ def warm_up(root: str, n: int) -> None:
             producer.send("warm", VALUE, key)
 
 
-def bench_send(root: str, n: int, acks: Any) -> float:
+def bench_send(root: str, n: int, acks: Any, layout: int = 3) -> float:
     store = Store(root)
-    store.create_topic("t", partitions=8)
+    store.create_topic("t", partitions=8, layout=layout)
     keys = keys_for(n)
     with Producer(store, acks=acks, linger_ms=5) as producer:
         send = producer.send
@@ -212,6 +212,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--latency-samples", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=5, help="runs of each send() case")
+    parser.add_argument("--send-only", action="store_true", help="only the send() cases")
     args = parser.parse_args()
     n = args.records
     work = tempfile.mkdtemp(prefix="kstore-bench-")
@@ -221,26 +222,36 @@ def main() -> None:
         warm_up(os.path.join(work, "warm"), min(n, 500_000))
         # The acks levels take turns, run after run, so that a slow spell of this shared
         # machine falls on all of them alike; each reports its median and its range.
-        runs: dict[Any, list[float]] = {1: [], "all": [], 0: []}
+        # Layout 2 (a segment and a commit per partition per delivery) runs beside layout 3
+        # (one data object and one commit per delivery) as its baseline, in the same run.
+        runs: dict[tuple[Any, int], list[float]] = {
+            (acks, layout): [] for acks in (1, "all", 0) for layout in (3, 2)
+        }
         for attempt in range(args.repeat):
-            for acks, rates in runs.items():
-                directory = os.path.join(work, f"send-{acks}-{attempt}")
-                rates.append(bench_send(directory, n, acks))
+            for (acks, layout), rates in runs.items():
+                directory = os.path.join(work, f"send-{acks}-{layout}-{attempt}")
+                rates.append(bench_send(directory, n, acks, layout))
                 shutil.rmtree(directory, ignore_errors=True)  # keep the page cache small
-        for acks, rates in runs.items():
-            rate = statistics.median(rates)
+        for acks in (1, "all", 0):
+            rates, old = runs[(acks, 3)], runs[(acks, 2)]
+            rate, old_rate = statistics.median(rates), statistics.median(old)
             results[f"send_acks_{acks}"] = rate
             results[f"send_acks_{acks}_runs"] = rates
+            results[f"send_acks_{acks}_layout2"] = old_rate
+            results[f"send_acks_{acks}_layout2_runs"] = old
             rows.append(
                 {
                     "case": f"send() acks={acks}",
                     "records/s": rate,
-                    "baseline": f"runs {min(rates):,.0f}-{max(rates):,.0f}",
-                    "ratio": "",
+                    "baseline": f"layout 2 {old_rate:,.0f}/s (runs {min(rates):,.0f}-{max(rates):,.0f})",
+                    "ratio": rate / old_rate,
                     # A published figure, not measured here: printed beside, never divided into.
                     "reference": "Kafka 2014: 821,557/s",
                 }
             )
+        if args.send_only:
+            print(table(rows, ["case", "records/s", "baseline", "ratio", "reference"]))
+            return
         data = records_table(n)
         chunk = 100_000
         floor = bench_ipc_floor(os.path.join(work, "ipc"), data, chunk)
