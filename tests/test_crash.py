@@ -18,7 +18,7 @@ from kstore import PartitionState, Store
 from kstore.errors import CorruptLogError
 from kstore.log import encode_commit, parse_log_file_name, version_file
 from kstore.partition import Partition
-from kstore.segments import TIMESTAMP_TYPE, decode_segment
+from kstore.segments import TIMESTAMP_TYPE, decode_segment, read_segment_data
 from tests.conftest import StoreTarget
 from tests.test_races import TOPIC, Ack, parse_acks, start_writer_processes, verify_log
 
@@ -98,9 +98,17 @@ def test_an_uncommitted_segment_is_invisible(any_store: StoreTarget) -> None:
 def kill_writers_mid_flight(
     target: StoreTarget, writers: int, run_s: float
 ) -> dict[int, list[Ack]]:
-    """Start writer processes committing in a loop, SIGKILL them after ``run_s`` seconds of
-    writing, and return what each had been told was committed."""
+    """Start writer processes committing in a loop, SIGKILL them ``run_s`` seconds after each
+    has had a first append acknowledged, and return what each had been told was committed."""
     procs = start_writer_processes(target, writers, seconds=600.0)
+    # Wait for a first acknowledgement from every writer, however loaded the machine (a first
+    # append may take longer than run_s): the kill must land while they are committing.
+    first: list[str] = []
+    for proc in procs:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("["), f"writer stopped before its first append: {line!r}"
+        first.append(line)
     time.sleep(run_s)
     for proc in procs:
         proc.send_signal(signal.SIGKILL)
@@ -109,19 +117,21 @@ def kill_writers_mid_flight(
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == -signal.SIGKILL
         assert "done" not in out  # it really died mid-loop
-        acks[writer] = parse_acks(out)
+        acks[writer] = parse_acks(first[writer] + out)
     return acks
 
 
+@pytest.mark.parametrize("layout", [2, 3])
 @pytest.mark.parametrize("backend", ["local", pytest.param("seaweed", marks=pytest.mark.s3)])
 def test_a_writer_killed_mid_commit_leaves_a_clean_log(
-    request: pytest.FixtureRequest, backend: str
+    request: pytest.FixtureRequest, backend: str, layout: int
 ) -> None:
+    """Layout 2: the partition log; layout 3: the topic log, with its checkpoints' sidecars."""
     fixture = "seaweed_bucket_url" if backend == "seaweed" else "local_store_url"
     url, options = request.getfixturevalue(fixture)
     target = StoreTarget(backend, url, options)
     store = Store(url, options)
-    store.create_topic(TOPIC, 1, {"checkpoint.interval": 7})
+    store.create_topic(TOPIC, 1, {"checkpoint.interval": 7}, layout=layout)
 
     acks = kill_writers_mid_flight(target, writers=2, run_s=1.0)
     assert sum(len(a) for a in acks.values()) > 0, "the writers never committed anything"
@@ -134,7 +144,7 @@ def test_a_writer_killed_mid_commit_leaves_a_clean_log(
 
     # Every committed segment is there and its checksum verifies.
     for seg in state.segments:
-        data = fresh.storage.read(f"{fresh.directory}/{seg.path}")
+        data = read_segment_data(fresh.storage, fresh.directory, seg, seg.path)
         table = decode_segment(
             data,
             where=seg.path,
