@@ -223,3 +223,35 @@ def test_a_trigger_asks_each_topic_log_once(
     assert len(tasks) == 4
     shared = [r for r in reads if r.startswith(f"topics/t/{topic_id}/_log/")]
     assert len(shared) == 1, reads
+
+
+@pytest.mark.s3
+def test_a_read_task_on_s3_fetches_each_range_once(seaweed_bucket_url: Any) -> None:
+    """A task (run here, as an executor runs it) reads its partition's ranges of three data
+    objects ahead, together, and decodes what it fetched: one GET per object, none twice."""
+    from kstore.spark_ext.options import parse_read_options
+    from kstore.spark_ext.reading import ReadContext, ReadTask, read_task
+    from kstore.spark_ext.schema import Projection
+    from kstore.spark_ext.stores import get_store
+
+    store = open_store(seaweed_bucket_url)
+    store.create_topic("t", 4)
+    produce(store, "t", flushes=3, per_flush=64)
+    meta = store.topic("t")
+    state = store.partition_state("t", 1, meta)
+    assert [s.byte_range is not None for s in state.segments] == [True] * 3
+    options = parse_read_options(source_options(seaweed_bucket_url, subscribe="t"), streaming=True)
+    context = ReadContext(
+        store=options.store,
+        projection=Projection(("partition", "offset", "key", "value")),
+        fail_on_data_loss=True,
+        cache_bytes=0,
+    )
+    task = ReadTask(meta, 1, 0, state.end_offset, 0, state.segments)
+    executor_store = get_store(options.store, 0)  # the store the task opens
+    with executor_store.storage.count_requests() as requests:
+        rows = [row for batch in read_task(task, context) for row in batch.to_pylist()]
+    assert requests["GET"] == 3
+    assert sorted((r["partition"], r["offset"], r["key"], r["value"]) for r in rows) == [
+        row for row in consumed(store, "t") if row[0] == 1
+    ]
