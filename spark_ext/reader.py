@@ -130,8 +130,9 @@ class KStoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     The driver-side methods run in one long-lived Python process per query, so the resolver
     (with its cached manifest states), the last trigger time and the availableNow target
-    live on this object between triggers. Polling for new data reads, per partition, the next
-    manifest version by name: one GET that usually finds nothing, never a listing.
+    live on this object between triggers. Polling for new data reads the next manifest
+    version by name, once per partition log or (layout 3) per topic log: one GET that usually
+    finds nothing, never a listing.
     """
 
     def __init__(self, options: ReadOptions, projection: Projection) -> None:
