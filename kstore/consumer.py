@@ -638,6 +638,9 @@ class Consumer:
             else:
                 state = partition.state(refresh=id(shared) not in asked)
                 asked.add(id(shared))
+            if state.sealed_layout is not None:
+                # Upgraded (PROTOCOL.md 8.29): the topic log is read from the next poll on.
+                self._metadata.pop(tp.topic, None)
             plan.append((tp, partition, state))
         prefetch(
             [

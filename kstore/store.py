@@ -588,7 +588,7 @@ class Store:
         meta = metadata or self.topic(topic)
         with self._lock:
             opened = self._partitions.get((topic, meta.topic_id, partition))
-        if opened is not None:
+        if opened is not None and (opened.topic_log is not None or meta.layout != 3):
             return opened.state()
         if meta.layout == 3:
             self.partition_directory(topic, partition, meta)  # checks the number
@@ -632,6 +632,12 @@ class Store:
         key = (topic, meta.topic_id, partition)
         with self._lock:
             existing = self._partitions.get(key)
+        if existing is not None and existing.topic_log is None and meta.layout == 3:
+            # Upgraded to layout 3 since it was opened: its partition log is sealed.
+            with self._lock:
+                if self._partitions.get(key) is existing:
+                    del self._partitions[key]
+            existing = None
         if existing is not None:
             if meta.schemas and meta.schemas[-1].get("id", 0) > existing.layout.schema_id:
                 self._adopt_layout(existing, meta)

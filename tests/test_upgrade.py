@@ -658,11 +658,6 @@ def test_a_live_idempotent_producer_carries_on_through_the_upgrade(
     assert meta.layout == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Store.partition keeps serving the layout-2 Partition object (sealed partition log) "
-    "of a topic upgraded since it was opened, so a live consumer never reads the topic log",
-)
 def test_a_live_consumer_reads_what_is_written_after_the_upgrade(
     target: tuple[str, dict[str, Any]],
 ) -> None:
@@ -686,11 +681,6 @@ def test_a_live_consumer_reads_what_is_written_after_the_upgrade(
     assert got == [b"old", b"new"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Store.partition keeps serving the layout-2 Partition object of a topic upgraded "
-    "since it was opened, so the markers go to the sealed partition log and are refused",
-)
 def test_a_live_transaction_commits_after_the_upgrade(
     target: tuple[str, dict[str, Any]],
 ) -> None:
