@@ -332,11 +332,14 @@ def test_count_requests_is_for_s3_only(tmp_path: Path) -> None:
 # --- a segment PUT sent again after its answer was lost ------------------------------------------
 
 
+@pytest.mark.parametrize("layout", [2, 3])
 def test_send_succeeds_when_a_segment_put_is_sent_again_after_its_answer_was_lost(
-    s3_store: tuple[str, dict[str, Any]],
+    s3_store: tuple[str, dict[str, Any]], layout: int
 ) -> None:
+    """Layout 2: the segment file; layout 3: the data object (written as a segment is)."""
     url, options = s3_store
-    Store(url, options).create_topic("t", 1)
+    Store(url, options).create_topic("t", 1, layout=layout)
+    written = "/segments/" if layout == 2 else "/_data/"
     producer = Producer(url, storage_options=options, acks=1, linger_ms=0, retries=5)
     lost: list[str] = []
 
@@ -347,7 +350,7 @@ def test_send_succeeds_when_a_segment_put_is_sent_again_after_its_answer_was_los
         # and the second PUT gets 412 because the first one created the object.
         url_path = str(request_dict.get("url_path", ""))
         status = response[0].status_code if response else None
-        if "/segments/" in url_path and status == 200 and not lost:
+        if written in url_path and status == 200 and not lost:
             lost.append(url_path)
             return 0.0
         return None
