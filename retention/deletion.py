@@ -24,10 +24,9 @@ from typing import Any
 
 from kstore.compaction.jobs import PartitionResult, WorkItem, now_ms, policies
 
-from kstore.errors import UnknownTopicOrPartitionError
 from kstore.log import Action
-from kstore.partition import Partition, PartitionState, Segment
-from kstore.store import Store, TopicMetadata
+from kstore.partition import PartitionState, Segment
+from kstore.store import Store
 
 OPERATION = "retention"
 
@@ -76,27 +75,9 @@ def plan_retention(
     return RetentionPlan(segments[:n], start, why)
 
 
-def layout3_metadata(store: Store, item: WorkItem) -> TopicMetadata | None:
-    """The topic's metadata when ``item``'s incarnation is a layout-3 topic (its partitions
-    share topic logs), else None (layout 2, or the topic deleted or re-created since the
-    job was planned: its old incarnation is then left to the stale-incarnation sweep)."""
-    try:
-        meta = store.topic(item.topic)
-    except UnknownTopicOrPartitionError:
-        return None
-    return meta if meta.layout == 3 and meta.topic_id == item.topic_id else None
-
-
-def open_partition(store: Store, item: WorkItem) -> Partition:
-    """The partition of ``item``: in layout 3 the store's partition object, which commits to
-    its topic log (a partition of layout 3 has no log of its own)."""
-    meta = layout3_metadata(store, item)
-    return item.open(store) if meta is None else store.partition(item.topic, item.partition, meta)
-
-
 def retention_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> PartitionResult:
     """The retention job's per-partition function (runs on an executor)."""
-    part = open_partition(store, item)
+    part = item.open(store)
     state = part.state()
     now = now_ms(options)
     result = PartitionResult.starting(item, OPERATION, state)

@@ -59,7 +59,7 @@ from kstore.compaction.jobs import PartitionResult, WorkItem, name_time_ms
 
 from kstore.config import INTENT_PROTECTION_MS, MIN_FILE_DELETE_DELAY_MS
 from kstore.config import MIN_ORPHAN_AGE_MS as MIN_ORPHAN_AGE_MS
-from kstore.errors import InvalidConfigurationError, KStoreError
+from kstore.errors import InvalidConfigurationError, KStoreError, UnknownTopicOrPartitionError
 from kstore.layout import TOPICS, partition_dir, topic_data_dir, topic_log_dir
 from kstore.log import (
     LAST_CHECKPOINT,
@@ -75,8 +75,6 @@ from kstore.partition import STALE_STATE_S, PartitionState
 from kstore.storage import FileInfo, Storage, unique_id
 from kstore.store import Store, TopicMetadata, TopicState
 from kstore.topic_log import SIDECARS, TopicLogFiles, TopicLogState
-
-from .deletion import layout3_metadata
 
 OPERATION = "vacuum"
 DEFAULT_ORPHAN_AGE_MS = 60 * 60_000
@@ -263,6 +261,17 @@ def _spark_intents(storage: Any, now: int) -> set[tuple[str, str]]:
         except (ValueError, KeyError, TypeError):
             continue  # malformed: protects nothing (vacuum errs on the side of keeping files)
     return protected
+
+
+def layout3_metadata(store: Store, item: WorkItem) -> TopicMetadata | None:
+    """The topic's metadata when ``item``'s incarnation is a layout-3 topic (its partitions
+    share topic logs), else None (layout 2, or the topic deleted or re-created since the
+    job was planned: its old incarnation is then left to the stale-incarnation sweep)."""
+    try:
+        meta = store.topic(item.topic)
+    except UnknownTopicOrPartitionError:
+        return None
+    return meta if meta.layout == 3 and meta.topic_id == item.topic_id else None
 
 
 def vacuum_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> PartitionResult:
