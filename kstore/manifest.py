@@ -206,6 +206,12 @@ class PartitionState(LogState):
         clone.ended_transactions = dict(self.ended_transactions)
         return clone
 
+    def view(self) -> PartitionState:
+        """A shallow copy (shares the lists and dicts): for read-only use of a published state."""
+        clone = object.__new__(PartitionState)
+        clone.__dict__.update(self.__dict__)
+        return clone
+
     # -- replay --------------------------------------------------------------------------------
 
     def apply(self, name: str, body: dict[str, Any]) -> None:

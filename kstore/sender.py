@@ -10,6 +10,7 @@ accumulator (:mod:`kstore.accumulator`) and asks the transaction manager, never 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import os
 import threading
@@ -279,9 +280,7 @@ class Sender:
                 each: concurrent.futures.Future[tuple[int, int]] = concurrent.futures.Future()
                 delivery.writes[p] = each
             job.add_done_callback(
-                lambda done, ps=list(tables), d=delivery: _fan_out(
-                    done, {p: d.writes[p] for p in ps}
-                )
+                functools.partial(_fan_out, each={p: delivery.writes[p] for p in tables})
             )
 
     def _chained_shared_write(

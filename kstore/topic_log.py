@@ -120,8 +120,8 @@ class TopicLogState(LogState):
         if view is not None:
             return view
         state = self.partitions.get(partition)
-        view = PartitionState() if state is None else LogState.copy(state)  # type: ignore[assignment]
-        assert isinstance(view, PartitionState)
+        # A shallow copy: it shares the state's lists, which no one changes once handed out.
+        view = PartitionState() if state is None else state.view()
         view.version = self.version
         view.last_commit_ms = self.last_commit_ms
         view.min_reader_version = self.min_reader_version
