@@ -649,9 +649,10 @@ def test_retention_removes_old_typed_segments(local: tuple[Store, Path]) -> None
 def test_typed_topic_logs_need_reader_version_2_and_binary_ones_stay_at_1(
     local: tuple[Store, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Layout 2 (what readers of versions 1 and 2 can read)."""
     store, root = local
-    store.create_topic("typed", 1, value_schema="v INT")
-    store.create_topic("raw", 1)
+    store.create_topic("typed", 1, value_schema="v INT", layout=2)
+    store.create_topic("raw", 1, layout=2)
     assert TYPED_TOPICS_VERSION == 2
     assert store._topic_log("typed").load().min_reader_version == TYPED_TOPICS_VERSION
     assert store._topic_log("raw").load().min_reader_version == 1
@@ -661,6 +662,35 @@ def test_typed_topic_logs_need_reader_version_2_and_binary_ones_stay_at_1(
     with pytest.raises(UnsupportedFormatVersionError):
         old.topic("typed")
     assert old.topic("raw").partitions == 1
+
+
+@pytest.mark.parametrize("reader", [1, 2])
+def test_layout_3_topics_need_reader_version_3_typed_or_not(
+    local: tuple[Store, Path], monkeypatch: pytest.MonkeyPatch, reader: int
+) -> None:
+    """Layout 3: the topic metadata log and the topic log need version 3, typed or not; a
+    reader of version 1 or 2 refuses both topics and still reads the layout-2 ones."""
+    store, root = local
+    store.create_topic("typed", 1, value_schema="v INT")
+    store.create_topic("raw", 1)
+    store.create_topic("typed2", 1, value_schema="v INT", layout=2)
+    store.create_topic("raw2", 1, layout=2)
+    written = {"typed": {"v": 1}, "raw": b"r", "typed2": {"v": 2}, "raw2": b"r2"}
+    for topic, value in written.items():
+        produce(store, topic, [(None, value)])
+    for topic in ("typed", "raw"):
+        metadata_log = store._topic_log(topic).load()
+        topic_log = store.partition(topic, 0).log.load()
+        for state in (metadata_log, topic_log):
+            assert (state.min_reader_version, state.min_writer_version) == (3, 3), topic
+    monkeypatch.setattr(kstore_log, "READER_VERSION", reader)
+    old = Store(root.as_uri())
+    for topic in ("typed", "raw"):
+        with pytest.raises(UnsupportedFormatVersionError, match="reader version 3"):
+            old.topic(topic)
+    readable = {"typed2": [{"v": 2}], "raw2": [b"r2"]} if reader == 2 else {"raw2": [b"r2"]}
+    for topic, values in readable.items():
+        assert [r.value for r in read_all(old, topic)] == values
 
 
 def _rewrite_schemas(store: Store, topic: str, schemas: list[Any]) -> None:
@@ -703,11 +733,13 @@ def test_malformed_schema_entries_are_corrupt_logs(local: tuple[Store, Path]) ->
         _ = Store(root.as_uri()).topic("t").schema_history
 
 
-def test_a_corrupt_typed_segment_is_refused(local: tuple[Store, Path]) -> None:
+@pytest.mark.parametrize("layout", [2, 3])
+def test_a_corrupt_typed_segment_is_refused(local: tuple[Store, Path], layout: int) -> None:
+    """Layout 2: the segment file; layout 3: the data object holding the segment."""
     store, root = local
-    store.create_topic("t", 1, value_schema=USERS)
+    store.create_topic("t", 1, value_schema=USERS, layout=layout)
     produce(store, "t", [(None, {"id": i, "name": "x" * 50}) for i in range(20)])
-    (segment,) = list(root.rglob("segments/*.arrow"))
+    (segment,) = list(root.rglob("segments/*.arrow" if layout == 2 else "_data/*.kdat"))
     data = bytearray(segment.read_bytes())
     data[len(data) // 2] ^= 0xFF
     segment.write_bytes(bytes(data))
