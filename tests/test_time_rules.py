@@ -44,9 +44,9 @@ class ManualClock:
 
 
 class PausingStorage(Storage):
-    """Runs ``pause`` once, right after the first segment file is written: the moment a
-    writer holds a written segment it has not committed yet (a GC pause, SIGSTOP, a frozen
-    VM)."""
+    """Runs ``pause`` once, right after the first segment file or data object is written: the
+    moment a writer holds a written segment it has not committed yet (a GC pause, SIGSTOP, a
+    frozen VM)."""
 
     def __init__(self, url: str, pause: Callable[[], None]) -> None:
         super().__init__(url)
@@ -54,7 +54,7 @@ class PausingStorage(Storage):
 
     def put_new(self, rel: str, data: bytes | memoryview, *, durable: bool = True) -> None:
         super().put_new(rel, data, durable=durable)
-        if "/segments/" in rel and self.pause is not None:
+        if ("/segments/" in rel or "/_data/" in rel) and self.pause is not None:
             pause, self.pause = self.pause, None
             pause()
 
@@ -68,12 +68,14 @@ def values(store: Store, topic: str) -> list[bytes]:
     return [v for b in part.read(0) for v in b.column("value").to_pylist()]
 
 
+@pytest.mark.parametrize("layout", [2, 3])
 @pytest.mark.parametrize("transactional", [False, True])
 def test_a_producer_paused_between_write_and_commit_never_commits_a_vacuumed_segment(
-    tmp_path: Path, transactional: bool
+    tmp_path: Path, transactional: bool, layout: int
 ) -> None:
+    """Layout 2: a segment file; layout 3: a data object."""
     url = f"file://{tmp_path}/store"
-    Store(url).create_topic("t", 1)
+    Store(url).create_topic("t", 1, layout=layout)
     clock = ManualClock()
     vacuumed: list[str] = []
 
@@ -100,6 +102,7 @@ def test_a_producer_paused_between_write_and_commit_never_commits_a_vacuumed_seg
             producer.commit_transaction()
     assert metadata.offset == 0
     assert len(vacuumed) == 1  # the paused write's file went; the record was written again
+    assert ("/segments/" if layout == 2 else "/_data/") in vacuumed[0]
     assert values(Store(url), "t") == [b"v"]
     # And a later vacuum by the same storage clock keeps the committed file.
     vacuum(
