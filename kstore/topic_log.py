@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kstore import __version__
-from kstore.errors import CorruptLogError
+from kstore.errors import CorruptLogError, UnsupportedFormatVersionError
 from kstore.log import (
     LAST_CHECKPOINT,
     Action,
@@ -249,7 +249,8 @@ class TopicLogFiles(Log[TopicLogState]):
         if data is None:
             return None
         info, actions = decode_commit(data, where)
-        if info.get("checkpointVersion") != version:
+        header = info.get("checkpointVersion")
+        if not isinstance(header, int) or isinstance(header, bool) or header != version:
             raise CorruptLogError(
                 f"{where}: checkpoint header names version {info.get('checkpointVersion')!r}"
             )
@@ -294,6 +295,8 @@ class TopicLogFiles(Log[TopicLogState]):
             raise CorruptLogError(f"{where}: malformed checkpoint ({exc})") from None
         except CorruptLogError as exc:
             raise CorruptLogError(f"{where}: {exc}") from None
+        except UnsupportedFormatVersionError as exc:
+            raise UnsupportedFormatVersionError(f"{where}: {exc}") from None
         state.stamp(version)
         state.sidecars, state.sidecar_version = sidecars, version
         state.sidecars_seen = time.monotonic()
