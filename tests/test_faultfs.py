@@ -5,8 +5,13 @@ file: tests/test_regressions.py.)"""
 
 from __future__ import annotations
 
+import json
 import pickle
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -161,3 +166,47 @@ def test_rules_are_validated() -> None:
         _ = Storage(*faultfs.wrap_url("memory://x/y", faults=[{"op": "read", "kind": "bad"}])).fs
     with pytest.raises(ValueError, match="unknown crash point"):
         faultfs.Crash.of({"point": "nowhere"})
+
+
+def test_crash_points_fire_in_the_topic_logs_and_sidecars_of_layout_3(tmp_path: Path) -> None:
+    """`commit-landed` fires on a commit of topic log 1 (`_log.1/`), `checkpoint-write` on a
+    sidecar; what is left is readable: the landed commits are there, the interrupted
+    checkpoint is not."""
+    base = (tmp_path / "store").as_uri()
+    Store(base).create_topic("t", 2, {"commit.logs": 2, "checkpoint.interval": 2})
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from tests.reliability import faultfs
+        faultfs.register()
+        from kstore import Store, Producer
+        store = Store(sys.argv[1], json.loads(sys.argv[2]), create=False)
+        with Producer(store, acks="all", linger_ms=0) as producer:
+            for _ in range(int(sys.argv[3])):
+                producer.send("t", value=b"x", partition=1).get(timeout=30)
+        print("survived")
+        """
+    )
+    cases = [
+        ("commit-landed", r"/_log\.1/\d+\.json$", 1, 1),
+        ("checkpoint-write", "/_sidecars/", 2, 3),
+    ]
+    for point, path, sends, end_offset in cases:
+        url, options = faultfs.wrap_url(base, crashes=[{"point": point, "at": 1, "path": path}])
+        proc = subprocess.run(
+            [sys.executable, "-c", script, url, json.dumps(options), str(sends)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=str(Path(__file__).resolve().parents[1]),
+        )
+        assert proc.returncode == faultfs.CRASH_EXIT_CODE, (point, proc.stdout, proc.stderr)
+        part = Store(base, create=False).partition("t", 1)
+        assert part.log.directory.endswith("/_log.1")
+        assert part.state().end_offset == end_offset, point
+        assert values(Store(base, create=False), "t", 1) == [b"x"] * end_offset, point
+    # The sidecar write was interrupted before the checkpoint that would name it.
+    names = {i.name for i in Storage(base).list_dir(part.log.directory)}
+    assert not any(name.endswith(".checkpoint.json") for name in names)
+    assert "_last_checkpoint" not in names
+    assert values(Store(base, create=False), "t", 0) == []

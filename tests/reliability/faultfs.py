@@ -10,11 +10,13 @@ or ``s3``) and, by rule, makes its operations:
 
 and can crash the process (``os._exit``) at a named point of the commit protocol:
 
-- ``segment-written``: a segment file has landed, its commit has not been attempted;
-- ``commit-landed``: a log version (``_log/<version>.json``) has landed, the writer has not
-  been told;
-- ``checkpoint-write``: while a checkpoint is written (on a local target a partial temporary
-  file is left behind, as a process dying inside ``write`` would leave it);
+- ``segment-written``: a segment file or a data object (layout 3) has landed, its commit has
+  not been attempted;
+- ``commit-landed``: a log version (``_log/<version>.json``, or ``_log.<k>/`` for topic log
+  *k* of layout 3) has landed, the writer has not been told;
+- ``checkpoint-write``: while a checkpoint or one of its sidecars (layout 3) is written (on a
+  local target a partial temporary file is left behind, as a process dying inside ``write``
+  would leave it);
 - ``before-commit``: a log version is about to be written.
 
 A crash rule with ``"action": "stop"`` pauses the process there instead (it sends itself
@@ -65,9 +67,11 @@ OPS = ("create", "put", "read", "list", "exists", "delete")
 KINDS = ("fail", "ambiguous", "delay", "truncate")
 CRASH_POINTS = ("segment-written", "commit-landed", "checkpoint-write", "before-commit")
 
-_COMMIT = re.compile(r"/_log/\d{20}\.json$")
-_CHECKPOINT = re.compile(r"/_log/\d{20}\.checkpoint\.json$")
-_SEGMENT = re.compile(r"/segments/[^/]+\.(arrow|parquet)$")
+# Layout 2 and 3 paths: partition logs and topic logs (``_log``, ``_log.<k>``), checkpoints
+# and their sidecars, segment files and data objects.
+_COMMIT = re.compile(r"/_log(\.\d+)?/\d{20}\.json$")
+_CHECKPOINT = re.compile(r"(/_log(\.\d+)?/\d{20}\.checkpoint|/_sidecars/[^/]+)\.json$")
+_SEGMENT = re.compile(r"(/segments/[^/]+\.(arrow|parquet)|/_data/[^/]+\.kdat)$")
 _MEMORY_LOCK = threading.Lock()
 
 

@@ -77,7 +77,7 @@ def fault_rules(rate: float) -> list[dict[str, Any]]:
     return [
         {"op": "create", "kind": "fail", "p": rate},
         {"op": "create", "kind": "ambiguous", "p": rate},
-        {"op": "create", "kind": "truncate", "p": rate, "path": r"/segments/"},
+        {"op": "create", "kind": "truncate", "p": rate, "path": r"/segments/|/_data/"},
         {"op": "put", "kind": "truncate", "p": rate, "path": r"_last_checkpoint$"},
         {"op": "put", "kind": "fail", "p": rate / 2},
         {"op": "put", "kind": "ambiguous", "p": rate / 2},
