@@ -574,9 +574,36 @@ def _segments(cli: Cli, topic: str) -> Iterator[tuple[kstore.Store, Any, Any]]:
             yield store, partition, seg
 
 
-def test_verify_catches_a_corrupted_segment(cli: Cli) -> None:
-    cli.run("topics", "create", "good", "-p", "2")
-    cli.run("topics", "create", "bad", "-p", "2")
+def _create(cli: Cli, topic: str, partitions: int, layout: int, config: str = "") -> None:
+    """Create a topic through the command (layout 3, the default) or, for layout 2 (which the
+    command does not create), through the library."""
+    if layout == 3:
+        cli.run(
+            "topics", "create", topic, "-p", str(partitions), *(["-c", config] if config else [])
+        )
+        assert cli.store().topic(topic).layout == 3
+        return
+    settings = dict([config.split("=", 1)]) if config else {}
+    kstore.Store(cli.url, cli.options).create_topic(topic, partitions, settings, layout=2)
+
+
+def _bytes_of(partition: Any, seg: Any) -> tuple[str, int, int]:
+    """Where a live segment's bytes are: (file, first byte, length). In layout 3 a producer's
+    segment is a range of a data object that holds other partitions' ranges too."""
+    from kstore.manifest import segment_location
+
+    path = segment_location(partition.directory, seg.path)
+    if seg.byte_range is not None:
+        assert seg.path.startswith("_data/")
+        start, length = seg.byte_range
+        return path, start, length
+    return path, 0, seg.size_bytes
+
+
+@pytest.mark.parametrize("layout", [3, 2])
+def test_verify_catches_a_corrupted_segment(cli: Cli, layout: int) -> None:
+    _create(cli, "good", 2, layout)
+    _create(cli, "bad", 2, layout)
     for topic in ("good", "bad"):
         for _ in range(3):
             cli.run("produce", topic, "-k", ":", input="".join(f"k{i}:v{i}\n" for i in range(10)))
@@ -588,11 +615,14 @@ def test_verify_catches_a_corrupted_segment(cli: Cli) -> None:
     ] == [("bad", True, 30, []), ("good", True, 30, [])]
     assert "OK" in cli.run("verify").stderr
 
-    # Flip one byte in the middle of a segment (same size): only the checksum can tell.
+    # Flip one byte in the middle of a segment (same size): only the checksum can tell. In
+    # layout 3 the byte is inside this partition's range of the shared data object: the other
+    # partition's range of that object stays readable.
     store, partition, seg = next(_segments(cli, "bad"))
-    path = f"{partition.directory}/{seg.path}"
+    assert (seg.byte_range is not None) == (layout == 3)
+    path, start, length = _bytes_of(partition, seg)
     data = bytearray(store.storage.read(path))
-    data[len(data) // 2] ^= 0xFF
+    data[start + length // 2] ^= 0xFF
     store.storage.put(path, bytes(data))
     result = cli.run("verify", code=1)
     assert "checksum mismatch" in result.stdout
@@ -606,6 +636,8 @@ def test_verify_catches_a_corrupted_segment(cli: Cli) -> None:
     assert problem["partition"] == partition.partition
     assert problem["path"] == path
     assert "checksum mismatch" in problem["message"]
+    if layout == 3:
+        assert f"range {start}+{length}" in problem["message"]
     assert cli.json("verify", "good")["ok"] is True  # one topic only
     assert cli.json("verify", "bad", "--no-data")["ok"] is True  # the data is not read
 
@@ -613,15 +645,36 @@ def test_verify_catches_a_corrupted_segment(cli: Cli) -> None:
     segments = list(_segments(cli, "bad"))
     _, partition0, seg0 = [s for s in segments if s[1].partition == 0][-1]
     assert seg0.path != seg.path
-    store.storage.delete([f"{partition0.directory}/{seg0.path}"])
+    missing, _, _ = _bytes_of(partition0, seg0)
+    # Every partition with a live segment in the deleted file misses it (in layout 3 a data
+    # object holds both partitions' records of one flush).
+    holders = {p.partition for _, p, s in segments if s.path == seg0.path}
+    assert holders == ({0, 1} if layout == 3 else {0})
+    store.storage.delete([missing])
+    report = cli.json("verify", "bad", code=1)
+    problems = report["topics"][0]["problems"]
+    assert {
+        p["partition"] for p in problems if p["path"] == missing and "missing" in p["message"]
+    } == holders
+    assert all("missing from storage" in p["message"] for p in problems if p["path"] == missing)
     _, partition1, _ = segments[-1]
     assert partition1.partition == 1
-    log_file = f"{partition1.directory}/_log/00000000000000000001.json"
+    # The log partition 1 commits to: its own (layout 2) or the topic log (layout 3).
+    log_file = f"{partition1.log.directory}/00000000000000000001.json"
+    owner = partition1.directory if layout == 2 else partition1.directory.rsplit("/", 1)[0]
+    assert log_file == f"{owner}/_log/00000000000000000001.json"
     store.storage.put(log_file, store.storage.read(log_file)[:-20])
     report = cli.json("verify", "bad", code=1)
-    messages = " | ".join(p["message"] for p in report["topics"][0]["problems"])
-    assert "missing from storage" in messages
+    problems = report["topics"][0]["problems"]
+    messages = " | ".join(p["message"] for p in problems)
     assert "commit 1 is corrupt" in messages
+    if layout == 2:  # the other partition's log still loads: its missing segment is reported
+        assert "missing from storage" in messages
+        assert {p["partition"] for p in problems} == {0, 1}
+    else:  # the topic log is both partitions' log: neither partition's state loads
+        assert {
+            p["partition"] for p in problems if "the topic log cannot be loaded" in p["message"]
+        } == {0, 1}
     assert "does not exist" in cli.run("verify", "nope", code=1).stdout
 
 
