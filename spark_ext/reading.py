@@ -237,12 +237,12 @@ def read_task(task: ReadTask, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
         and seg.base_offset < end
         and _segment_in_time(seg, low_us, high_us)
     ]
-    fetched: dict[str, bytes] = {}
+    fetched: dict[SegmentKey, bytes] = {}
     for i, seg in enumerate(wanted_segments):
-        if seg.path not in fetched:
-            fetched = _fetch_ahead(partition, wanted_segments[i:], segment_columns)
+        if _key(seg) not in fetched:
+            fetched.update(_fetch_ahead(partition, wanted_segments[i:], segment_columns, fetched))
         try:
-            table = partition.read_segment(seg, segment_columns, data=fetched.pop(seg.path, None))
+            table = partition.read_segment(seg, segment_columns, data=fetched.pop(_key(seg), None))
         except MissingSegmentError as exc:
             report_data_loss(
                 ctx.fail_on_data_loss,
@@ -263,29 +263,39 @@ def read_task(task: ReadTask, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
                 yield output_batch(batch, projection, schema, constants)
 
 
+SegmentKey = tuple[str, tuple[int, int] | None]
+
+
+def _key(seg: Segment) -> SegmentKey:
+    return seg.path, seg.byte_range
+
+
 def _fetch_ahead(
-    partition: Partition, segments: Sequence[Segment], columns: list[str]
-) -> dict[str, bytes]:
-    """On an object store, the bytes of the next segments this task reads (up to
-    FETCH_AHEAD_BYTES, at least one segment), fetched together rather than one round trip
-    each: the ranges of one data object (layout 3) in one coalesced request, whole files and
-    different objects concurrently. Segments already decoded in the cache are skipped. A
-    segment that cannot be fetched here is left out: its own read reports the error."""
+    partition: Partition,
+    segments: Sequence[Segment],
+    columns: list[str],
+    held: Mapping[SegmentKey, bytes],
+) -> dict[SegmentKey, bytes]:
+    """On an object store, the bytes of the next segments this task reads, fetched together
+    rather than one round trip each: the ranges of one data object (layout 3) in one
+    coalesced request, whole files and different objects concurrently. Up to
+    FETCH_AHEAD_BYTES ahead, counting what is ``held`` already (not fetched again); segments
+    decoded in the cache are skipped. A segment that cannot be fetched here is left out: its
+    own read reports the error."""
     storage = partition.storage
     if not storage.is_remote:
         return {}  # a local read costs no round trip
     window: list[Segment] = []
     size = 0
     for seg in segments:
-        if window and size + seg.size_bytes > FETCH_AHEAD_BYTES:
+        if size + seg.size_bytes > FETCH_AHEAD_BYTES and (window or size):
             break
+        if _key(seg) in held:
+            size += seg.size_bytes
+            continue
         # The partition's own cache key (decoded tables are cached per columns and schema).
-        if (
-            partition.cache.get(
-                f"{partition.directory}/{_cache_key(seg, columns, partition.layout)}"
-            )
-            is None
-        ):
+        key = f"{partition.directory}/{_cache_key(seg, columns, partition.layout)}"
+        if partition.cache.get(key) is None:
             window.append(seg)
             size += seg.size_bytes
     if len(window) < 2:
@@ -298,25 +308,26 @@ def _fetch_ahead(
         if seg.byte_range is not None:
             ranged.setdefault(segment_location(partition.directory, seg.path), []).append(seg)
 
-    def whole_files() -> dict[str, bytes]:
+    def whole_files() -> dict[SegmentKey, bytes]:
         found = storage.read_many(list(whole))
-        return {whole[location].path: data for location, data in found.items()}
+        return {_key(whole[location]): data for location, data in found.items()}
 
-    def one_object(location: str) -> dict[str, bytes]:
-        members = ranged[location]
-        spans = [
-            (s.byte_range[0], s.byte_range[0] + s.byte_range[1]) for s in members if s.byte_range
-        ]
+    def one_object(location: str) -> dict[SegmentKey, bytes]:
+        members, spans = [], []
+        for s in ranged[location]:
+            if s.byte_range is not None:
+                members.append(s)
+                spans.append((s.byte_range[0], s.byte_range[0] + s.byte_range[1]))
         pieces = storage.read_ranges(location, spans)
         return {
-            s.path: data
-            for s, data in zip(members, pieces, strict=True)
-            if s.byte_range is not None and len(data) == s.byte_range[1]
+            _key(s): data
+            for s, (start, end), data in zip(members, spans, pieces, strict=True)
+            if len(data) == end - start  # cut short: the segment's own read reports it
         }
 
-    jobs: list[Callable[[], dict[str, bytes]]] = [whole_files] if whole else []
+    jobs: list[Callable[[], dict[SegmentKey, bytes]]] = [whole_files] if whole else []
     jobs.extend(functools.partial(one_object, location) for location in ranged)
-    out: dict[str, bytes] = {}
+    out: dict[SegmentKey, bytes] = {}
     with concurrent.futures.ThreadPoolExecutor(min(8, len(jobs))) as pool:
         for future in [pool.submit(job) for job in jobs]:
             try:
