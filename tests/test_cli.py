@@ -680,7 +680,8 @@ def test_verify_catches_a_corrupted_segment(cli: Cli, layout: int) -> None:
 
 def test_verify_checks_checkpoints_and_orphans(local_cli: Cli) -> None:
     cli = local_cli
-    cli.run("topics", "create", "t", "-c", "checkpoint.interval=3")
+    # The files a partition log of layout 2 keeps; layout 3's topic log and its sidecars below.
+    _create(cli, "t", 1, 2, "checkpoint.interval=3")
     for i in range(7):
         cli.run("produce", "t", input=f"r{i}\n")
     report = cli.json("verify", "t")
@@ -706,6 +707,64 @@ def test_verify_checks_checkpoints_and_orphans(local_cli: Cli) -> None:
         "checkpoint 3 disagrees" in p["message"] and "endOffset" in p["message"]
         for p in report["topics"][0]["problems"]
     )
+
+
+def test_verify_checks_topic_log_checkpoints_sidecars_and_orphans(local_cli: Cli) -> None:
+    """Layout 3: a checkpoint of the topic log holds each partition's state in a sidecar, and
+    a producer's orphan is a data object."""
+    from kstore.layout import topic_data_dir
+    from kstore.log import decode_commit
+    from kstore.partitioner import murmur2_partition
+
+    cli = local_cli
+    _create(cli, "t", 2, 3, "checkpoint.interval=3")
+    # One key per partition: each run is one flush, one commit of the topic log for both.
+    keys = [
+        next(f"k{n}" for n in range(100) if murmur2_partition(f"k{n}".encode(), 2) == p)
+        for p in (0, 1)
+    ]
+    for i in range(7):
+        cli.run("produce", "t", "-k", ":", input="".join(f"{k}:r{i}\n" for k in keys))
+    report = cli.json("verify", "t")
+    assert report["ok"] is True
+    assert report["topics"][0]["warnings"] == []
+    # The topic metadata log, topic log commits 0..6 and checkpoints 3 and 6.
+    assert report["topics"][0]["log_files"] >= 8 + 2
+    store = cli.store()
+    meta = store.topic("t")
+    incarnation = topic_data_dir("t", meta.topic_id)
+    partition = store.partition("t", 0, meta)
+    assert partition.state().end_offset == 7
+    log_dir = partition.log.directory
+    assert log_dir == f"{incarnation}/_log"
+    # An orphan segment (written, never committed) and an orphan data object (a flush that
+    # never committed) are warnings, not problems.
+    orphan_segment = partition.write_segment(_table([b"orphan"]))
+    orphan_object = f"{incarnation}/_data/{int(time.time() * 1000):013d}-{'cd' * 16}.kdat"
+    store.storage.put_if_absent(orphan_object, b"never committed")
+    report = cli.json("verify", "t")
+    assert report["ok"] is True
+    warnings = {w["path"]: w["message"] for w in report["topics"][0]["warnings"]}
+    segment = f"{partition.directory}/{orphan_segment.path}"
+    assert set(warnings) == {segment, orphan_object}
+    assert "not referenced by the manifest" in warnings[segment]
+    assert "data object no partition names" in warnings[orphan_object]
+    # A checkpoint whose sidecar disagrees with the commits is a problem, for that partition.
+    checkpoint = f"{log_dir}/00000000000000000003.checkpoint.json"
+    _, actions = decode_commit(store.storage.read(checkpoint), checkpoint)
+    sidecars = {body["partition"]: body["path"] for name, body in actions if name == "sidecar"}
+    assert set(sidecars) == {0, 1}
+    sidecar = f"{incarnation}/{sidecars[1]}"
+    text = store.storage.read(sidecar).decode()
+    assert '"endOffset":{"offset":4}' in text  # version 0 is the first append
+    store.storage.put(
+        sidecar, text.replace('"endOffset":{"offset":4}', '"endOffset":{"offset":9}').encode()
+    )
+    report = cli.json("verify", "t", code=1)
+    (problem,) = report["topics"][0]["problems"]
+    assert "checkpoint 3 disagrees" in problem["message"]
+    assert "partition 1: endOffset differs" in problem["message"]
+    assert problem["path"] == checkpoint
 
 
 def test_verify_finds_manifest_and_data_disagreeing(local_cli: Cli) -> None:
