@@ -6,6 +6,7 @@ conftest.py; the jobs run in this process (``spark=None``) where Spark adds noth
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -227,8 +228,9 @@ def test_a_trigger_asks_each_topic_log_once(
 
 @pytest.mark.s3
 def test_a_read_task_on_s3_fetches_each_range_once(seaweed_bucket_url: Any) -> None:
-    """A task (run here, as an executor runs it) reads its partition's ranges of three data
-    objects ahead, together, and decodes what it fetched: one GET per object, none twice."""
+    """A task (run here, as an executor runs it) reads its partition's ranges of four data
+    objects ahead, together, and decodes what it fetched: one GET per object, none twice,
+    and none for a segment already decoded in the executor's cache."""
     from kstore.spark_ext.options import parse_read_options
     from kstore.spark_ext.reading import ReadContext, ReadTask, read_task
     from kstore.spark_ext.schema import Projection
@@ -236,10 +238,10 @@ def test_a_read_task_on_s3_fetches_each_range_once(seaweed_bucket_url: Any) -> N
 
     store = open_store(seaweed_bucket_url)
     store.create_topic("t", 4)
-    produce(store, "t", flushes=3, per_flush=64)
+    produce(store, "t", flushes=4, per_flush=64)
     meta = store.topic("t")
     state = store.partition_state("t", 1, meta)
-    assert [s.byte_range is not None for s in state.segments] == [True] * 3
+    assert [s.byte_range is not None for s in state.segments] == [True] * 4
     options = parse_read_options(source_options(seaweed_bucket_url, subscribe="t"), streaming=True)
     context = ReadContext(
         store=options.store,
@@ -251,7 +253,16 @@ def test_a_read_task_on_s3_fetches_each_range_once(seaweed_bucket_url: Any) -> N
     executor_store = get_store(options.store, 0)  # the store the task opens
     with executor_store.storage.count_requests() as requests:
         rows = [row for batch in read_task(task, context) for row in batch.to_pylist()]
+    assert requests["GET"] == 4
+    expected = [row for row in consumed(store, "t") if row[0] == 1]
+    assert sorted((r["partition"], r["offset"], r["key"], r["value"]) for r in rows) == expected
+    # With a cache holding the second segment decoded, the task fetches the other three once.
+    cached = replace(context, cache_bytes=1 << 26)
+    caching_store = get_store(options.store, 1 << 26)
+    caching_store.partition("t", 1, meta).read_segment(
+        state.segments[1], [*context.projection.segment_columns, "offset"]
+    )
+    with caching_store.storage.count_requests() as requests:
+        rows = [row for batch in read_task(task, cached) for row in batch.to_pylist()]
     assert requests["GET"] == 3
-    assert sorted((r["partition"], r["offset"], r["key"], r["value"]) for r in rows) == [
-        row for row in consumed(store, "t") if row[0] == 1
-    ]
+    assert sorted((r["partition"], r["offset"], r["key"], r["value"]) for r in rows) == expected
