@@ -160,8 +160,11 @@ def test_vacuum_deletes_files_past_the_grace_period_only(local_store: Target) ->
         append(part, [b"b", b"b"], [b"3", b"4"], now_ms())
     cli.run("compact", "--no-spark")
     # The delay counts from when the storage recorded the removing commit: make that a minute
-    # ago for "now", as if the compaction had run then.
-    log_dir = Path(store.storage.full_path(f"{store.partition('now', 0).directory}/_log"))
+    # ago for "now", as if the compaction had run then. The commit is in the topic log.
+    now_log = store.partition("now", 0).log.directory
+    assert store.topic("now").layout == 3
+    assert now_log == store.topic_logs("now")[0].directory
+    log_dir = Path(store.storage.full_path(now_log))
     for commit in log_dir.iterdir():
         stamp = commit.stat().st_mtime - 60
         os.utime(commit, (stamp, stamp))

@@ -20,6 +20,7 @@ import pytest
 
 import kstore
 from kstore.groups import describe_group
+from kstore.manifest import segment_location
 from kstore.producer import Producer
 from tests.servers import ACCESS_KEY, SECRET_KEY, SeaweedServer
 
@@ -97,9 +98,14 @@ def test_round_trip_and_verify(target: tuple[str, dict[str, Any]]) -> None:
         p for p in (store.partition("orders", n) for n in (0, 1)) if p.state().segments
     )
     seg = partition.state().segments[0]
-    path = f"{partition.directory}/{seg.path}"
+    # A producer's segment is this partition's range of a data object (layout 3): the flipped
+    # byte is inside that range, 40 bytes before its end.
+    assert seg.byte_range is not None
+    start, length = seg.byte_range
+    path = segment_location(partition.directory, seg.path)
     data = bytearray(store.storage.read(path))
-    data[-40] ^= 0x01
+    assert len(data) >= start + length
+    data[start + length - 40] ^= 0x01
     store.storage.put(path, bytes(data))
     result = kstore_run("verify", env=env, code=1)
     assert "checksum mismatch" in result.stdout
