@@ -97,6 +97,8 @@ def test_every_call_to_a_silent_server_fails_once_the_deadline_passes(
         "read": lambda: st.read("topics/_log/00000000000000000000.json"),
         "read_if_exists": lambda: st.read_if_exists("a"),
         "read_many": lambda: st.read_many(["a", "b", "c"]),
+        # Range reads of data objects (layout 3): two runs, fetched concurrently.
+        "read_ranges": lambda: st.read_ranges("a", [(0, 10), (10 << 20, (10 << 20) + 10)]),
         "exists": lambda: st.exists("a"),
         "list_dir": lambda: st.list_dir("topics"),
         "put_if_absent": lambda: st.put_if_absent("a", b"x"),
