@@ -19,6 +19,8 @@ from kstore.compaction.jobs import parse_storage_options
 from typer.testing import CliRunner
 
 from kstore import Store
+from kstore.layout import topic_data_dir
+from kstore.producer import Producer
 from tests.test_cli import Cli, option_args
 from tests.test_jobs_support import (
     Target,
@@ -47,32 +49,72 @@ def cli_for(target: Target) -> Cli:
     return Cli("job", *target)
 
 
-def old_and_new_segments(store: Store, topic: str, partitions: int) -> None:
+# How the tests write records: "segments" appends a segment file per partition (what the
+# maintenance jobs and the Spark sink write); "objects" sends them with a producer, whose
+# flush is one data object holding every partition's records as a range (layout 3).
+WRITES = ["segments", "objects"]
+
+
+def write(
+    store: Store,
+    topic: str,
+    records: dict[int, list[tuple[bytes, bytes]]],
+    ts_ms: int,
+    how: str,
+) -> None:
+    """Write one batch of (key, value) records to each given partition."""
+    if how == "segments":
+        for p, pairs in records.items():
+            append(store.partition(topic, p), [k for k, _ in pairs], [v for _, v in pairs], ts_ms)
+        return
+    assert how == "objects", how
+    with Producer(store, linger_ms=60_000) as producer:
+        for p, pairs in records.items():
+            for key, value in pairs:
+                producer.send(topic, value=value, key=key, partition=p, timestamp_ms=ts_ms)
+        producer.flush()
+    # The premise: one flush, one data object holding a range of each partition written.
+    newest = {store.partition(topic, p).state().segments[-1] for p in records}
+    assert all(seg.byte_range is not None for seg in newest), newest
+    assert len({seg.path for seg in newest}) == 1, newest
+
+
+def stored_files(store: Store, topic: str) -> set[str]:
+    """What storage holds of a one-partition topic, as manifest paths: its segment files
+    and its topic's data objects."""
+    part = store.partition(topic, 0)
+    objects = f"{topic_data_dir(topic, store.topic(topic).topic_id)}/_data"
+    return {f"segments/{name}" for name in segment_files(store, part)} | {
+        f"_data/{info.name}" for info in store.storage.list_dir(objects)
+    }
+
+
+def old_and_new_segments(store: Store, topic: str, partitions: int, how: str) -> None:
     """Per partition: two expired segments (3 records), then a young one (2 records)."""
     now = now_ms()
-    for p in range(partitions):
-        part = store.partition(topic, p)
-        append(part, [b"a", b"b"], [b"1", b"2"], now - 3 * HOUR)
-        append(part, [b"c"], [b"3"], now - 2 * HOUR)
-        append(part, [b"d", b"e"], [b"4", b"5"], now)
+    every = range(partitions)
+    write(store, topic, {p: [(b"a", b"1"), (b"b", b"2")] for p in every}, now - 3 * HOUR, how)
+    write(store, topic, {p: [(b"c", b"3")] for p in every}, now - 2 * HOUR, how)
+    write(store, topic, {p: [(b"d", b"4"), (b"e", b"5")] for p in every}, now, how)
 
 
 # -- each verb in this process ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("how", WRITES)
 @pytest.mark.parametrize(
     "target", ["local_store", pytest.param("seaweed_store", marks=pytest.mark.s3)]
 )
 def test_retain_removes_old_segments_and_advances_the_log_start(
-    target: str, request: pytest.FixtureRequest
+    target: str, how: str, request: pytest.FixtureRequest
 ) -> None:
     where: Target = request.getfixturevalue(target)
     cli = cli_for(where)
     store = open_store(where)
     store.create_topic("events", 2, {"retention.ms": HOUR})
     store.create_topic("kept", 1)  # default retention (7 days): nothing due
-    old_and_new_segments(store, "events", 2)
-    old_and_new_segments(store, "kept", 1)
+    old_and_new_segments(store, "events", 2, how)
+    old_and_new_segments(store, "kept", 1, how)
 
     dry = cli.json("retain", "--no-spark", "--dry-run")
     assert dry["ok"] is True
@@ -97,11 +139,12 @@ def test_retain_removes_old_segments_and_advances_the_log_start(
     assert again["segments_removed"] == 0
 
 
-def test_retain_json_reports_what_it_removed(local_store: Target) -> None:
+@pytest.mark.parametrize("how", WRITES)
+def test_retain_json_reports_what_it_removed(local_store: Target, how: str) -> None:
     cli = cli_for(local_store)
     store = open_store(local_store)
     store.create_topic("events", 1, {"retention.ms": HOUR})
-    old_and_new_segments(store, "events", 1)
+    old_and_new_segments(store, "events", 1, how)
     summary = cli.json("retain", "events", "--no-spark")
     assert summary["operation"] == "retention"
     assert summary["committed"] == 1
@@ -113,14 +156,17 @@ def test_retain_json_reports_what_it_removed(local_store: Target) -> None:
     assert row["log_start_offset"] == 3
 
 
-def test_compact_leaves_one_record_per_key(local_store: Target) -> None:
+@pytest.mark.parametrize("how", WRITES)
+def test_compact_leaves_one_record_per_key(local_store: Target, how: str) -> None:
     cli = cli_for(local_store)
     store = open_store(local_store)
     store.create_topic("users", 1, COMPACT)
     part = store.partition("users", 0)
     ts = now_ms() - HOUR
     for s in range(4):
-        append(part, [b"k1", b"k2", b"k3"], [b"v%d-%d" % (s, i) for i in range(3)], ts)
+        write(
+            store, "users", {0: [(b"k%d" % (i + 1), b"v%d-%d" % (s, i)) for i in range(3)]}, ts, how
+        )
     before = rows(part)
     summary = cli.json("compact", "--no-spark")
     assert summary["committed"] == 1
@@ -131,13 +177,14 @@ def test_compact_leaves_one_record_per_key(local_store: Target) -> None:
     assert [v for _, _, v in after] == [b"v3-0", b"v3-1", b"v3-2"]
 
 
-def test_merge_reduces_the_segment_count(local_store: Target) -> None:
+@pytest.mark.parametrize("how", WRITES)
+def test_merge_reduces_the_segment_count(local_store: Target, how: str) -> None:
     cli = cli_for(local_store)
     store = open_store(local_store)
     store.create_topic("clicks", 1)
     part = store.partition("clicks", 0)
     for i in range(6):
-        append(part, [b"k%d" % i], [b"v%d" % i], now_ms())
+        write(store, "clicks", {0: [(b"k%d" % i, b"v%d" % i)]}, now_ms(), how)
     before = rows(part)
     assert len(part.state().segments) == 6
     dry = cli.json("merge", "clicks", "--no-spark", "--dry-run")
@@ -149,15 +196,18 @@ def test_merge_reduces_the_segment_count(local_store: Target) -> None:
     assert rows(part) == before
 
 
-def test_vacuum_deletes_files_past_the_grace_period_only(local_store: Target) -> None:
+@pytest.mark.parametrize("how", WRITES)
+def test_vacuum_deletes_files_past_the_grace_period_only(local_store: Target, how: str) -> None:
     cli = cli_for(local_store)
     store = open_store(local_store)
     store.create_topic("now", 1, {**COMPACT, "file.delete.delay.ms": 10_000})
     store.create_topic("later", 1, {**COMPACT, "file.delete.delay.ms": DAY})
     for name in ("now", "later"):
-        part = store.partition(name, 0)
-        append(part, [b"a", b"a"], [b"1", b"2"], now_ms())
-        append(part, [b"b", b"b"], [b"3", b"4"], now_ms())
+        write(store, name, {0: [(b"a", b"1"), (b"a", b"2")]}, now_ms(), how)
+        write(store, name, {0: [(b"b", b"3"), (b"b", b"4")]}, now_ms(), how)
+    written = {n: stored_files(store, n) for n in ("now", "later")}
+    kind = "segments/" if how == "segments" else "_data/"  # a producer's flush: a data object
+    assert all(len(f) == 2 and all(x.startswith(kind) for x in f) for f in written.values())
     cli.run("compact", "--no-spark")
     # The delay counts from when the storage recorded the removing commit: make that a minute
     # ago for "now", as if the compaction had run then. The commit is in the topic log.
@@ -168,24 +218,27 @@ def test_vacuum_deletes_files_past_the_grace_period_only(local_store: Target) ->
     for commit in log_dir.iterdir():
         stamp = commit.stat().st_mtime - 60
         os.utime(commit, (stamp, stamp))
-    files = {n: segment_files(store, store.partition(n, 0)) for n in ("now", "later")}
+    files = {n: stored_files(store, n) for n in ("now", "later")}
     assert all(len(f) == 3 for f in files.values())  # two removed, one new
+    for name in files:  # the two removed are what was written; the new one a segment file
+        assert files[name] > written[name]
+        assert store.partition(name, 0).state().segments[0].path.startswith("segments/")
 
     dry = cli.run("vacuum", "--no-spark", "--dry-run", "--orphan-age", "2h")
     assert "Would delete:" in dry.stdout
-    assert {n: segment_files(store, store.partition(n, 0)) for n in files} == files
+    assert {n: stored_files(store, n) for n in files} == files
     listed = cli.json("vacuum", "--no-spark", "--dry-run")
     assert listed["files_deleted"] == 2
-    assert all("segments/" in f for p in listed["partitions"] for f in p["files"])
+    listed_files = [f for p in listed["partitions"] for f in p["files"]]
+    assert len(listed_files) == 2
+    assert all(f"/{kind}" in f for f in listed_files), listed_files
 
     done = cli.json("vacuum", "--no-spark", "--orphan-age", "1h", "--log-retention", "30d")
     assert done["files_deleted"] == 2
     assert done["dry_run"] is False
     now_part = store.partition("now", 0)
-    assert {f"segments/{n}" for n in segment_files(store, now_part)} == {
-        s.path for s in now_part.state().segments
-    }
-    assert segment_files(store, store.partition("later", 0)) == files["later"]  # grace period
+    assert stored_files(store, "now") == {s.path for s in now_part.state().segments}
+    assert stored_files(store, "later") == files["later"]  # grace period
     assert rows(now_part) == [(1, b"a", b"2"), (3, b"b", b"4")]
 
 
