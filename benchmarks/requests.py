@@ -320,10 +320,14 @@ def main() -> None:
     layouts = parse_ints(args.layouts, "--layouts")
     if any(layout not in (2, 3) for layout in layouts):
         raise SystemExit(f"--layouts must name layouts 2 and/or 3, got {args.layouts!r}")
-    if args.rate <= 0 or args.seconds <= 0 or args.rounds < 1:
-        raise SystemExit("--rate and --seconds must be positive and --rounds at least 1")
+    if args.rate <= 0 or args.seconds <= 0 or args.rounds < 1 or args.max_poll_records < 1:
+        raise SystemExit(
+            "--rate and --seconds must be positive, --rounds and --max-poll-records at least 1"
+        )
 
     section = f"{args.backend}@{args.rate:g}"
+    if args.max_poll_records != 500:
+        section += f" max_poll_records={args.max_poll_records}"
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     before = {"load": load_now(), "busiest": busy_processes()}
     runs: list[dict[str, Any]] = []
