@@ -274,7 +274,7 @@ def test_retain_on_local_spark(spark: Any, local_store: Target) -> None:
     cli = cli_for(local_store)
     store = open_store(local_store)
     store.create_topic("events", 2, {"retention.ms": HOUR})
-    old_and_new_segments(store, "events", 2)
+    old_and_new_segments(store, "events", 2, "segments")
     summary = cli.json("retain", "--spark", "local[2]", "--tasks", "2")
     assert summary["tasks"] == 2
     assert summary["committed"] == 2
