@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from kstore import Store
+from kstore import Producer, Store
 from kstore.errors import (
     ConcurrentModificationError,
     CorruptLogError,
@@ -33,6 +33,7 @@ from kstore.errors import (
 )
 from kstore.layout import STORE_MARKER, topic_log_dir
 from kstore.log import LAST_CHECKPOINT, checkpoint_file, encode_commit, version_file
+from kstore.manifest import segment_location
 from kstore.partition import Partition, Segment
 from kstore.segments import TIMESTAMP_TYPE, write_segment
 from kstore.storage import Storage
@@ -92,6 +93,31 @@ def three_segment_topic(target: StoreTarget, layout: int = 3) -> tuple[Store, Pa
     for i in range(3):
         part.append(records(2, 2 * i))
     return store, part
+
+
+def three_object_topic(target: StoreTarget) -> tuple[Store, list[Partition]]:
+    """Layout 3: topic "t", partitions 0 and 1, three producer flushes of offsets 0-1, 2-3 and
+    4-5 of each; each flush is one data object holding a range of both partitions."""
+    store = open_store(target)
+    store.create_topic("t", 2)
+    with Producer(store, linger_ms=60_000) as producer:
+        for flush in range(3):
+            for partition in (0, 1):
+                for i in (2 * flush, 2 * flush + 1):
+                    producer.send(
+                        "t",
+                        value=b"value-%d" % i,
+                        key=b"k%d" % i,
+                        partition=partition,
+                        timestamp_ms=BASE_MS + i,
+                    )
+            producer.flush()
+    parts = [store.partition("t", n) for n in (0, 1)]
+    zero, one = (p.state().segments for p in parts)
+    assert [s.path for s in zero] == [s.path for s in one]  # shared objects
+    assert len({s.path for s in zero}) == 3
+    assert all(s.byte_range is not None for s in [*zero, *one])
+    return store, parts
 
 
 # --- names -------------------------------------------------------------------------------------
@@ -381,6 +407,48 @@ def test_a_missing_segment_is_named(any_store: StoreTarget) -> None:
         list(reader.read(0))
     assert issubclass(MissingSegmentError, CorruptLogError)
     assert read_values(reader, 2) == [b"value-2", b"value-3", b"value-4", b"value-5"]
+    assert snapshot(store.storage) == before
+
+
+def test_a_flipped_byte_in_a_data_object_range_is_a_corrupt_record(any_store: StoreTarget) -> None:
+    """Layout 3: the byte is in partition 0's range of the middle object; partition 1's range
+    of that object stays readable (each range is verified on its own bytes)."""
+    store, (part, _) = three_object_topic(any_store)
+    middle = part.state().segments[1]
+    assert middle.byte_range is not None
+    start, length = middle.byte_range
+    path = segment_location(part.directory, middle.path)
+    data = bytearray(store.storage.read(path))
+    data[start + length // 2] ^= 0x01
+    store.storage.put(path, bytes(data))
+    before = snapshot(store.storage)
+    reader = open_store(any_store).partition("t", 0)  # a fresh cache
+    with pytest.raises(CorruptRecordError, match="checksum mismatch") as info:
+        list(reader.read(0))
+    assert middle.path in str(info.value)
+    with pytest.raises(CorruptRecordError, match=re.escape(middle.path)):
+        list(reader.read(3))
+    with pytest.raises(CorruptRecordError, match=re.escape(middle.path)):
+        reader.offset_for_timestamp(BASE_MS + 2)  # only the corrupt range can answer
+    assert read_values(reader, 4) == [b"value-4", b"value-5"]
+    assert next(reader.read(0, max_records=2)).num_rows == 2
+    other = open_store(any_store).partition("t", 1)
+    assert read_values(other) == [b"value-%d" % i for i in range(6)]
+    assert snapshot(store.storage) == before
+
+
+def test_a_missing_data_object_is_named(any_store: StoreTarget) -> None:
+    """Layout 3: every partition with a range in the object names it; the other objects stay
+    readable."""
+    store, parts = three_object_topic(any_store)
+    first = parts[0].state().segments[0]
+    store.storage.delete([segment_location(parts[0].directory, first.path)])
+    before = snapshot(store.storage)
+    for partition in (0, 1):
+        reader = open_store(any_store).partition("t", partition)
+        with pytest.raises(MissingSegmentError, match=re.escape(first.path)):
+            list(reader.read(0))
+        assert read_values(reader, 2) == [b"value-2", b"value-3", b"value-4", b"value-5"]
     assert snapshot(store.storage) == before
 
 
