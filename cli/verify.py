@@ -664,7 +664,11 @@ def _check_segment(partition: Partition, seg: Any, out: _Collector) -> None:
     except (CorruptRecordError, CorruptLogError) as exc:
         message = _short(exc)
         # The reader's message names the file already; keep what follows it.
-        out.error(where + (message.split("): ", 1)[-1] if "): " in message else message), path)
+        kept = message.split("): ", 1)[-1] if "): " in message else message
+        # ... and may name the range already (a range cut short): say it once.
+        if where and kept.startswith(where.removesuffix(": ") + " "):
+            where = ""
+        out.error(where + kept, path)
         return
     except KStoreError as exc:
         out.error(f"{where}segment cannot be read: {_short(exc)}", path)

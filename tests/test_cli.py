@@ -838,6 +838,110 @@ def test_verify_finds_manifest_and_data_disagreeing(local_cli: Cli) -> None:
     assert "3 problem(s)" in output.stderr
 
 
+def test_verify_finds_data_object_ranges_and_their_manifest_disagreeing(local_cli: Cli) -> None:
+    """Layout 3: ranges of data objects whose checksum is right but whose manifest entry lies
+    about them, and an object cut short of a range it holds."""
+    import uuid
+
+    import pyarrow as pa
+    from kstore.cli.verify import verify_topic
+
+    from kstore.layout import topic_data_dir
+    from kstore.segments import checksum, encode_arrow
+
+    cli = local_cli
+    cli.run("topics", "create", "t")
+    cli.run("produce", "t", input="a\nb\n")
+    store = cli.store()
+    partition = store.partition("t", 0)
+    (first,) = partition.state().segments
+    assert first.byte_range is not None  # the premise: a producer wrote a data object
+    incarnation = topic_data_dir("t", store.topic("t").topic_id)
+    head = b"another partition's range"  # each range starts past the object's first byte
+
+    def add(body: dict[str, Any], blob: bytes, stored: bytes) -> str:
+        """Commit ``blob`` as this partition's range of a new data object holding ``stored``
+        after ``head``; returns the object's path in the store."""
+        path = f"_data/{int(time.time() * 1000):013d}-{uuid.uuid4().hex}.kdat"
+        store.storage.put_if_absent(f"{incarnation}/{path}", head + stored)
+        ranged = {
+            **body,
+            "path": path,
+            "range": [len(head), len(blob)],
+            "size": len(blob),
+            "checksum": checksum(blob),
+            "format": "arrow",
+        }
+        partition.commit_actions(lambda state: [{"add": ranged}], operation="TEST")
+        return f"{incarnation}/{path}"
+
+    # 1. A dense range whose manifest timestamps are wrong.
+    dense = encode_arrow(_table([b"c", b"d"]), "uncompressed").to_pybytes()
+    stamps_wrong = add(
+        {
+            "baseOffset": 2,
+            "lastOffset": 3,
+            "records": 2,
+            "minTimestamp": 1,
+            "maxTimestamp": 2,
+            "sparse": False,
+        },
+        dense,
+        dense,
+    )
+    # 2. A sparse range whose offsets go backwards.
+    table = _table([b"e", b"f", b"g"]).append_column("offset", pa.array([4, 7, 6], pa.int64()))
+    sparse = encode_arrow(table, "uncompressed").to_pybytes()
+    stamp = table.column("timestamp")[0].value // 1000
+    backwards = add(
+        {
+            "baseOffset": 4,
+            "lastOffset": 7,
+            "records": 3,
+            "minTimestamp": stamp,
+            "maxTimestamp": stamp,
+            "sparse": True,
+        },
+        sparse,
+        sparse,
+    )
+    # 3. A range the object is cut short of (its last 10 bytes lost).
+    tail = encode_arrow(_table([b"h"]), "uncompressed").to_pybytes()
+    short = add(
+        {
+            "baseOffset": 8,
+            "lastOffset": 8,
+            "records": 1,
+            "minTimestamp": stamp,
+            "maxTimestamp": stamp,
+            "sparse": False,
+        },
+        tail,
+        tail[:-10],
+    )
+    report = verify_topic(store, "t")
+    by_path: dict[str | None, list[str]] = {}
+    for problem in report.problems:
+        by_path.setdefault(problem.path, []).append(problem.message)
+    assert set(by_path) == {stamps_wrong, backwards, short}, by_path
+    start, length = len(head), len(tail)
+    assert sorted(by_path[short]) == [
+        f"data object is {start + length - 10} bytes, the range {start}+{length} ends at "
+        f"{start + length}",
+        f"range {start}+{length} is cut short at {length - 10} bytes",
+    ]
+    assert by_path[backwards] == ["offsets are not strictly increasing"]
+    (timestamps,) = by_path[stamps_wrong]
+    assert timestamps.startswith("timestamps span")
+    assert "the manifest says 1..2" in timestamps
+    assert {f.partition for f in report.problems} == {0}
+    assert report.warnings == []
+    assert (report.segments, report.records) == (4, 8)
+    output = cli.run("verify", "t", code=1)
+    assert output.stdout.count("error: t-0: ") == 4
+    assert "4 problem(s)" in output.stderr
+
+
 def _table(values: list[bytes]) -> Any:
     import pyarrow as pa
 
