@@ -21,6 +21,13 @@ keeps the others, so the 500 and 5,000 records/s runs sit side by side:
     .venv/bin/python benchmarks/requests.py --rate 5000 --seconds 10 --rounds 3
     .venv/bin/python benchmarks/requests.py --rate 500 --seconds 10 --rounds 3
     .venv/bin/python benchmarks/requests.py --backend local --rate 5000 --rounds 3
+
+``--cost-example`` measures instead the shape of the cost example in docs/OPERATIONS.md: two
+producer processes (linger 100 ms, ``--rate`` records/s between them) writing all 8 partitions
+of one topic, and one consumer-group member's share (2 of the 8 partitions) read with the
+consumer's defaults; its requests per producer delivery and per member, by kind:
+
+    .venv/bin/python benchmarks/requests.py --cost-example --rate 5000 --seconds 15 --rounds 2
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from benchmarks.common import RESULTS, percentile, table, write_results
 from kstore import Store
 from kstore.consumer import Consumer
 from kstore.layout import topic_data_dir
+from kstore.records import TopicPartition
 
 TOPIC = "req"
 
@@ -54,8 +62,9 @@ import contextlib, collections, json, struct, sys, time
 from kstore import Store
 from kstore.producer import Producer
 url, options, rate, seconds = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+linger_ms, prefix = int(sys.argv[5]), sys.argv[6].encode()
 store = Store(url, options, create=False)
-with Producer(store, acks=1, linger_ms=0) as producer:
+with Producer(store, acks=1, linger_ms=linger_ms) as producer:
     producer.partitions_for("req")
     before = producer.metrics()
     print("ready", flush=True)
@@ -70,7 +79,7 @@ with Producer(store, acks=1, linger_ms=0) as producer:
             now = time.perf_counter()
             if due > now:
                 time.sleep(due - now)
-            producer.send("req", struct.pack(">d", time.time()) + b"x" * 92, b"k%d" % i)
+            producer.send("req", struct.pack(">d", time.time()) + b"x" * 92, prefix + b"%d" % i)
             i += 1
         producer.flush()
         elapsed = time.perf_counter() - start
@@ -162,20 +171,7 @@ def run_case(
         max_poll_records=args.max_poll_records,
     )
     consumer.poll(timeout_ms=0)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            PRODUCER_SCRIPT,
-            url,
-            json.dumps(options),
-            str(args.rate),
-            str(args.seconds),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_producer(url, options, args.rate, args.seconds, linger_ms=0, prefix="k")
     assert proc.stdout is not None
     assert proc.stdin is not None
     proc.stdout.readline()
@@ -251,6 +247,93 @@ def run_case(
     }
 
 
+def start_producer(
+    url: str, options: dict[str, Any], rate: float, seconds: float, *, linger_ms: int, prefix: str
+) -> subprocess.Popen[str]:
+    """A producer process; it prints "ready", starts on a line of input, and prints its
+    figures (records sent, requests, deliveries, commits) as one JSON line at the end."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            PRODUCER_SCRIPT,
+            url,
+            json.dumps(options),
+            str(rate),
+            str(seconds),
+            str(linger_ms),
+            prefix,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def run_cost_case(url: str, options: dict[str, Any], layout: int, args: Any) -> dict[str, Any]:
+    """The shape of OPERATIONS.md's cost example: two producer processes (linger 100 ms)
+    writing all 8 partitions of one topic, and one consumer-group member's share (partitions
+    0 and 1, assigned) read with the consumer's defaults (``poll(timeout_ms=100)``, auto
+    commit off: group-log requests are not counted here). Requests per producer delivery
+    and per member, by kind."""
+    load_before = load_now()
+    store = Store(url, options)
+    store.create_topic(TOPIC, partitions=8, layout=layout)
+    member = Consumer(store=store, auto_offset_reset="latest", enable_auto_commit=False)
+    member.assign([TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)])
+    member.poll(timeout_ms=0)
+    procs = [
+        start_producer(url, options, args.rate / 2, args.seconds, linger_ms=100, prefix=f"p{n}-")
+        for n in range(2)
+    ]
+    for proc in procs:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+    received = polls = 0
+    with counting(store) as counts:
+        started = time.perf_counter()
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        end = started + args.seconds + 2
+        while time.perf_counter() < end:
+            polls += 1
+            received += sum(len(r) for r in member.poll(timeout_ms=100).values())
+        member_elapsed = time.perf_counter() - started
+        member_requests = dict(counts)
+    produced = []
+    for proc in procs:
+        assert proc.stdout is not None
+        produced.append(json.loads(proc.stdout.readline()))
+        proc.wait()
+    member.close()
+    flushes = sum(p["flushes"] for p in produced)
+    producer_requests: collections.Counter[str] = collections.Counter()
+    for p in produced:
+        producer_requests.update(p["requests"])
+    elapsed = max(p["elapsed"] for p in produced)
+    return {
+        "layout": layout,
+        "sent": sum(p["sent"] for p in produced),
+        "flushes": flushes,
+        "flushes_per_s": flushes / elapsed,
+        "commits": sum(p["commits"] for p in produced),
+        "producer_requests": dict(producer_requests),
+        "producer_requests_per_flush": {
+            k: v / max(flushes, 1) for k, v in producer_requests.items()
+        },
+        "member_received": received,
+        "member_polls": polls,
+        "member_requests": member_requests,
+        "member_requests_per_s": {k: v / member_elapsed for k, v in member_requests.items()},
+        "member_requests_per_flush": {k: v / max(flushes, 1) for k, v in member_requests.items()},
+        "bytes": topic_bytes(store, TOPIC),
+        "load_before": load_before,
+        "load_after": load_now(),
+    }
+
+
 # (column, key in a run) of the summary rows: medians over the rounds, with their ranges.
 COLUMNS = [
     ("p50 ms", "p50_ms"),
@@ -290,6 +373,23 @@ def summarise(
     return rows
 
 
+def summarise_cost(runs: list[dict[str, Any]], layouts: list[int]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for layout in layouts:
+        mine = [r for r in runs if r["layout"] == layout]
+        row: dict[str, Any] = {"layout": layout, "rounds": len(mine)}
+        row["flushes/s"] = statistics.median(r["flushes_per_s"] for r in mine)
+        for side in ("producer", "member"):
+            for kind in ("PUT", "GET", "LIST"):
+                key = f"{side}_requests_per_flush"
+                row[f"{side} {kind}/flush"] = statistics.median(r[key].get(kind, 0) for r in mine)
+        row["member GET/s"] = statistics.median(
+            r["member_requests_per_s"].get("GET", 0) for r in mine
+        )
+        rows.append(row)
+    return rows
+
+
 def parse_ints(text: str, what: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -315,6 +415,11 @@ def main() -> None:
     parser.add_argument("--layouts", default="2,3", help="layouts to run side by side")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--backend", choices=["seaweedfs", "local"], default="seaweedfs")
+    parser.add_argument(
+        "--cost-example",
+        action="store_true",
+        help="two producers (linger 100 ms) on 8 partitions and one member reading 2 of them",
+    )
     args = parser.parse_args()
     counts = parse_ints(args.partitions, "--partitions")
     layouts = parse_ints(args.layouts, "--layouts")
@@ -325,7 +430,7 @@ def main() -> None:
             "--rate and --seconds must be positive, --rounds and --max-poll-records at least 1"
         )
 
-    section = f"{args.backend}@{args.rate:g}"
+    section = f"{'cost-example' if args.cost_example else args.backend}@{args.rate:g}"
     if args.max_poll_records != 500:
         section += f" max_poll_records={args.max_poll_records}"
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -343,6 +448,17 @@ def main() -> None:
             # Every case once per round; the layouts alternate, and which goes first swaps
             # each round, so a slow spell of the shared machine falls on both alike.
             order = layouts if round_no % 2 == 0 else layouts[::-1]
+            if args.cost_example:
+                for layout in order:
+                    if server is not None:
+                        url, options = server.new_store_url(f"cost-l{layout}")
+                    else:
+                        url, options = str(work / f"cost-l{layout}-{round_no}"), {}
+                    result = run_cost_case(url, options, layout, args)
+                    result["round"] = round_no
+                    runs.append(result)
+                    print(json.dumps(result), flush=True)
+                continue
             for partitions in counts:
                 for layout in order:
                     name = f"req-l{layout}-{partitions}"
@@ -361,9 +477,11 @@ def main() -> None:
         if server is not None:
             server.kill()
 
-    rows = summarise(runs, counts, layouts)
+    rows = summarise_cost(runs, layouts) if args.cost_example else summarise(runs, counts, layouts)
     shown = ["layout", "partitions", *(c for c, _ in COLUMNS), "total req/s vs first"]
-    if args.backend == "local":
+    if args.cost_example:
+        shown = list(rows[0])
+    elif args.backend == "local":
         shown = [
             "layout",
             "partitions",
