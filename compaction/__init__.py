@@ -96,7 +96,8 @@ def merge_segments(
     now_ms: int | None = None,
 ) -> Summary:
     """Merge small segments of every topic (or of ``topics``) into Parquet segments near
-    ``segment.bytes``, keeping every record and offset."""
+    ``segment.bytes``, keeping every record and offset. In layout 3 every range of a data
+    object below the last stable offset becomes part of a per-partition Parquet segment."""
     return run_job(
         "merge",
         merge_partition,
