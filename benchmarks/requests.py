@@ -270,6 +270,26 @@ def start_producer(
     )
 
 
+def request_kind(url: str) -> str:
+    """What a request to the topic's files reads: the topic metadata log, the topic or a
+    partition log (commits, checkpoints), a data object (ranges) or a segment."""
+    path = url.split("?", 1)[0]
+    rest = path.split(f"/topics/{TOPIC}/", 1)[1] if f"/topics/{TOPIC}/" in path else ""
+    if not rest:
+        return "other"
+    if rest.startswith("_log/"):
+        return "topic metadata"
+    if "/_data/" in rest:
+        return "data object"
+    if "/segments/" in rest:
+        return "segment"
+    if "/_sidecars/" in rest:
+        return "sidecar"
+    if "/_log" in rest:
+        return "commit log"
+    return "other"
+
+
 def run_cost_case(url: str, options: dict[str, Any], layout: int, args: Any) -> dict[str, Any]:
     """The shape of OPERATIONS.md's cost example: two producer processes (linger 100 ms)
     writing all 8 partitions of one topic, and one consumer-group member's share (partitions
@@ -290,6 +310,14 @@ def run_cost_case(url: str, options: dict[str, Any], layout: int, args: Any) -> 
         assert proc.stdout is not None
         proc.stdout.readline()
     received = polls = 0
+    kinds: collections.Counter[str] = collections.Counter()
+
+    def classify(request: Any, **_: Any) -> None:
+        kinds[request_kind(str(request.url))] += 1
+
+    events = store.storage.s3_client().meta.events if store.storage.is_s3 else None
+    if events is not None:
+        events.register("before-send.s3", classify)
     with counting(store) as counts:
         started = time.perf_counter()
         for proc in procs:
@@ -302,6 +330,8 @@ def run_cost_case(url: str, options: dict[str, Any], layout: int, args: Any) -> 
             received += sum(len(r) for r in member.poll(timeout_ms=100).values())
         member_elapsed = time.perf_counter() - started
         member_requests = dict(counts)
+    if events is not None:
+        events.unregister("before-send.s3", classify)
     produced = []
     for proc in procs:
         assert proc.stdout is not None
@@ -328,6 +358,8 @@ def run_cost_case(url: str, options: dict[str, Any], layout: int, args: Any) -> 
         "member_requests": member_requests,
         "member_requests_per_s": {k: v / member_elapsed for k, v in member_requests.items()},
         "member_requests_per_flush": {k: v / max(flushes, 1) for k, v in member_requests.items()},
+        "member_requests_by_file": dict(kinds),
+        "member_requests_by_file_per_flush": {k: v / max(flushes, 1) for k, v in kinds.items()},
         "bytes": topic_bytes(store, TOPIC),
         "load_before": load_before,
         "load_after": load_now(),
