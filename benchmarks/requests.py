@@ -145,7 +145,7 @@ def busy_processes(limit: int = 8) -> list[str]:
     out = subprocess.run(
         ["ps", "-eo", "pcpu,etime,args", "--sort=-pcpu"], capture_output=True, text=True
     ).stdout.splitlines()
-    return [line.strip()[:160] for line in out[1 : limit + 1]]
+    return [line.strip()[:160] for line in out[1:] if "ps -eo" not in line][:limit]
 
 
 @contextlib.contextmanager
