@@ -432,12 +432,12 @@ def _verify_partition(
                 log_dir,
             )
     _check_manifest(state, partition, out)
-    _check_files(store, partition, state, out)
+    missing = _check_files(store, partition, state, out)
     for seg in state.segments:
         report.segments += 1
         report.records += seg.record_count
         report.bytes += seg.size_bytes
-        if read_data:
+        if read_data and seg.path not in missing:  # reported once, as missing
             _check_segment(partition, seg, out)
             if progress is not None:
                 progress(seg.size_bytes)
@@ -522,12 +522,12 @@ def _verify_layout3(
             if p.startswith(DATA_PREFIX)
         )
         _check_manifest(state, partition, out)
-        _check_files(store, partition, state, out, objects)
+        missing = _check_files(store, partition, state, out, objects)
         for seg in state.segments:
             report.segments += 1
             report.records += seg.record_count
             report.bytes += seg.size_bytes
-            if read_data:
+            if read_data and seg.path not in missing:  # reported once, as missing
                 _check_segment(partition, seg, out)
                 if progress is not None:
                     progress(seg.size_bytes)
@@ -597,9 +597,10 @@ def _check_files(
     state: PartitionState,
     out: _Collector,
     objects: dict[str, FileInfo] | None = None,
-) -> None:
+) -> set[str]:
     """Live segments against the storage listing, and files in ``segments/`` that nothing
-    names. ``objects``: layout 3's data objects by name (``_data/`` listed once per topic)."""
+    names. ``objects``: layout 3's data objects by name (``_data/`` listed once per topic).
+    Returns the manifest paths of live segments found missing (not worth reading)."""
     from kstore.errors import KStoreError
     from kstore.manifest import DATA_PREFIX, segment_location
 
@@ -608,14 +609,16 @@ def _check_files(
         listing = {info.name: info for info in _entries(store.storage, directory)}
     except KStoreError as exc:
         out.error(f"the segment directory cannot be listed: {_short(exc)}", directory)
-        return
+        return set()
     live = {seg.path: seg for seg in state.segments}
+    missing: set[str] = set()
     for seg in state.segments:
         path = segment_location(partition.directory, seg.path)
         if seg.byte_range is not None:
             start, length = seg.byte_range
             found = (objects or {}).get(seg.path.removeprefix(DATA_PREFIX))
             if found is None:
+                missing.add(seg.path)
                 out.error(
                     f"data object is missing from storage (range {start}+{length} of this "
                     "partition)",
@@ -631,6 +634,7 @@ def _check_files(
         name = seg.path.removeprefix("segments/")
         info = listing.get(name)
         if info is None:
+            missing.add(seg.path)
             out.error("segment file is missing from storage", path)
         elif info.size != seg.size_bytes:
             out.error(f"file is {info.size} bytes, the manifest says {seg.size_bytes}", path)
@@ -646,6 +650,7 @@ def _check_files(
                 "or one still committing)",
                 f"{directory}/{name}",
             )
+    return missing
 
 
 def _check_segment(partition: Partition, seg: Any, out: _Collector) -> None:
