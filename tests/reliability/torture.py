@@ -7,7 +7,8 @@ restarts at once on one store, then the history checker over everything that hap
 - a transactional producer process (commits and aborts; it keeps its transactional id across
   restarts, so each new instance finishes the transaction its killed predecessor left open);
 - group-member processes of one consumer group (``read_committed``, committing after every
-  poll), SIGKILLed, SIGSTOPped past their session timeout and resumed (zombies), restarted;
+  poll), SIGKILLed, SIGSTOPped past their session timeout and resumed (zombies), restarted,
+  each once it has read (before that its start and first poll are left alone);
 - compaction, merging and retention in one process, vacuum in another (``spark=None``), each
   SIGKILLed and restarted like the clients;
 - optionally a Spark Structured Streaming copy of ``events`` into ``copy`` (format
@@ -28,8 +29,9 @@ restarts at once on one store, then the history checker over everything that hap
   judged); the other clients and jobs keep the fault-injecting wrapper, whose local writes are
   always durable.
 
-Producers send tombstones (null values) to the compacted topic too. Then it stops everything,
-(crashes the machine,) finishes the transactions killed producers left open, lets the Spark copy
+The run's time and its schedule of disturbances count from when the first worker processes
+are up. Producers send tombstones (null values) to the compacted topic too. Then it stops
+everything, (crashes the machine,) finishes the transactions killed producers left open, lets the Spark copy
 catch up (``availableNow``) so that it can be checked for completeness, scans every
 partition with faults off (``read_committed`` and ``read_uncommitted``), reads every version of
 the group log, and checks the whole history. The random choices of the driver (what to kill and
@@ -90,6 +92,8 @@ def fault_rules(rate: float) -> list[dict[str, Any]]:
     ]
 
 
+# How long the run waits for its first worker processes to be up before its clock starts.
+CLIENT_START_TIMEOUT_S = 120.0
 # Crash points of worker processes; each process crashes at one of them with probability p
 # per passage (a few per minute across the run).
 CRASHES = [
@@ -165,6 +169,7 @@ class TortureStats:
     seed: int
     backend: str
     duration_s: float = 0.0
+    startup_s: float = 0.0  # how long the first worker processes took to be up
     sends: int = 0
     acks: int = 0
     reads: int = 0
@@ -188,6 +193,9 @@ class TortureStats:
     final_records: int = 0
     copy_records: int = 0  # records the Spark copy wrote (final scan)
     anomalies: int = 0
+    # What each group member did (up, first read, reads, offset commits, errors, disturbed):
+    # where a run's reads went, or why there were none.
+    members: list[str] = field(default_factory=list)
 
     def operations(self) -> int:
         return self.sends + self.reads + self.offset_commits + self.maintenance_runs
@@ -202,7 +210,8 @@ class TortureStats:
             else ""
         )
         return (
-            f"seed {self.seed}, backend {self.backend}, {self.duration_s:.0f} s: "
+            f"seed {self.seed}, backend {self.backend}, {self.duration_s:.0f} s (clients up "
+            f"after {self.startup_s:.0f} s): "
             f"{self.operations()} operations ({self.sends} records sent, {self.acks} "
             f"acknowledged, {self.reads} records read by the group, {self.offset_commits} offset "
             f"commits, {self.maintenance_runs} maintenance job runs ({self.maintenance_errors} "
@@ -214,7 +223,8 @@ class TortureStats:
             f"({self.long_pauses_completed} resumed), {skews}"
             f"machine crash {self.machine_crash or 'none'}; {self.final_records} records in "
             f"the final scan ({self.copy_records} in the Spark copy"
-            f"{', caught up' if self.copy_caught_up else ''}); {self.anomalies} anomalies"
+            f"{', caught up' if self.copy_caught_up else ''}); {self.anomalies} anomalies; "
+            f"group members: {'; '.join(self.members) or 'none'}"
         )
 
 
@@ -228,12 +238,41 @@ class _Proc:
     started: float = field(default_factory=time.monotonic)
     resume_at: float | None = None  # a long pause: resumed then (monotonic)
     ready: bool = False  # it recorded its start (imports done, store open)
+    has_read: bool = False  # a group member: it recorded a read
+    scanned: int = 0  # how far its history was searched for a read
 
     def is_ready(self) -> bool:
         if not self.ready:
             path = self.config["history"]
             self.ready = os.path.exists(path) and os.path.getsize(path) > 0
         return self.ready
+
+    def may_disturb(self) -> bool:
+        """Up, and a group member once it has read. On S3 a new member's first poll loads its
+        partitions' states from their logs and reads many small segments: seconds, often more
+        than the disturbances of a short run left it, whose members then read nothing
+        (docs/RELIABILITY.md)."""
+        if self.role != "consumer":
+            return self.is_ready()
+        if not self.has_read and self.is_ready():
+            self.has_read = self._recorded_read()
+        return self.has_read
+
+    def _recorded_read(self) -> bool:
+        # The history up to the first read is a few lines (start, errors): read it anew from
+        # where the last search stopped, at a line boundary.
+        with open(self.config["history"], "rb") as f:
+            f.seek(self.scanned)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.scanned += len(complete)
+        for line in complete.splitlines():
+            try:
+                if json.loads(line).get("ev") == "read":
+                    return True
+            except ValueError:
+                continue
+        return False
 
 
 class Torture:
@@ -257,6 +296,8 @@ class Torture:
         self.spark_restarted_at: int | None = None
         self.log = config.log
         self.shadow = str(self.work / "machine-shadow")
+        self.clock_started: float | None = None  # wall clock when the run's time began
+        self.disturbances: dict[str, list[str]] = {}  # process name -> what the driver did
         if config.machine_crash and not config.url.startswith("file://"):
             raise ValueError(f"machine_crash needs a file:// store on local disk, not {config.url}")
 
@@ -397,7 +438,7 @@ class Torture:
         live = [
             p
             for p in self.procs
-            if p.process.poll() is None and p.is_ready() and p.resume_at is None
+            if p.process.poll() is None and p.may_disturb() and p.resume_at is None
         ]
         roll = self.rng.random()
         # One long pause per role at a time: two of three group members asleep for minutes
@@ -419,6 +460,7 @@ class Torture:
             victim.process.send_signal(signal.SIGKILL)
             victim.process.wait(30)
             self.stats.kills += 1
+            self.note(victim, "SIGKILL")
         elif live and roll < 0.55:
             consumers = [p for p in live if p.role == "consumer" and not p.stopped]
             if consumers:
@@ -426,6 +468,12 @@ class Torture:
                 victim.process.send_signal(signal.SIGSTOP)  # a zombie: expelled while asleep
                 victim.stopped = True
                 self.stats.stops += 1
+                self.note(victim, "SIGSTOP")
+
+    def note(self, p: _Proc, what: str) -> None:
+        """Record a disturbance of ``p`` for the run's summary of its group members."""
+        at = time.time() - self.clock_started if self.clock_started is not None else 0.0
+        self.disturbances.setdefault(p.name, []).append(f"{what} at {at:+.0f} s")
 
     def scheduled_pause(self, role: str) -> bool:
         """A long pause of a process of ``role`` at a set moment, if it can end in time; False
@@ -434,7 +482,7 @@ class Torture:
         live = [
             p
             for p in self.procs
-            if p.role == role and p.process.poll() is None and not p.stopped and p.is_ready()
+            if p.role == role and p.process.poll() is None and not p.stopped and p.may_disturb()
         ]
         if any(p.resume_at is not None and p.role == role for p in self.procs):
             return True  # one long pause per role at a time: this one is taken
@@ -456,6 +504,7 @@ class Torture:
         p.stopped = True
         p.resume_at = time.monotonic() + self.config.long_pause_s
         self.stats.long_pauses += 1
+        self.note(p, f"paused {self.config.long_pause_s:.0f} s")
         self.log(f"torture: {p.name} paused for {self.config.long_pause_s:.0f} s")
 
     def find_self_paused(self) -> None:
@@ -490,6 +539,8 @@ class Torture:
             if p.process.poll() is None:
                 continue
             self.procs.remove(p)
+            if p.process.returncode != -signal.SIGKILL:  # the driver's kills are noted already
+                self.note(p, f"exited with code {p.process.returncode}")
             extra: dict[str, Any] = {k: p.config[k] for k in ("tid", "jobs") if k in p.config}
             self.start_process(p.role, extra)
             self.stats.restarts += 1
@@ -536,6 +587,12 @@ class Torture:
                     self.start_process("maintenance", {"jobs": jobs})
             if c.spark:
                 self.start_spark()
+            # The run's time counts from when its first clients are up: on SeaweedFS on a
+            # loaded machine their start (imports, the store's first reads) took 10-45 s,
+            # most or all of a 35 s run. The disturbances below are scheduled from here.
+            started = self.wait_for_clients()
+            self.clock_started = time.time()
+            self.ends_at = started + c.duration_s
             # The Spark driver is killed at set moments (its JVM takes ~15 s to start on a
             # small machine: random kills would leave it no time to copy anything).
             spark_kills = (
@@ -607,6 +664,39 @@ class Torture:
             self.catch_up_copy()
         self.finish()
         return self.finish_check()
+
+    def wait_for_clients(self) -> float:
+        """Wait until every worker process started so far is up (or has died); returns
+        then (monotonic) and records how long it took."""
+        began = time.monotonic()
+        while time.monotonic() - began < CLIENT_START_TIMEOUT_S and not all(
+            p.is_ready() or p.process.poll() is not None for p in self.procs
+        ):
+            time.sleep(0.2)
+        now = time.monotonic()
+        self.stats.startup_s = now - began
+        self.log(f"torture: clients up after {self.stats.startup_s:.1f} s")
+        return now
+
+    def member_summary(self, events: list[dict[str, Any]]) -> list[str]:
+        """One line per group-member process, times from the start of the run's clock."""
+        zero = self.clock_started if self.clock_started is not None else 0.0
+        by_member: dict[str, list[dict[str, Any]]] = {}
+        for e in events:
+            name = e.get("reader") if e["ev"] == "read" else e.get("who")
+            if e["ev"] == "start" and e.get("role") == "consumer":
+                by_member.setdefault(str(name), []).append(e)
+            elif e["ev"] in ("read", "offset_commit", "error") and name in by_member:
+                by_member[str(name)].append(e)
+        return [
+            _member_line(
+                name,
+                sorted(evs, key=lambda e: float(e["t"])),
+                zero,
+                self.disturbances.get(name, []),
+            )
+            for name, evs in sorted(by_member.items(), key=lambda kv: float(kv[1][0]["t"]))
+        ]
 
     def finish_transactions(self) -> None:
         store = Store(self.config.url, self.config.storage_options, create=False)
@@ -733,7 +823,28 @@ class Torture:
                 s.maintenance[what] = s.maintenance.get(what, 0) + n
         s.faults = faultfs.fault_counts(faultfs.read_events(self.events_path))
         s.anomalies = len(result.anomalies)
+        s.members = self.member_summary(events)
         return s, result
+
+
+def _member_line(name: str, evs: list[dict[str, Any]], zero: float, done: list[str]) -> str:
+    def at(e: dict[str, Any]) -> str:
+        return f"{float(e['t']) - zero:+.0f} s"
+
+    reads = [e for e in evs if e["ev"] == "read"]
+    commits = [e for e in evs if e["ev"] == "offset_commit"]
+    refused = sum(1 for e in commits if e.get("outcome") != "ok")
+    errors = sum(1 for e in evs if e["ev"] == "error")
+    start = next((e for e in evs if e["ev"] == "start"), None)
+    parts = [
+        f"{name} up at {at(start) if start else '?'}",
+        f"first read at {at(reads[0])}" if reads else "no read",
+        f"{len(reads)} reads",
+        f"{len(commits)} offset commits ({refused} refused)",
+        f"{errors} errors",
+        *done,
+    ]
+    return ", ".join(parts)
 
 
 def _is_stopped(pid: int) -> bool:
