@@ -159,3 +159,59 @@ def test_a_crash_point_ends_the_writer_there_and_leaves_a_readable_log(
         assert state.end_offset == end_offset, point
         values = [r["value"] for b in part.read(0) for r in b.to_pylist()]
         assert values == [b"x"] * end_offset, point
+
+
+def test_a_group_member_is_disturbed_only_once_it_has_read(tmp_path: Path) -> None:
+    """On S3 a new member's first poll takes seconds; killed or stopped before it ended, as a
+    short run's members mostly were, the group read nothing. The driver leaves a member alone
+    until its history holds a read, and then disturbs it like any client."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from tests.reliability.torture import Torture, _Proc
+
+    torture = Torture(
+        TortureConfig(
+            url=(tmp_path / "store").as_uri(),
+            storage_options={},
+            workdir=str(tmp_path / "work"),
+            seed=3,
+            log=lambda _: None,
+        )
+    )
+    history = tmp_path / "work" / "history" / "c1.jsonl"
+    history.write_text(
+        json.dumps({"ev": "start", "t": 0.0, "who": "c1", "role": "consumer"}) + "\n"
+    )
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        member = _Proc("consumer", "c1", {"history": str(history)}, sleeper)
+        torture.procs.append(member)
+        for _ in range(50):
+            torture.disturb()
+        # Up, but it has not read: neither killed nor stopped.
+        assert sleeper.poll() is None
+        assert not member.stopped
+        assert torture.stats.kills == torture.stats.stops == 0
+        with history.open("a") as f:  # a read, the second half of its line not written yet
+            f.write(json.dumps({"ev": "read", "t": 1.0, "reader": "c1"}))
+        for _ in range(50):
+            torture.disturb()
+        assert sleeper.poll() is None
+        assert not member.stopped
+        with history.open("a") as f:
+            f.write("\n")
+        for _ in range(50):
+            if sleeper.poll() is not None or member.stopped:
+                break
+            torture.disturb()
+        assert sleeper.poll() == -signal.SIGKILL or member.stopped
+        assert torture.stats.kills + torture.stats.stops == 1
+        assert torture.disturbances["c1"]
+    finally:
+        if sleeper.poll() is None:
+            sleeper.send_signal(signal.SIGCONT)
+            sleeper.kill()
+        sleeper.wait()
