@@ -215,3 +215,27 @@ def test_a_group_member_is_disturbed_only_once_it_has_read(tmp_path: Path) -> No
             sleeper.send_signal(signal.SIGCONT)
             sleeper.kill()
         sleeper.wait()
+
+
+@pytest.mark.s3
+def test_a_read_through_faultfs_on_s3_is_one_get(seaweed_bucket_url: Any) -> None:
+    """Reads through the wrapper cost what kstore's own S3 path costs: one GET per file (s3fs's
+    cat_file sent a HEAD first, doubling the requests of every torture client on S3), and a
+    missing file is one GET too."""
+    from kstore import Store
+
+    url, options = seaweed_bucket_url
+    plain = Store(url, options).storage
+    names = [f"probe/{i}.json" for i in range(8)]
+    for name in names:
+        plain.put(name, b"{}", durable=False)
+    wrapped = Store(*faultfs.wrap_url(url, options, seed=1), create=False).storage
+    assert wrapped.read(names[0]) == b"{}"  # the target's S3 client exists from here on
+    operations: list[str] = []
+    wrapped.fs.target.s3.meta.events.register(
+        "before-call.s3", lambda **kw: operations.append(kw["model"].name)
+    )
+    assert wrapped.read(names[0]) == b"{}"
+    assert wrapped.read_many(names) == dict.fromkeys(names, b"{}")
+    assert wrapped.read_if_exists("probe/absent.json") is None
+    assert operations == ["GetObject"] * 10
