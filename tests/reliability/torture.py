@@ -31,10 +31,10 @@ restarts at once on one store, then the history checker over everything that hap
 
 The run's time and its schedule of disturbances count from when the first worker processes
 are up. Producers send tombstones (null values) to the compacted topic too. Then it stops
-everything, (crashes the machine,) finishes the transactions killed producers left open, lets the Spark copy
-catch up (``availableNow``) so that it can be checked for completeness, scans every
-partition with faults off (``read_committed`` and ``read_uncommitted``), reads every version of
-the group log, and checks the whole history. The random choices of the driver (what to kill and
+everything, (crashes the machine,) finishes the transactions killed producers left open, lets
+the Spark copy catch up (``availableNow``) so that it can be checked for completeness, scans
+every partition with faults off (``read_committed`` and ``read_uncommitted``), reads every
+version of the group log, and checks the whole history. The random choices of the driver (what to kill and
 when, fault decisions) derive from the seed; thread and process timing does not, so a replay
 with the same seed repeats the same schedule of disturbances, not the same interleaving.
 """
