@@ -642,10 +642,13 @@ class Consumer:
                 # Upgraded (PROTOCOL.md 8.29): the topic log is read from the next poll on.
                 self._metadata.pop(tp.topic, None)
             plan.append((tp, partition, state))
+        # Only partitions with a position: establishing one here would commit it later, for a
+        # partition this poll may not reach (a never-read partition has no committed offset).
         prefetch(
             [
-                (partition, state, self._position_for(tp, state), self._visible_end(state))
+                (partition, state, self._positions[tp], self._visible_end(state))
                 for tp, partition, state in plan
+                if tp in self._positions
             ],
             max_bytes=budget,
         )
