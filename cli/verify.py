@@ -437,9 +437,10 @@ def _verify_partition(
         report.segments += 1
         report.records += seg.record_count
         report.bytes += seg.size_bytes
-        if read_data and seg.path not in missing:  # reported once, as missing
-            _check_segment(partition, seg, out)
-            if progress is not None:
+        if read_data:
+            if seg.path not in missing:  # reported once, as missing
+                _check_segment(partition, seg, out)
+            if progress is not None:  # the bytes were planned: the bar still completes
                 progress(seg.size_bytes)
 
 
@@ -527,9 +528,10 @@ def _verify_layout3(
             report.segments += 1
             report.records += seg.record_count
             report.bytes += seg.size_bytes
-            if read_data and seg.path not in missing:  # reported once, as missing
-                _check_segment(partition, seg, out)
-                if progress is not None:
+            if read_data:
+                if seg.path not in missing:  # reported once, as missing
+                    _check_segment(partition, seg, out)
+                if progress is not None:  # the bytes were planned: the bar still completes
                     progress(seg.size_bytes)
     for name in sorted(objects):
         if f"{DATA_PREFIX}{name}" not in named_objects:

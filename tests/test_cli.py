@@ -656,6 +656,12 @@ def test_verify_catches_a_corrupted_segment(cli: Cli, layout: int) -> None:
     # Once per partition: a file found missing is not also reported unreadable.
     assert sorted(p["partition"] for p in problems if p["path"] == missing) == sorted(holders)
     assert all("missing from storage" in p["message"] for p in problems if p["path"] == missing)
+    # The progress of a verification still reaches the bytes it planned to read.
+    from kstore.cli.verify import planned_bytes, verify_topic
+
+    read: list[int] = []
+    verify_topic(cli.store(), "bad", progress=read.append)
+    assert sum(read) == planned_bytes(cli.store(), ["bad"]) > 0
     _, partition1, _ = segments[-1]
     assert partition1.partition == 1
     # The log partition 1 commits to: its own (layout 2) or the topic log (layout 3).
