@@ -37,6 +37,7 @@ import collections
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import struct
 import subprocess
@@ -508,6 +509,7 @@ def main() -> None:
     finally:
         if server is not None:
             server.kill()
+        shutil.rmtree(work, ignore_errors=True)
 
     rows = summarise_cost(runs, layouts) if args.cost_example else summarise(runs, counts, layouts)
     shown = ["layout", "partitions", *(c for c, _ in COLUMNS), "total req/s vs first"]
