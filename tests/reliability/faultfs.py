@@ -401,7 +401,10 @@ class FaultFileSystem(AbstractFileSystem):  # type: ignore[misc]
         # two requests.
         one_piece = {"max_concurrency": 1} if self.target_protocol == "s3" else {}
         return self._run(
-            "read", target, lambda: self.target.cat_file(target, start, end, **one_piece)
+            # By keyword: s3fs's cat_file takes version_id before start and end.
+            "read",
+            target,
+            lambda: self.target.cat_file(target, start=start, end=end, **one_piece),
         )
 
     def cat(
