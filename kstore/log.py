@@ -586,7 +586,10 @@ class Log(Generic[S]):
             log.warning("checkpoint %s of %s failed: %s", state.version, self.directory, exc)
 
     def write_checkpoint(self, state: S) -> None:
-        actions = state.checkpoint_actions()
+        self._publish_checkpoint(state, state.checkpoint_actions())
+
+    def _publish_checkpoint(self, state: S, actions: list[Action]) -> None:
+        """Write the checkpoint of ``state`` holding ``actions``, and point the hint at it."""
         payload = encode_commit(
             actions,
             {

@@ -11,17 +11,14 @@ Pure data and replay rules, like :mod:`kstore.manifest`: no pyarrow.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kstore import __version__
 from kstore.errors import CorruptLogError, UnsupportedFormatVersionError
 from kstore.log import (
-    LAST_CHECKPOINT,
     Action,
     CommitResult,
     Log,
@@ -29,7 +26,6 @@ from kstore.log import (
     RetryPolicy,
     checkpoint_file,
     decode_commit,
-    encode_commit,
     protocol_action,
 )
 from kstore.manifest import PartitionState
@@ -227,19 +223,7 @@ class TopicLogFiles(Log[TopicLogState]):
             *LogState.checkpoint_actions(state),
             *({"sidecar": sidecars[p]} for p in sorted(sidecars)),
         ]
-        payload = encode_commit(
-            top,
-            {
-                "checkpointVersion": state.version,
-                "timestamp": state.last_commit_ms or 0,
-                "writer": f"kstore/{__version__}",
-            },
-        )
-        with contextlib.suppress(FileExistsError):
-            self.storage.put_if_absent(self._path(checkpoint_file(state.version)), payload)
-        self.storage.put(
-            self._path(LAST_CHECKPOINT), json.dumps({"version": state.version}).encode()
-        )
+        self._publish_checkpoint(state, top)
         state.sidecars, state.sidecar_version = sidecars, state.version
         state.sidecars_seen = time.monotonic()
 
