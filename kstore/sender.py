@@ -395,23 +395,8 @@ class Sender:
                                 )
                 return results
             except KStoreError as exc:
-                if (
-                    not exc.retriable
-                    or attempt >= self.config["retries"]
-                    or time.monotonic() >= deadline
-                ):
-                    raise
-                attempt += 1
-                self._metrics["record-retry-total"] += sum(t.num_rows for t in tables.values())
-                log.warning(
-                    "producer %s: %s log %d attempt %d failed (%s); retrying",
-                    self.client_id,
-                    topic,
-                    index,
-                    attempt,
-                    exc,
-                )
-                time.sleep(min(self._backoff_s(attempt), max(0.0, deadline - time.monotonic())))
+                rows = sum(t.num_rows for t in tables.values())
+                attempt = self._retry_or_raise(exc, attempt, deadline, rows, f"{topic} log {index}")
 
     def _on_written(self, _: concurrent.futures.Future[tuple[int, int]]) -> None:
         with self._lock:
@@ -587,24 +572,24 @@ class Sender:
                             )
                 return result.base_offset, partition.state(refresh=False).start_offset
             except KStoreError as exc:
-                if (
-                    not exc.retriable
-                    or attempt >= self.config["retries"]
-                    or time.monotonic() >= deadline
-                ):
-                    raise
-                attempt += 1
-                self._metrics["record-retry-total"] += table.num_rows
-                backoff = self._backoff_s(attempt)
-                log.warning(
-                    "producer %s: %s-%d attempt %d failed (%s); retrying",
-                    self.client_id,
-                    topic,
-                    p,
-                    attempt,
-                    exc,
+                attempt = self._retry_or_raise(
+                    exc, attempt, deadline, table.num_rows, f"{topic}-{p}"
                 )
-                time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+
+    def _retry_or_raise(
+        self, exc: KStoreError, attempt: int, deadline: float, rows: int, what: str
+    ) -> int:
+        """After a failed write attempt: raise ``exc`` when it is final (not retriable, out of
+        retries or past the delivery deadline), else back off and return the next attempt."""
+        if not exc.retriable or attempt >= self.config["retries"] or time.monotonic() >= deadline:
+            raise exc
+        attempt += 1
+        self._metrics["record-retry-total"] += rows
+        log.warning(
+            "producer %s: %s attempt %d failed (%s); retrying", self.client_id, what, attempt, exc
+        )
+        time.sleep(min(self._backoff_s(attempt), max(0.0, deadline - time.monotonic())))
+        return attempt
 
     def _on_partition_failure(self, exc: BaseException) -> None:
         if self._txn is not None and self._txn.error is None:
