@@ -759,6 +759,14 @@ class Consumer:
         # The cyclic garbage collector would run every 700 new tuples and rescan the growing
         # list of records each time, costing more than building them; these records hold
         # no reference cycles, so it is paused while they are made (and restored after).
+        if len(batches) > 1:
+            # One pass over a partition's records: a poll often gathers many small batches
+            # (one per range it read), and the per-batch conversion steps cost more than the
+            # copy that joins them.
+            try:
+                batches = [pa.concat_batches(batches)]
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                pass  # schemas differ: batch by batch
         paused = gc.isenabled()
         if paused:
             gc.disable()
