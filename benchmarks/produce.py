@@ -243,7 +243,8 @@ def main() -> None:
                 {
                     "case": f"send() acks={acks}",
                     "records/s": rate,
-                    "baseline": f"layout 2 {old_rate:,.0f}/s (runs {min(rates):,.0f}-{max(rates):,.0f})",
+                    "baseline": f"layout 2 {old_rate:,.0f}/s; layout 3 runs "
+                    f"{min(rates):,.0f}-{max(rates):,.0f}",
                     "ratio": rate / old_rate,
                     # A published figure, not measured here: printed beside, never divided into.
                     "reference": "Kafka 2014: 821,557/s",
