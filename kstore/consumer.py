@@ -13,6 +13,7 @@ final position) or left the group, so no two live members ever read a partition 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import gc
 import logging
 import math
@@ -763,10 +764,8 @@ class Consumer:
             # One pass over a partition's records: a poll often gathers many small batches
             # (one per range it read), and the per-batch conversion steps cost more than the
             # copy that joins them.
-            try:
+            with contextlib.suppress(pa.ArrowInvalid, pa.ArrowTypeError):  # schemas differ
                 batches = [pa.concat_batches(batches)]
-            except (pa.ArrowInvalid, pa.ArrowTypeError):
-                pass  # schemas differ: batch by batch
         paused = gc.isenabled()
         if paused:
             gc.disable()

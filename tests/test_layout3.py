@@ -65,7 +65,7 @@ def test_one_flush_to_many_partitions_is_one_object_and_one_commit(any_store: St
         producer.flush()
         metas = [f.get() for f in futures]
     assert {m.partition for m in metas} == set(range(8))
-    assert _files(store, f"{incarnation}/_data") and len(_files(store, f"{incarnation}/_data")) == 1
+    assert len(_files(store, f"{incarnation}/_data")) == 1
     commits = _commits(store, f"{incarnation}/_log")
     appends = [c for c in commits if any(name == "add" for name, _ in c)]
     assert len(appends) == 1
@@ -96,7 +96,7 @@ def test_commit_logs_split_partitions_over_logs(local_store: tuple[str, dict[str
     for index, log_dir in ((0, "_log"), (1, "_log.1")):
         adds = [b for c in _commits(store, f"{incarnation}/{log_dir}") for n, b in c if n == "add"]
         assert sorted(b["partition"] for b in adds) == [index, index + 2]
-    with pytest.raises(InvalidConfigurationError, match="commit.logs"):
+    with pytest.raises(InvalidConfigurationError, match=r"commit\.logs"):
         store.alter_topic_config("t", {"commit.logs": 3})
     with pytest.raises(InvalidConfigurationError, match="layout 3 only"):
         store.create_topic("old", 2, config={"commit.logs": 2}, layout=2)
@@ -135,7 +135,8 @@ def test_a_refused_partition_fails_alone_in_a_shared_commit(
         raise ProducerFencedError("fenced")
 
     result, refused = shared.commit({0: ok, 1: fenced}, operation="TEST", isolate=True)
-    assert result is not None and set(refused) == {1}
+    assert result is not None
+    assert set(refused) == {1}
     assert isinstance(refused[1], ProducerFencedError)
     with pytest.raises(ProducerFencedError):
         shared.commit({0: ok, 1: fenced}, operation="TEST")
@@ -164,7 +165,8 @@ def test_checkpoint_sidecars_are_reused_while_a_partition_is_unchanged(
 
     first, second = sidecars(4), sidecars(8)
     assert set(first) == set(second) == {0, 1, 2}
-    assert second[1] == first[1] and second[2] == first[2]  # unchanged: by reference
+    assert second[1] == first[1]  # unchanged: by reference
+    assert second[2] == first[2]
     assert second[0] != first[0]
     # A reader that loads the checkpoint sees exactly the state a replay from version 0 builds.
     shared = Store(*local_store).topic_log("t", store.topic("t"), 0)
@@ -252,7 +254,8 @@ def test_a_layout_3_topic_is_refused_by_older_readers(
     store.create_topic("t", 1)
     first = store.storage.read(f"topics/t/_log/{version_file(0)}")
     protocol = [json.loads(line) for line in first.decode().splitlines() if '"protocol"' in line]
-    assert protocol and protocol[-1]["protocol"]["minReaderVersion"] == 3
+    assert protocol
+    assert protocol[-1]["protocol"]["minReaderVersion"] == 3
 
 
 @pytest.mark.s3
@@ -281,7 +284,8 @@ def test_an_idle_consumer_asks_once_per_topic_per_poll(
         consumer.close()
     # One GET of the next topic log version per poll, whatever the partition count (plus at
     # most one metadata re-read in the second these polls take).
-    assert requests[1] <= 6 and requests[16] <= 6, requests
+    assert requests[1] <= 6, requests
+    assert requests[16] <= 6, requests
 
 
 def _tp(topic: str, partition: int) -> Any:
