@@ -388,11 +388,7 @@ class Log(Generic[S]):
                 return loaded
         return None
 
-    def _checkpoint_file(
-        self, version: int
-    ) -> tuple[str, dict[str, Any], list[tuple[str, dict[str, Any]]]] | None:
-        """(where, header, actions) of the checkpoint at ``version``, its header checked; None
-        when there is none."""
+    def _read_checkpoint(self, version: int) -> S | None:
         where = f"{self.storage.display_url}/{self._path(checkpoint_file(version))}"
         data = self.storage.read_if_exists(self._path(checkpoint_file(version)))
         if data is None:
@@ -403,13 +399,6 @@ class Log(Generic[S]):
             raise CorruptLogError(
                 f"{where}: checkpoint header names version {info.get('checkpointVersion')!r}"
             )
-        return where, info, actions
-
-    def _read_checkpoint(self, version: int) -> S | None:
-        found = self._checkpoint_file(version)
-        if found is None:
-            return None
-        where, info, actions = found
         state = self.state_factory()
         try:
             for name, body in actions:

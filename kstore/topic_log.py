@@ -24,6 +24,7 @@ from kstore.log import (
     Log,
     LogState,
     RetryPolicy,
+    checkpoint_file,
     decode_commit,
     protocol_action,
 )
@@ -227,10 +228,16 @@ class TopicLogFiles(Log[TopicLogState]):
         state.sidecars_seen = time.monotonic()
 
     def _read_checkpoint(self, version: int) -> TopicLogState | None:
-        checkpoint = self._checkpoint_file(version)
-        if checkpoint is None:
+        where = f"{self.storage.display_url}/{self._path(checkpoint_file(version))}"
+        data = self.storage.read_if_exists(self._path(checkpoint_file(version)))
+        if data is None:
             return None
-        where, info, actions = checkpoint
+        info, actions = decode_commit(data, where)
+        header = info.get("checkpointVersion")
+        if not isinstance(header, int) or isinstance(header, bool) or header != version:
+            raise CorruptLogError(
+                f"{where}: checkpoint header names version {info.get('checkpointVersion')!r}"
+            )
         state = self.state_factory()
         sidecars: dict[int, Action] = {}
         try:
