@@ -24,7 +24,8 @@ segment whose horizon has passed. Records with a null key are never dropped (Kaf
 them on compacted topics; kstore accepts them and leaves them alone).
 
 Work is committed group by group (contiguous rewritten segments up to ``segment.bytes`` of
-input, as Kafka's cleaner groups them), each commit removing its group's segments and adding
+input, as Kafka's cleaner groups them, and within the time window of :func:`time_window_ms`, so
+that a rewrite never delays retention by more than that window), each commit removing its group's segments and adding
 the group's output; the last one advances ``cleaned``. Every intermediate state is a valid
 compacted log: only records superseded by a later record of the same key, which stays, are
 gone. A group whose segments a concurrent job removed is abandoned, and so is the rest of the
@@ -42,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kstore.config import defaults
 from kstore.errors import CommitConflictError, ConcurrentModificationError, StaleWriteError
 from kstore.log import Action
 from kstore.manifest import DATA_PREFIX
@@ -246,6 +248,7 @@ class _Cleaner:
             rewrite,
             int(self.config["segment.bytes"]),
             horizon_of,
+            time_window_ms(self.config),
         )
         is_latest = _Membership(latest, self.plan.cleaned_offset, self.plan.new_cleaned_offset)
         reasons = [self.plan.why]
@@ -375,6 +378,49 @@ def delete_horizon(now: int, retention_ms: int) -> int:
     return -(-(now + retention_ms) // quantum) * quantum
 
 
+# Retention may be late by at most this fraction of retention.ms because of a rewrite.
+RETENTION_LATENESS_FRACTION = 10
+
+
+def time_window_ms(config: Mapping[str, Any]) -> int:
+    """The largest time span (newest minus oldest record timestamp) of a segment that merging or
+    compaction writes from several inputs: ``segment.ms``, and, on a topic whose
+    ``cleanup.policy`` includes delete with a finite ``retention.ms``, at most a tenth of
+    ``retention.ms``. Retention removes a segment when its newest record has expired, so a
+    rewritten segment's oldest record outlives its retention deadline by at most this window
+    (PROTOCOL.md 22.4); records of different ages never hide behind one another for longer."""
+    config = {**defaults(), **config}  # a partial config (a plan made by hand) gets defaults
+    window = int(config["segment.ms"])
+    retention = int(config["retention.ms"])
+    if "delete" in policies(config) and retention >= 0:
+        window = min(window, max(1, retention // RETENTION_LATENESS_FRACTION))
+    return window
+
+
+@dataclass
+class _Span:
+    """The timestamps a group of segments covers, to keep it within the time window."""
+
+    window: int
+    low: int | None = None
+    high: int | None = None
+
+    def fits(self, seg: Segment) -> bool:
+        if self.low is None or self.high is None:
+            return True
+        low, high = min(self.low, seg.min_timestamp_ms), max(self.high, seg.max_timestamp_ms)
+        return high - low <= self.window
+
+    def add(self, seg: Segment) -> None:
+        self.low = seg.min_timestamp_ms if self.low is None else min(self.low, seg.min_timestamp_ms)
+        self.high = (
+            seg.max_timestamp_ms if self.high is None else max(self.high, seg.max_timestamp_ms)
+        )
+
+    def reset(self) -> None:
+        self.low = self.high = None
+
+
 def compatible(horizon: int | None, other: int | None) -> bool:
     """May segments with these horizons share an output? None: holds no tombstone that waits."""
     return horizon is None or other is None or horizon == other
@@ -385,23 +431,30 @@ def _groups(
     rewrite: set[str],
     max_bytes: int,
     horizon_of: Callable[[Segment], int | None],
+    window_ms: int,
 ) -> list[list[Segment]]:
     """Runs of adjacent segments to rewrite, each up to ``max_bytes`` of input (at least one
-    segment) and of one delete horizon, in offset order."""
+    segment), of one delete horizon and within the time window, in offset order."""
     groups: list[list[Segment]] = []
     current: list[Segment] = []
     size, horizon = 0, None
+    span = _Span(window_ms)
     for seg in segments:
         if seg.path not in rewrite:
             if current:
                 groups.append(current)
             current, size, horizon = [], 0, None
+            span.reset()
             continue
         mine = horizon_of(seg)
-        if current and (size + seg.size_bytes > max_bytes or not compatible(horizon, mine)):
+        if current and (
+            size + seg.size_bytes > max_bytes or not compatible(horizon, mine) or not span.fits(seg)
+        ):
             groups.append(current)
             current, size, horizon = [], 0, None
+            span.reset()
         current.append(seg)
+        span.add(seg)
         size += seg.size_bytes
         horizon = horizon if mine is None else mine
     if current:

@@ -7,7 +7,10 @@ Which segments merge (from the manifest alone):
 - adjacent segments are packed greedily, in offset order, into groups of at most
   ``segment.bytes``; a group never spans the cleaned point (so compaction's dirty ratio stays
   exact) nor mixes segments whose tombstones wait for different delete horizons (the merged
-  segment would keep the earlier ones too long);
+  segment would keep the earlier ones too long), nor covers a time span (newest record minus
+  oldest) beyond the time window (:func:`~kstore.compaction.cleaner.time_window_ms`:
+  ``segment.ms``, at most a tenth of ``retention.ms``), so that merging never makes retention
+  later than that window;
 - a group is merged only if it has two or more segments and none of them holds more than half
   of its bytes. A segment that dominates its group is left out and the rest of the group is
   reconsidered on each side. This makes merging tiered: a byte is rewritten only when the
@@ -33,7 +36,7 @@ from kstore.partition import Partition, PartitionState, Segment
 from kstore.segments import FORMAT_PARQUET, read_segments, write_segment
 from kstore.store import Store
 
-from .cleaner import _codec, _replace, compatible, delete_horizon
+from .cleaner import _codec, _replace, _Span, compatible, delete_horizon, time_window_ms
 from .jobs import PartitionResult, WorkItem, now_ms
 
 OPERATION = "merge"
@@ -47,15 +50,20 @@ def plan_merge(state: PartitionState, config: Mapping[str, Any]) -> list[list[Se
     groups: list[list[Segment]] = []
     current: list[Segment] = []
     size, horizon = 0, None
+    span = _Span(time_window_ms(config))
     for seg in state.segments:
         if seg.last_offset >= lso:
             break
         crosses = bool(current) and current[-1].last_offset < cleaned <= seg.last_offset
         full = size + seg.size_bytes > target
-        if current and (full or crosses or not compatible(horizon, seg.delete_horizon_ms)):
+        if current and (
+            full or crosses or not compatible(horizon, seg.delete_horizon_ms) or not span.fits(seg)
+        ):
             groups.extend(_undominated(current))
             current, size, horizon = [], 0, None
+            span.reset()
         current.append(seg)
+        span.add(seg)
         size += seg.size_bytes
         horizon = horizon if seg.delete_horizon_ms is None else seg.delete_horizon_ms
     groups.extend(_undominated(current))

@@ -160,7 +160,8 @@ _SPECS = [
         "segment.ms",
         604_800_000,
         _int(1),
-        "segments younger than this are not merged or compacted away from the head",
+        "largest span of record timestamps in a segment that merging or compaction writes "
+        "(with time retention, at most a tenth of retention.ms)",
     ),
     ConfigSpec(
         "min.compaction.lag.ms", 0, _int(0), "a record stays uncompacted at least this long"
