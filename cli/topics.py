@@ -418,7 +418,8 @@ def delete(
     output: OutputOpt = OutputFormat.table,
     debug: DebugOpt = False,
 ) -> None:
-    """Delete topics: gone at once for every reader, then their files are removed."""
+    """Delete topics: gone at once for new lookups and closed to writers; their files stay
+    readable for file.delete.delay.ms, then `kstore vacuum` removes them."""
     from kstore.errors import UnknownTopicOrPartitionError
 
     handle = store_from(ctx, store, option, config_file)
@@ -429,10 +430,14 @@ def delete(
     results: list[dict[str, Any]] = []
     for name in topics:
         try:
+            delay = int(handle.topic(name).effective_config["file.delete.delay.ms"])
             handle.delete_topic(name)
             results.append({"topic": name, "deleted": True})
             if output is OutputFormat.table:
-                note(f"Deleted topic {name!r}.")
+                note(
+                    f"Deleted topic {name!r}; its files stay readable for {delay} ms "
+                    "(file.delete.delay.ms), then `kstore vacuum` removes them."
+                )
         except UnknownTopicOrPartitionError:
             if not if_exists:
                 raise

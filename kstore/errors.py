@@ -170,3 +170,9 @@ class IllegalStateError(KStoreError):
 class TopicUpgradedError(KStoreError):
     """The partition log was sealed by ``kstore topics upgrade``: the topic is in layout 3 now
     and is written through its topic log (PROTOCOL.md 8.29, 27). Re-read the topic's metadata."""
+
+
+class TopicDeletedError(UnknownTopicOrPartitionError):
+    """The log belongs to a topic incarnation that was deleted: its logs are sealed and take no
+    more commits (PROTOCOL.md 17.3). Its files stay readable for ``file.delete.delay.ms``; a
+    topic of the same name may have been created since."""

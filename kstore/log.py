@@ -31,6 +31,7 @@ from kstore.errors import (
     InvalidConfigurationError,
     StaleWriteError,
     StorageError,
+    TopicDeletedError,
     UnsupportedFormatVersionError,
 )
 from kstore.storage import Storage, unique_id
@@ -81,6 +82,8 @@ class LogState:
         self.min_reader_version = 1
         self.min_writer_version = 1
         self.last_commit_ms: int | None = None
+        # Set by a ``topicDeleted`` action: the log's topic incarnation was deleted (17.3).
+        self.topic_deleted: dict[str, Any] | None = None
 
     def stamp(self, version: int) -> None:
         """Mark the state as replayed up to ``version`` (after a commit's actions)."""
@@ -101,10 +104,12 @@ class LogState:
                     f"log requires reader version {self.min_reader_version}; this kstore "
                     f"{__version__} reads up to {READER_VERSION}: upgrade kstore"
                 )
+        elif name == "topicDeleted":
+            self.topic_deleted = dict(body)
 
     def checkpoint_actions(self) -> list[Action]:
         """The whole state as actions; replaying them onto an empty state rebuilds it."""
-        return [
+        actions: list[Action] = [
             {
                 "protocol": {
                     "minReaderVersion": self.min_reader_version,
@@ -112,6 +117,9 @@ class LogState:
                 }
             }
         ]
+        if self.topic_deleted is not None:
+            actions.append({"topicDeleted": self.topic_deleted})
+        return actions
 
 
 S = TypeVar("S", bound=LogState)
@@ -607,6 +615,12 @@ class Log(Generic[S]):
 
 
 def check_writer_version(state: LogState) -> None:
+    if state.topic_deleted is not None:
+        raise TopicDeletedError(
+            f"topic {state.topic_deleted.get('topic', '?')!r} (id "
+            f"{state.topic_deleted.get('id', '?')}) was deleted; its logs take no more commits "
+            "(nothing was written: look the topic up again)"
+        )
     if state.min_writer_version > WRITER_VERSION:
         raise UnsupportedFormatVersionError(
             f"log requires writer version {state.min_writer_version}; this kstore {__version__} "

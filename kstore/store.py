@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from kstore.errors import (
     KStoreError,
     StoreNotFoundError,
     TopicAlreadyExistsError,
+    TopicDeletedError,
     UnknownTopicOrPartitionError,
     UnsupportedFormatVersionError,
 )
@@ -33,7 +35,15 @@ from kstore.layout import (
     topic_data_dir,
     topic_log_dir,
 )
-from kstore.log import TYPED_TOPICS_VERSION, Action, Log, LogState, RetryPolicy, protocol_action
+from kstore.log import (
+    TYPED_TOPICS_VERSION,
+    Action,
+    Log,
+    LogState,
+    RetryPolicy,
+    check_writer_version,
+    protocol_action,
+)
 from kstore.names import validate_topic_name
 from kstore.storage import Storage, redact_url
 from kstore.topic_log import TOPIC_LOG_VERSION, TopicLog, log_index, shared_log_dir
@@ -47,6 +57,8 @@ if TYPE_CHECKING:
     from kstore.segments import SegmentCache
 
 STORE_FORMAT_VERSION = 1
+# The minWriterVersion of a deleted incarnation's logs: no writer of any version writes there.
+DELETED_WRITER_VERSION = 1_000_000
 MAX_PARTITIONS = 100_000  # a limit on everything
 
 
@@ -137,6 +149,14 @@ class TopicState(LogState):
         self.metadata: dict[str, Any] | None = None
         self.deleted = False
         self.deleted_body: dict[str, Any] = {}
+        # Every deleted incarnation: topic id -> its ``delete`` body (when, and how long its
+        # files stay readable: PROTOCOL.md 17.3).
+        self.deletions: dict[str, dict[str, Any]] = {}
+
+    def copy(self) -> TopicState:
+        clone: TopicState = super().copy()  # type: ignore[assignment]
+        clone.deletions = dict(self.deletions)
+        return clone
 
     def apply(self, name: str, body: dict[str, Any]) -> None:
         if name == "metaData":
@@ -170,11 +190,18 @@ class TopicState(LogState):
         elif name == "delete":
             self.deleted = True
             self.deleted_body = body
+            if isinstance(body.get("id"), str):
+                self.deletions[body["id"]] = body
         else:
             super().apply(name, body)
 
     def checkpoint_actions(self) -> list[Action]:
         actions = super().checkpoint_actions()
+        # Earlier incarnations' deletions first: the metaData after them makes the topic live
+        # again for every reader, old ones too.
+        for body in self.deletions.values():
+            if not (self.deleted and body is self.deleted_body):
+                actions.append({"delete": body})
         if self.metadata is not None:
             actions.append({"metaData": self.metadata})
         if self.deleted:
@@ -542,27 +569,75 @@ class Store:
         return self._change_metadata(name, "ADD PARTITIONS", change)
 
     def delete_topic(self, name: str) -> None:
-        """Delete a topic: atomically gone for every reader, then its files are removed."""
-        removed: dict[str, str] = {}
-
-        def build(state: TopicState) -> list[Action]:
-            current = state.to_metadata()
-            if current is None:
-                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-            removed["id"] = current.topic_id
-            return [{"delete": {"id": current.topic_id, "deletedTime": int(time.time() * 1000)}}]
-
-        result = self._topic_log(name).commit(
-            self._topic_state(name), build, operation="DELETE TOPIC"
-        )
-        assert result is not None
+        """Delete a topic (PROTOCOL.md 17.3): first every log of the incarnation is sealed with
+        ``topicDeleted`` (a writer holding the old state is refused on its next commit with
+        TopicDeletedError, so nothing is committed into it afterwards), then the ``delete``
+        commit makes the topic invisible to new lookups at once (its name can be used again).
+        The files stay readable for the topic's ``file.delete.delay.ms``, so a reader in the
+        middle of a read finishes; :func:`kstore.retention.purge_deleted_topics` (and vacuum)
+        removes them after that."""
+        while True:
+            meta = self.topic(name)
+            # A topic log this version may not write is refused before any seal is written.
+            check_writer_version(self._topic_state(name))
+            deleted_ms = int(time.time() * 1000)
+            self._seal_deleted(meta, deleted_ms)
+            result = self._topic_log(name).commit(
+                self._topic_state(name),
+                _delete_build(meta, deleted_ms),
+                operation="DELETE TOPIC",
+            )
+            if result is not None:
+                break  # else partitions were added since the seals: seal them too
         with self._lock:
             self._topic_logs[name] = result.state
             for key in [k for k in self._partitions if k[0] == name]:
                 del self._partitions[key]
             for shared in [k for k in self._shared_logs if k[0] == name]:
                 del self._shared_logs[shared]
-        self.storage.delete_tree(topic_data_dir(name, removed["id"]))
+
+    def _seal_deleted(self, meta: TopicMetadata, deleted_ms: int) -> None:
+        """Commit ``topicDeleted`` to every log of the incarnation: its partition logs (layout
+        2) or topic logs (layout 3), raising ``minWriterVersion`` to a version no writer
+        supports, so that older writers are refused too, and leaving ``minReaderVersion`` as it
+        is, so that readers go on reading."""
+        from kstore.manifest import PartitionState
+
+        body = {"topic": meta.name, "id": meta.topic_id, "deletedTime": deleted_ms}
+        logs: list[tuple[Log[Any], int]] = []
+        if meta.layout == 3:
+            for shared in self.topic_logs(meta.name, meta):
+                logs.append((shared.log, TOPIC_LOG_VERSION))
+        else:
+            for p in range(meta.partitions):
+                directory = f"{partition_dir(meta.name, meta.topic_id, p)}/_log"
+                logs.append((Log(self.storage, directory, PartitionState, retry=self.retry), 1))
+
+        def seal(log: Log[Any], first_reader: int) -> None:
+            def build(state: LogState) -> list[Action] | None:
+                reader = state.min_reader_version if state.version >= 0 else first_reader
+                return [
+                    {
+                        "protocol": {
+                            "minReaderVersion": reader,
+                            "minWriterVersion": DELETED_WRITER_VERSION,
+                        }
+                    },
+                    {"topicDeleted": body},
+                ]
+
+            state = log.load()
+            if state.topic_deleted is not None:
+                return  # sealed by an earlier, interrupted deletion
+            with contextlib.suppress(TopicDeletedError):  # a concurrent deleter sealed it
+                log.commit(state, build, operation="DELETE TOPIC", info={"topic": meta.name})
+
+        if self.storage.is_remote and len(logs) > 1:
+            with ThreadPoolExecutor(min(8, len(logs))) as pool:
+                list(pool.map(lambda entry: seal(*entry), logs))
+        else:
+            for log, first_reader in logs:
+                seal(log, first_reader)
 
     def describe_topic(self, name: str) -> TopicDescription:
         meta = self.topic(name)
@@ -697,6 +772,31 @@ class Store:
         with self._lock:
             if layout.schema_id > part.layout.schema_id:
                 part.layout = layout
+
+
+def _delete_build(meta: TopicMetadata, deleted_ms: int) -> Any:
+    """The build of a topic's ``delete`` commit, after its logs were sealed; None (nothing
+    committed) when partitions were added since, so that the caller seals them first."""
+    name = meta.name
+
+    def build(state: TopicState) -> list[Action] | None:
+        current = state.to_metadata()
+        if current is None or current.topic_id != meta.topic_id:
+            raise UnknownTopicOrPartitionError(
+                f"topic {name!r} was deleted by another client meanwhile"
+            )
+        if (current.partitions, current.commit_logs) != (meta.partitions, meta.commit_logs):
+            return None
+        body = {
+            "id": meta.topic_id,
+            "deletedTime": deleted_ms,
+            "fileDeleteDelayMs": int(meta.effective_config["file.delete.delay.ms"]),
+            "layout": meta.layout,
+            "version": state.version + 1,
+        }
+        return [{"delete": body}]
+
+    return build
 
 
 def _check_partitions(count: object) -> None:

@@ -25,6 +25,7 @@ from kstore.errors import InvalidConfigurationError
 from kstore.store import Store
 
 from .deletion import RetentionPlan, plan_retention, retention_partition
+from .purge import DeletedIncarnation, PurgeReport, purge_deleted_topics
 from .vacuum import (
     DEFAULT_LOG_RETENTION_MS,
     DEFAULT_ORPHAN_AGE_MS,
@@ -41,10 +42,13 @@ __all__ = [
     "MIN_LOG_RETENTION_MS",
     "MIN_ORPHAN_AGE_MS",
     "SUBMIT_SCRIPT",
+    "DeletedIncarnation",
     "PartitionResult",
+    "PurgeReport",
     "RetentionPlan",
     "Summary",
     "plan_retention",
+    "purge_deleted_topics",
     "retention_partition",
     "run_retention",
     "vacuum",
@@ -118,8 +122,9 @@ def vacuum(
 ) -> Summary:
     """Delete removed segments past ``file.delete.delay.ms``, orphan files older than
     ``orphan_age_ms`` (at least 10 minutes), log versions older than the newest checkpoint
-    past ``log_retention_ms`` (at least 2 days), and data of stale topic incarnations. ``dry_run`` lists what
-    would go (``summary.files``) and deletes nothing."""
+    past ``log_retention_ms`` (at least 2 days), data of deleted topics past their
+    ``file.delete.delay.ms`` (:func:`purge_deleted_topics`) and of other stale topic
+    incarnations. ``dry_run`` lists what would go (``summary.files``) and deletes nothing."""
     topics = _checked_arguments(topics, tasks, now_ms)
     check_ages(orphan_age_ms, log_retention_ms)
     options = {
@@ -148,7 +153,10 @@ def vacuum(
     if not dry_run:
         for directory in stale:
             store.storage.delete_tree(directory)
-    summary.extra_files = stale
+    purged = purge_deleted_topics(
+        store, now_ms, topics=list(topics) if topics else None, dry_run=dry_run
+    )
+    summary.extra_files = sorted([*stale, *purged.directories])
     if verbose:
         print(summary.format(), flush=True)
     return summary

@@ -42,9 +42,10 @@ are judged together. The steps are the ones above, with every partition of every
 - old versions of each topic log go as 3. says. Each topic log's directory is listed whole
   (the removal times are its commit files' modification times): one listing per log per run.
 
-Per store (on the driver, one listing per topic): data directories of topic incarnations
-that are no longer current (a topic deleted or re-created whose old files were not all
-deleted), once the topic log has been unchanged for the orphan age.
+Per store (on the driver, one listing per topic): data directories of deleted topic
+incarnations once their ``file.delete.delay.ms`` has passed (``purge.py``), and of other
+incarnations that are not current (left by a crashed creation, or by a deletion in an older
+format), once the topic log has been unchanged for the orphan age.
 """
 
 from __future__ import annotations
@@ -423,7 +424,12 @@ def stale_incarnations(
             continue
         current = None if state.deleted or state.metadata is None else state.metadata.get("id")
         for entry in entries:
-            if _TOPIC_ID.fullmatch(entry.name) and entry.name != current:
+            # A deleted incarnation waits for its file.delete.delay.ms (purge.py), not this.
+            if (
+                _TOPIC_ID.fullmatch(entry.name)
+                and entry.name != current
+                and entry.name not in state.deletions
+            ):
                 stale.append(topic_data_dir(name, entry.name))
     return sorted(stale)
 

@@ -411,7 +411,8 @@ def test_vacuum_deletes_stale_topic_incarnations(local_store: Target) -> None:
     saved = root.parent / "saved"
     shutil.copytree(root / topic_data_dir("t", old_id), saved)
     store.delete_topic("t")
-    shutil.copytree(saved, root / topic_data_dir("t", old_id))  # as if the delete had crashed
+    # As if the delete had crashed (deletion now keeps the files for file.delete.delay.ms).
+    shutil.copytree(saved, root / topic_data_dir("t", old_id), dirs_exist_ok=True)
     new_id = store.create_topic("t", 1).topic_id
     append(store.partition("t", 0), [b"k"], [b"new"], now_ms())
     store.create_topic("gone", 1)
@@ -420,7 +421,9 @@ def test_vacuum_deletes_stale_topic_incarnations(local_store: Target) -> None:
     (root / "saved-gone").mkdir()
     shutil.copytree(root / topic_data_dir("gone", gone_id), root / "saved-gone" / "d")
     store.delete_topic("gone")
-    shutil.copytree(root / "saved-gone" / "d", root / topic_data_dir("gone", gone_id))
+    shutil.copytree(
+        root / "saved-gone" / "d", root / topic_data_dir("gone", gone_id), dirs_exist_ok=True
+    )
     assert vacuum(None, *local_store, verbose=False).extra_files == []  # too recent
     summary = vacuum(None, *local_store, verbose=False, now_ms=now_ms() + 2 * HOUR)
     assert summary.extra_files == [topic_data_dir("gone", gone_id), topic_data_dir("t", old_id)]

@@ -8,10 +8,12 @@ import datetime as dt
 import json
 import os
 import random
+import time
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from kstore.retention import purge_deleted_topics
 
 from kstore import PartitionState, Store
 from kstore.config import SPECS
@@ -240,7 +242,11 @@ def test_delete_topic_then_recreate(any_store: StoreTarget) -> None:
             view.partition("doomed", 0)
         with pytest.raises(UnknownTopicOrPartitionError):
             view.describe_topic("doomed")
-    assert files_under(store.storage, data_dir) == []  # its files are gone
+    # Its files stay readable for file.delete.delay.ms, then the purge removes them.
+    assert files_under(store.storage, data_dir)
+    later = int(time.time() * 1000) + 120_000
+    assert purge_deleted_topics(store, later).directories == [data_dir]
+    assert files_under(store.storage, data_dir) == []
     with pytest.raises(UnknownTopicOrPartitionError):
         store.delete_topic("doomed")
 

@@ -1,0 +1,193 @@
+"""Delayed topic deletion (PROTOCOL.md 17.3): a deleted topic is invisible at once, its files
+stay readable for ``file.delete.delay.ms``, writers holding the old state are refused, and
+``purge_deleted_topics`` (and vacuum) remove the files after the delay."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kstore.retention import purge_deleted_topics, vacuum
+
+from kstore import Store
+from kstore.consumer import Consumer
+from kstore.errors import TopicDeletedError, UnknownTopicOrPartitionError
+from kstore.layout import topic_data_dir
+from kstore.producer import Producer
+from kstore.records import TopicPartition
+from kstore.store import DELETED_WRITER_VERSION
+from tests.test_jobs_support import Target, append, now_ms, open_store, rows
+
+DELAY = 10_000  # the smallest file.delete.delay.ms
+FAST = ["memory_store", "local_store"]
+LAYOUTS = [2, 3]
+
+
+def make_topic(store: Store, layout: int, partitions: int = 2) -> str:
+    store.create_topic("t", partitions, {"file.delete.delay.ms": DELAY}, layout=layout)
+    for p in range(partitions):
+        for n in range(3):
+            append(store.partition("t", p), [b"k"], [b"old-%d-%d" % (p, n)], now_ms())
+    return store.topic("t").topic_id
+
+
+def data_exists(store: Store, topic_id: str) -> bool:
+    return bool(store.storage.list_dir(topic_data_dir("t", topic_id)))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("target", FAST)
+def test_a_reader_in_the_middle_of_a_read_finishes_after_the_delete(
+    target: str, layout: int, request: pytest.FixtureRequest
+) -> None:
+    where: Target = request.getfixturevalue(target)
+    store = open_store(where)
+    make_topic(store, layout)
+    consumer = Consumer(store=open_store(where), auto_offset_reset="earliest", max_poll_records=2)
+    tp = TopicPartition("t", 0)
+    consumer.assign([tp])
+    first = [r.value for r in consumer.poll(timeout_ms=1000).get(tp, [])]
+    assert first == [b"old-0-0", b"old-0-1"]
+    part = store.partition("t", 1)
+    state = part.state()
+    store.delete_topic("t")
+    assert not store.topic_exists("t")
+    # The partition read with the state held before the delete, and the consumer's next poll,
+    # still find every file.
+    values = [v for b in part.read(0, state=state) for v in b.column("value").to_pylist()]
+    assert values == [b"old-1-0", b"old-1-1", b"old-1-2"]
+    rest = [r.value for r in consumer.poll(timeout_ms=1000).get(tp, [])]
+    assert rest == [b"old-0-2"]
+    consumer.close()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("target", FAST)
+def test_a_writer_holding_the_old_state_is_refused_and_nothing_is_lost_silently(
+    target: str, layout: int, request: pytest.FixtureRequest
+) -> None:
+    where: Target = request.getfixturevalue(target)
+    writer_store = open_store(where)
+    make_topic(writer_store, layout)
+    held = writer_store.partition("t", 0)
+    held.state()
+    producer = Producer(open_store(where), linger_ms=0)
+    producer.send("t", value=b"before", partition=1).get(timeout=10)
+
+    open_store(where).delete_topic("t")
+    with pytest.raises(TopicDeletedError, match="was deleted"):
+        append(held, [b"k"], [b"late"], now_ms())
+    future = producer.send("t", value=b"late", partition=1)
+    producer.flush()
+    # Refused (TopicDeletedError on the commit, or the topic found gone), never acknowledged.
+    with pytest.raises(UnknownTopicOrPartitionError):
+        future.get(timeout=10)
+    producer.close()
+
+    # A topic of the same name is a new incarnation: it starts empty and takes writes.
+    fresh = open_store(where)
+    fresh.create_topic("t", 1, layout=layout)
+    append(fresh.partition("t", 0), [b"k"], [b"new"], now_ms())
+    assert rows(open_store(where).partition("t", 0)) == [(0, b"k", b"new")]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_deleted_incarnation_is_sealed_for_writers_of_any_version(
+    layout: int, memory_store: Target
+) -> None:
+    store = open_store(memory_store)
+    topic_id = make_topic(store, layout)
+    meta = store.topic("t")
+    store.delete_topic("t")
+    reader = open_store(memory_store)
+    if layout == 3:
+        logs = [log.log.load() for log in reader.topic_logs("t", meta)]
+    else:
+        logs = [reader.partition_state("t", p, meta) for p in range(2)]
+    for state in logs:
+        assert state.topic_deleted is not None
+        assert state.topic_deleted["id"] == topic_id
+        assert state.min_writer_version == DELETED_WRITER_VERSION
+        assert state.min_reader_version <= 3  # still readable
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("target", FAST)
+def test_purge_keeps_files_before_the_delay_and_removes_them_after(
+    target: str, layout: int, request: pytest.FixtureRequest
+) -> None:
+    where: Target = request.getfixturevalue(target)
+    store = open_store(where)
+    old_id = make_topic(store, layout)
+    store.delete_topic("t")
+    new_id = store.create_topic("t", 1, layout=layout).topic_id
+    append(store.partition("t", 0), [b"k"], [b"new"], now_ms())
+
+    early = purge_deleted_topics(store)
+    assert early.removed == []
+    assert [d.topic_id for d in early.waiting] == [old_id]
+    assert data_exists(store, old_id)
+    assert vacuum(None, store, verbose=False).extra_files == []
+    assert data_exists(store, old_id)
+
+    later = now_ms() + DELAY + 5_000
+    dry = purge_deleted_topics(store, later, dry_run=True)
+    assert dry.directories == [topic_data_dir("t", old_id)]
+    assert data_exists(store, old_id)
+    done = purge_deleted_topics(store, later)
+    assert done.directories == [topic_data_dir("t", old_id)]
+    assert not data_exists(store, old_id)
+    # The new incarnation is untouched; a second purge has nothing to do.
+    assert rows(store.partition("t", 0)) == [(0, b"k", b"new")]
+    assert data_exists(store, new_id)
+    assert purge_deleted_topics(store, later).removed == []
+
+
+def test_vacuum_removes_a_deleted_topic_after_its_delay(local_store: Target) -> None:
+    store = open_store(local_store)
+    old_id = make_topic(store, 3)
+    store.delete_topic("t")
+    summary = vacuum(None, store, verbose=False, now_ms=now_ms() + DELAY + 5_000)
+    assert topic_data_dir("t", old_id) in summary.extra_files
+    assert not data_exists(store, old_id)
+
+
+def test_an_interrupted_deletion_is_finished_by_deleting_again(memory_store: Target) -> None:
+    store = open_store(memory_store)
+    make_topic(store, 2)
+    meta = store.topic("t")
+    store._seal_deleted(meta, int(time.time() * 1000))  # as if the deleter stopped here
+    assert store.topic_exists("t")  # still visible, but its writers are refused
+    with pytest.raises(TopicDeletedError):
+        append(store.partition("t", 0), [b"k"], [b"v"], now_ms())
+    assert [v for _, _, v in rows(store.partition("t", 0))] == [b"old-0-0", b"old-0-1", b"old-0-2"]
+    store.delete_topic("t")
+    assert not store.topic_exists("t")
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_delayed_deletion_on_s3(layout: int, moto_store: Target) -> None:
+    store = open_store(moto_store)
+    old_id = make_topic(store, layout)
+    held = store.partition("t", 0)
+    state = held.state()
+    open_store(moto_store).delete_topic("t")
+    with pytest.raises(TopicDeletedError):
+        append(held, [b"k"], [b"late"], now_ms())
+    assert len(list(held.read(0, state=state))) >= 1
+    assert purge_deleted_topics(store).removed == []
+    assert data_exists(store, old_id)
+    assert purge_deleted_topics(store, now_ms() + DELAY + 60_000).directories == [
+        topic_data_dir("t", old_id)
+    ]
+    assert not data_exists(store, old_id)
+
+
+def test_the_delete_command_says_how_long_the_files_stay(local_store: Target) -> None:
+    from tests.test_cli import Cli
+
+    make_topic(open_store(local_store), 3)
+    result = Cli("local", *local_store).run("topics", "delete", "t", "--yes")
+    assert "files stay readable for 10000 ms (file.delete.delay.ms)" in result.stderr
+    assert "kstore vacuum" in result.stderr
