@@ -543,9 +543,16 @@ def _print_summary(job: Job, summary: Summary) -> None:
         f"skipped {summary.count('skipped')}, conflicts {summary.count('conflict')}, "
         f"errors {summary.count('error')}; {summary.tasks} task(s), {summary.elapsed_s:.2f} s\n"
     )
+    for line in summary.notes:
+        write_out(f"  {line}\n")
     if not summary.partitions and not summary.extra_files:
         return
-    table = new_table(*_COLUMNS, right=_COLUMNS[1:])
+    # A dry run changes nothing: its column counts what would change (JSON: dry_run_changes).
+    columns = (
+        ("TOPIC", "PARTITIONS", "WOULD-CHANGE", *_COLUMNS[3:]) if summary.dry_run else _COLUMNS
+    )
+    counted = "dry-run" if summary.dry_run else "committed"
+    table = new_table(*columns, right=columns[1:])
     by_topic: dict[str, list[Any]] = {}
     for result in summary.partitions:
         by_topic.setdefault(result.topic, []).append(result)
@@ -557,7 +564,7 @@ def _print_summary(job: Job, summary: Summary) -> None:
         return [
             text(name),
             text(len(results)),
-            text(sum(1 for r in results if r.outcome in ("committed", "dry-run"))),
+            text(sum(1 for r in results if r.outcome == counted)),
             text(total("segments_removed")),
             text(total("segments_written")),
             text(human_bytes(total("bytes_before"))),

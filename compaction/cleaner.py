@@ -79,17 +79,26 @@ def plan_compaction(
 ) -> CompactionPlan | str:
     """What a run would clean, from the manifest alone, or why it would not run."""
     if "compact" not in policies(config):
-        return "cleanup.policy does not include compact"
+        return f"cleanup.policy={config['cleanup.policy']}, nothing to compact"
+    if not state.segments:
+        return "empty"
     lso = state.last_stable_offset
-    young = now - int(config["min.compaction.lag.ms"])
+    lag = int(config["min.compaction.lag.ms"])
+    young = now - lag
     cleanable: list[Segment] = []
+    head = ""
     for seg in state.segments:
         # The head stays: an open transaction, and anything younger than the minimum lag.
-        if seg.last_offset >= lso or seg.max_timestamp_ms > young:
+        if seg.last_offset >= lso:
+            head = f"open transaction at offset {lso}"
+            break
+        if seg.max_timestamp_ms > young:
+            head = f"records younger than min.compaction.lag.ms ({lag} ms) from offset "
+            head += str(seg.base_offset)
             break
         cleanable.append(seg)
     if not cleanable:
-        return "no cleanable segment (open transaction or min.compaction.lag.ms)"
+        return f"no cleanable segment: {head}"
     c = state.cleaned_offset
     clean = [s for s in cleanable if s.last_offset < c]
     dirty_all = [s for s in cleanable if s.last_offset >= c]
@@ -133,20 +142,13 @@ def compact_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> 
     if isinstance(plan, str):
         result.reason = plan
         return result
-    if options.get("dry_run"):
-        result.outcome = "dry-run"
-        result.reason = (
-            f"{plan.why}: would clean {len(plan.dirty)} dirty segment(s) up to "
-            f"offset {plan.new_cleaned_offset}"
-        )
-        return result
     _Cleaner(
         part,
         plan,
         item.config,
         now,
         int(options.get("memory_bytes") or DEFAULT_MEMORY_BYTES),
-    ).run(result)
+    ).run(result, dry_run=bool(options.get("dry_run")))
     return result
 
 
@@ -228,7 +230,9 @@ class _Cleaner:
 
     # -- the run -------------------------------------------------------------------------------
 
-    def run(self, result: PartitionResult) -> None:
+    def run(self, result: PartitionResult, *, dry_run: bool = False) -> None:
+        """Clean, committing group by group; a dry run does the same reading and filtering,
+        writes nothing and reports exactly the records and segments that would go."""
         keys, latest = self._offset_map()
         self.superseded = self._superseded_clean(keys)
         rewrite = set(self.superseded) | set(self.plan.expired) | {s.path for s in self.plan.dirty}
@@ -252,14 +256,20 @@ class _Cleaner:
         )
         is_latest = _Membership(latest, self.plan.cleaned_offset, self.plan.new_cleaned_offset)
         reasons = [self.plan.why]
+        would = _DryRun()
         for number, group in enumerate(groups):
-            tables, horizon = [], None
+            tables, horizon, read = [], None, 0
             for seg in group:
-                table, seg_horizon = self._filter(seg, self._read(seg), key_set, is_latest, fresh)
+                source = self._read(seg)
+                read += source.num_rows
+                table, seg_horizon = self._filter(seg, source, key_set, is_latest, fresh)
                 if table.num_rows:
                     tables.append(table)
                 if seg_horizon is not None:
                     horizon = seg_horizon if horizon is None else max(horizon, seg_horizon)
+            if dry_run:
+                would.add(group, read, sum(t.num_rows for t in tables))
+                continue
             last = number == len(groups) - 1
             written = None
             written_at = time.monotonic()  # before the write: a slow write counts too
@@ -295,6 +305,9 @@ class _Cleaner:
                 result.cleaned_offset = new_c
         if not groups:  # only possible when nothing at all is to be rewritten
             reasons.append("nothing to rewrite")
+        if dry_run:
+            would.report(result, self.plan.why, self.plan.new_cleaned_offset)
+            return
         result.reason = "; ".join(reasons)
 
     def _filter(
@@ -341,6 +354,40 @@ class _Cleaner:
         if keep.all():
             return table, horizon
         return table.filter(pa.array(keep)), horizon
+
+
+@dataclass
+class _DryRun:
+    """What a dry run would do: counted group by group as a real run would commit."""
+
+    segments: int = 0
+    written: int = 0
+    records: int = 0
+    dropped: int = 0
+    bytes: int = 0
+    kept_bytes: int = 0
+
+    def add(self, group: list[Segment], read: int, kept: int) -> None:
+        size = sum(s.size_bytes for s in group)
+        self.segments += len(group)
+        self.written += 1 if kept else 0
+        self.records += read
+        self.dropped += read - kept
+        self.bytes += size
+        # The new file's size is known only once written: the kept records' share of the input.
+        self.kept_bytes += size * kept // read if read else 0
+
+    def report(self, result: PartitionResult, why: str, cleaned: int) -> None:
+        result.outcome = "dry-run"
+        result.segments_removed = self.segments
+        result.segments_written = self.written
+        result.records_after = result.records_before - self.dropped
+        result.bytes_after = result.bytes_before - self.bytes + self.kept_bytes
+        result.reason = (
+            f"{why}: would drop {self.dropped} of {self.records} record(s), rewriting {self.segments} "
+            f"segment(s) ({self.bytes} bytes) into {self.written} (about {self.kept_bytes} "
+            f"bytes), cleaned point {result.cleaned_offset} -> {cleaned}"
+        )
 
 
 class _Membership:

@@ -45,6 +45,8 @@ from kstore.store import Store, TopicMetadata
 _NAME_TIME = re.compile(r"^(\d{13})-[0-9a-f]{32}\.(arrow|parquet|kdat)$")
 
 Progress = Callable[[str], None]
+# What a job that a topic's cleanup.policy leaves out says about that topic.
+_NOTHING_TO = {"compaction": "nothing to compact", "retention": "no retention to apply"}
 
 
 def stderr_progress(message: str) -> None:
@@ -160,6 +162,8 @@ class Summary:
     elapsed_s: float
     partitions: list[PartitionResult] = field(default_factory=list)
     extra_files: list[str] = field(default_factory=list)  # vacuum: store-level deletions
+    # Why whole topics were left out (their cleanup.policy has nothing for this job).
+    notes: list[str] = field(default_factory=list)
 
     def _total(self, name: str) -> int:
         return sum(int(getattr(p, name)) for p in self.partitions)
@@ -228,6 +232,7 @@ class Summary:
             "files_deleted": self.files_deleted,
             "bytes_deleted": self.bytes_deleted,
             "extra_files": self.extra_files,
+            "notes": self.notes,
             "partitions": [asdict(p) for p in self.partitions],
         }
 
@@ -246,6 +251,7 @@ class Summary:
         if self.files_deleted or self.operation == "vacuum":
             verb = "deletable" if self.dry_run else "deleted"
             lines.append(f"  files {verb} {self.files_deleted} ({_size(self.bytes_deleted)})")
+        lines.extend(f"  {note}" for note in self.notes)
         for p in self.errors[:20]:
             lines.append(f"  ERROR {p.topic}-{p.partition}: {p.reason}")
         return "\n".join(lines)
@@ -264,10 +270,13 @@ def _size(n: int) -> str:
 
 
 def plan_items(
-    store: Store, topics: Sequence[str] | None, wanted: Callable[[Mapping[str, Any]], bool]
+    store: Store,
+    topics: Sequence[str] | None,
+    wanted: Callable[[Mapping[str, Any]], bool],
+    left_out: list[tuple[str, Mapping[str, Any]]] | None = None,
 ) -> list[WorkItem]:
     """One item per partition of every topic (or of ``topics``) whose config ``wanted``
-    accepts. Reads topic logs only."""
+    accepts; the others, with their config, go to ``left_out``. Reads topic logs only."""
     # One topic name given as a string is that topic, not one topic per character.
     names = (
         ([topics] if isinstance(topics, str) else list(topics)) if topics else store.list_topics()
@@ -277,6 +286,8 @@ def plan_items(
         meta = store.topic(name)  # a named topic that does not exist is an error
         config = meta.effective_config
         if not wanted(config):
+            if left_out is not None:
+                left_out.append((name, config))
             continue
         layout = layout_of(meta)
         items.extend(
@@ -567,7 +578,8 @@ def run_job(
     started = time.monotonic()
     progress = stderr_progress if verbose else None
     store = open_store(store_url, storage_options)
-    items = plan_items(store, topics, wanted)
+    left_out: list[tuple[str, Mapping[str, Any]]] = []
+    items = plan_items(store, topics, wanted, left_out)
     if progress is not None:
         where = "in this process" if spark is None else "on Spark"
         progress(
@@ -587,6 +599,11 @@ def run_job(
     summary = Summary(
         operation, redact_url(store.url), dry_run, n, time.monotonic() - started, results
     )
+    summary.notes = [
+        f"topic {name}: cleanup.policy={config['cleanup.policy']}, "
+        f"{_NOTHING_TO.get(operation, 'nothing to do')}"
+        for name, config in left_out
+    ]
     if verbose and print_summary:
         print(summary.format(), flush=True)
     return summary

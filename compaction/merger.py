@@ -83,6 +83,17 @@ def _undominated(group: list[Segment]) -> list[list[Segment]]:
     return _undominated(group[:biggest]) + _undominated(group[biggest + 1 :])
 
 
+def _why_not(state: PartitionState) -> str:
+    """Why no group is merged."""
+    if not state.segments:
+        return "empty"
+    lso = state.last_stable_offset
+    below = [s for s in state.segments if s.last_offset < lso]
+    if len(below) < 2 and len(below) < len(state.segments):
+        return f"open transaction at offset {lso}"
+    return "no small segments to merge"
+
+
 def _horizon(
     group: list[Segment], tables: list[pa.Table], cleaned: int, first_seen: int
 ) -> int | None:
@@ -120,12 +131,18 @@ def merge_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> Pa
     result = PartitionResult.starting(item, OPERATION, state)
     groups = plan_merge(state, item.config)
     if not groups:
-        result.reason = "no small segments to merge"
+        result.reason = _why_not(state)
         return result
     merging = sum(len(g) for g in groups)
     if options.get("dry_run"):
+        size = sum(s.size_bytes for g in groups for s in g)
         result.outcome = "dry-run"
-        result.reason = f"would merge {merging} segments into {len(groups)}"
+        result.segments_removed = merging
+        result.segments_written = len(groups)
+        result.reason = (
+            f"would merge {merging} segments ({size} bytes) into {len(groups)}; no record is "
+            "dropped (the new files' size is known once written)"
+        )
         return result
     codec = _codec(item.config)
     for number, group in enumerate(groups):

@@ -75,6 +75,19 @@ def plan_retention(
     return RetentionPlan(segments[:n], start, why)
 
 
+def _why_not(state: PartitionState, config: Mapping[str, Any], now: int) -> str:
+    """Why retention removes nothing: an empty partition, an open transaction holding back
+    segments that are due, or nothing due."""
+    if not state.segments:
+        return "empty"
+    lso = state.last_stable_offset
+    retention_ms = int(config["retention.ms"])
+    first = state.segments[0]
+    if first.last_offset >= lso and 0 <= retention_ms < now - first.max_timestamp_ms:
+        return f"open transaction at offset {lso}: segments past retention.ms wait for it"
+    return "nothing past retention.ms or retention.bytes"
+
+
 def retention_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> PartitionResult:
     """The retention job's per-partition function (runs on an executor)."""
     part = item.open(store)
@@ -83,17 +96,19 @@ def retention_partition(store: Store, item: WorkItem, options: dict[str, Any]) -
     result = PartitionResult.starting(item, OPERATION, state)
     plan = plan_retention(state, item.config, now)
     if plan is None:
-        result.reason = "nothing past retention.ms or retention.bytes"
+        result.reason = _why_not(state, item.config, now)
         return result
     if options.get("dry_run"):
+        size = sum(s.size_bytes for s in plan.remove)
+        records = sum(s.record_count for s in plan.remove)
         result.outcome = "dry-run"
         result.reason = (
-            f"{plan.why}: would remove {len(plan.remove)} segment(s), log start "
-            f"{state.log_start_offset} -> {plan.log_start_offset}"
+            f"{plan.why}: would remove {len(plan.remove)} segment(s), {records} record(s), "
+            f"{size} bytes; log start {state.log_start_offset} -> {plan.log_start_offset}"
         )
         result.segments_removed = len(plan.remove)
-        result.bytes_after -= sum(s.size_bytes for s in plan.remove)
-        result.records_after -= sum(s.record_count for s in plan.remove)
+        result.bytes_after -= size
+        result.records_after -= records
         return result
     chosen: dict[str, RetentionPlan] = {}
 
