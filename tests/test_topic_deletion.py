@@ -12,7 +12,8 @@ from kstore.retention import purge_deleted_topics, vacuum
 from kstore import Store
 from kstore.consumer import Consumer
 from kstore.errors import TopicDeletedError, UnknownTopicOrPartitionError
-from kstore.layout import topic_data_dir
+from kstore.layout import topic_data_dir, topic_log_dir
+from kstore.log import checkpoint_file
 from kstore.producer import Producer
 from kstore.records import TopicPartition
 from kstore.store import DELETED_WRITER_VERSION
@@ -191,3 +192,21 @@ def test_the_delete_command_says_how_long_the_files_stay(local_store: Target) ->
     result = Cli("local", *local_store).run("topics", "delete", "t", "--yes")
     assert "files stay readable for 10000 ms (file.delete.delay.ms)" in result.stderr
     assert "kstore vacuum" in result.stderr
+
+
+def test_deleted_incarnations_are_remembered_across_topic_log_checkpoints(
+    memory_store: Target,
+) -> None:
+    store = open_store(memory_store)
+    ids = []
+    for _ in range(11):  # 22 commits: the topic metadata log is checkpointed at version 20
+        # The seal alone creates the incarnation's partition log, hence its directory.
+        ids.append(store.create_topic("t", 1, {"file.delete.delay.ms": DELAY}).topic_id)
+        store.delete_topic("t")
+    current = store.create_topic("t", 1).topic_id
+    assert store.storage.exists(f"{topic_log_dir('t')}/{checkpoint_file(20)}")
+    fresh = open_store(memory_store)
+    assert fresh.topic("t").topic_id == current
+    done = purge_deleted_topics(fresh, now_ms() + DELAY + 5_000)
+    assert sorted(d.topic_id for d in done.removed) == sorted(ids)
+    assert all(not data_exists(fresh, i) for i in ids)
