@@ -49,6 +49,8 @@ def test_an_empty_partition_is_skipped_as_empty(layout: int, local_store: Target
     append(store.partition("quiet", 0), [b"k"], [b"v"], now_ms())
     for job in (run_compaction, merge_segments, run_retention):
         assert reasons(job(None, *local_store, verbose=False))[("quiet", 1)] == "empty"
+    listed = Cli("job", *local_store).json("compact", "--no-spark")
+    assert [p["reason"] for p in listed["partitions"] if p["partition"] == 1] == ["empty"]
 
 
 @pytest.mark.parametrize("layout", [2, 3])
@@ -111,6 +113,8 @@ def test_merge_and_retention_dry_runs_state_what_the_runs_remove(local_store: Ta
     for ts in (old, old, old, new, new):
         append(part, [b"k"], [b"v"], ts)
     dry = merge_segments(None, *local_store, dry_run=True, verbose=False)
+    listed = Cli("job", *local_store).json("merge", "--no-spark", "--dry-run")
+    assert (listed["segments_removed"], listed["segments_written"]) == (5, 2)
     done = merge_segments(None, *local_store, verbose=False)
     assert (dry.segments_removed, dry.segments_written, dry.records_dropped) == (5, 2, 0)
     assert (done.segments_removed, done.segments_written, done.records_dropped) == (5, 2, 0)
@@ -121,5 +125,8 @@ def test_merge_and_retention_dry_runs_state_what_the_runs_remove(local_store: Ta
     assert (dry.segments_removed, dry.records_dropped) == (1, 3)
     assert dry.bytes_before - dry.bytes_after == size
     assert f"would remove 1 segment(s), 3 record(s), {size} bytes" in dry.partitions[0].reason
+    listed = Cli("job", *local_store).json("retain", "--no-spark", "--dry-run")
+    assert (listed["segments_removed"], listed["records_dropped"]) == (1, 3)
+    assert listed["bytes_before"] - listed["bytes_after"] == size
     done = run_retention(None, *local_store, verbose=False)
     assert (done.segments_removed, done.records_dropped) == (1, 3)
