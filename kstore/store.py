@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from kstore import __version__
 from kstore import config as topic_config
 from kstore.errors import (
+    ConcurrentModificationError,
     CorruptLogError,
     InvalidConfigurationError,
     InvalidPartitionsError,
@@ -60,6 +61,7 @@ STORE_FORMAT_VERSION = 1
 # The minWriterVersion of a deleted incarnation's logs: no writer of any version writes there.
 DELETED_WRITER_VERSION = 1_000_000
 MAX_PARTITIONS = 100_000  # a limit on everything
+_MAX_DELETE_ROUNDS = 10  # seal-then-delete attempts while partitions are being added
 
 
 @dataclass(frozen=True)
@@ -576,7 +578,7 @@ class Store:
         The files stay readable for the topic's ``file.delete.delay.ms``, so a reader in the
         middle of a read finishes; :func:`kstore.retention.purge_deleted_topics` (and vacuum)
         removes them after that."""
-        while True:
+        for _ in range(_MAX_DELETE_ROUNDS):
             meta = self.topic(name)
             # A topic log this version may not write is refused before any seal is written.
             check_writer_version(self._topic_state(name))
@@ -589,6 +591,11 @@ class Store:
             )
             if result is not None:
                 break  # else partitions were added since the seals: seal them too
+        else:
+            raise ConcurrentModificationError(
+                f"topic {name!r}: partitions kept being added while it was being deleted; "
+                "its logs are sealed (writes are refused): delete it again"
+            )
         with self._lock:
             self._topic_logs[name] = result.state
             for key in [k for k in self._partitions if k[0] == name]:

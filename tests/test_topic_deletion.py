@@ -5,6 +5,7 @@ stay readable for ``file.delete.delay.ms``, writers holding the old state are re
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from kstore.retention import purge_deleted_topics, vacuum
@@ -210,3 +211,30 @@ def test_deleted_incarnations_are_remembered_across_topic_log_checkpoints(
     done = purge_deleted_topics(fresh, now_ms() + DELAY + 5_000)
     assert sorted(d.topic_id for d in done.removed) == sorted(ids)
     assert all(not data_exists(fresh, i) for i in ids)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_partitions_added_while_deleting_are_sealed_too(
+    layout: int, memory_store: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store(memory_store)
+    config = {"file.delete.delay.ms": DELAY, **({"commit.logs": 4} if layout == 3 else {})}
+    store.create_topic("t", 2, config, layout=layout)
+    seal = store._seal_deleted
+    grown: list[Any] = []
+
+    def seal_then_grow(meta: Any, deleted_ms: int) -> None:
+        seal(meta, deleted_ms)
+        if not grown:  # another client adds a partition between the seals and the delete
+            grown.append(open_store(memory_store).add_partitions("t", 3))
+
+    monkeypatch.setattr(store, "_seal_deleted", seal_then_grow)
+    store.delete_topic("t")
+    assert not store.topic_exists("t")
+    meta = grown[0]
+    if layout == 3:
+        states = [log.log.load() for log in open_store(memory_store).topic_logs("t", meta)]
+    else:
+        states = [open_store(memory_store).partition_state("t", p, meta) for p in range(3)]
+    assert len(states) == 3
+    assert all(state.topic_deleted is not None for state in states)
