@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 from kstore.cli import consume as consume_cmd
 from kstore.cli import groups, topics
+from kstore.cli import housekeeping as housekeeping_cmd
 from kstore.cli import jobs as jobs_cmd
 from kstore.cli import produce as produce_cmd
 from kstore.cli.common import (
@@ -148,6 +149,7 @@ app = typer.Typer(
 )
 app.add_typer(topics.app, name="topics")
 app.add_typer(groups.app, name="groups")
+housekeeping_cmd.register(app)  # cli/housekeeping.py
 
 
 def _version(value: bool) -> None:

@@ -20,7 +20,7 @@ epoch, and finishes it: rolled forward if the decision landed, aborted otherwise
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from kstore.errors import ProducerFencedError, UnknownTopicOrPartitionError
@@ -39,6 +39,12 @@ class OpenTransaction:
     group: str | None = None
     decision: str | None = None  # "commit" / "abort" once decided in this log
     started_ms: int = 0
+    # The log versions that first recorded the transaction and its decision (a checkpoint's
+    # version when replayed from one: a later file, whose storage time only makes the
+    # transaction look younger). Their commit files' storage times are when the transaction
+    # started and was decided, by the storage's clock (transaction timeouts, PROTOCOL.md 20.6).
+    started_in: int | None = None
+    decided_in: int | None = None
 
 
 class TransactionLogState(LogState):
@@ -54,14 +60,17 @@ class TransactionLogState(LogState):
     def copy(self) -> TransactionLogState:
         clone: TransactionLogState = super().copy()  # type: ignore[assignment]
         if self.current is not None:
-            clone.current = OpenTransaction(
-                self.current.version,
-                set(self.current.partitions),
-                self.current.group,
-                self.current.decision,
-                self.current.started_ms,
-            )
+            clone.current = replace(self.current, partitions=set(self.current.partitions))
         return clone
+
+    def stamp(self, version: int) -> None:
+        super().stamp(version)
+        current = self.current
+        if current is not None:
+            if current.started_in is None:
+                current.started_in = version
+            if current.decision is not None and current.decided_in is None:
+                current.decided_in = version
 
     def apply(self, name: str, body: dict[str, Any]) -> None:
         if name == "producerEpoch":

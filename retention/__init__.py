@@ -25,6 +25,7 @@ from kstore.errors import InvalidConfigurationError
 from kstore.store import Store
 
 from .deletion import RetentionPlan, plan_retention, retention_partition
+from .housekeeping import abort_expired_transactions
 from .purge import DeletedIncarnation, PurgeReport, purge_deleted_topics
 from .vacuum import (
     DEFAULT_LOG_RETENTION_MS,
@@ -47,6 +48,7 @@ __all__ = [
     "PurgeReport",
     "RetentionPlan",
     "Summary",
+    "abort_expired_transactions",
     "plan_retention",
     "purge_deleted_topics",
     "retention_partition",

@@ -1,0 +1,70 @@
+"""``kstore transactions abort-expired``: transaction timeouts, enforced when it runs
+(docs/PROTOCOL.md 20.6). Registered on the root app by :func:`register`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from kstore.cli.common import (
+    ConfigFileOpt,
+    DebugOpt,
+    OptionOpt,
+    OutputFormat,
+    OutputOpt,
+    StoreOpt,
+    print_json,
+    store_from,
+    write_out,
+)
+
+DryRunOpt = Annotated[
+    bool, typer.Option("--dry-run", help="Report what would be done; change nothing.")
+]
+
+transactions = typer.Typer(
+    name="transactions",
+    help="Transactions of transactional producers: finish those open past their timeout.",
+    epilog="Examples:\n\n  kstore transactions abort-expired --dry-run",
+    no_args_is_help=True,
+)
+
+
+@transactions.command(
+    "abort-expired",
+    epilog="Examples:\n\n  kstore transactions abort-expired --dry-run\n\n"
+    "  kstore transactions abort-expired orders -o json",
+)
+def abort_expired(
+    ctx: typer.Context,
+    topics: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[TOPIC]...",
+            help="Only transactions that wrote to these topics (default: every one).",
+            show_default=False,
+        ),
+    ] = None,
+    dry_run: DryRunOpt = False,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Abort every transaction open longer than its producer's transaction_timeout_ms (by the
+    storage's clock), as a new producer with its transactional id would: the old producer is
+    fenced, and a transaction whose commit was already decided is rolled forward instead."""
+    from kstore.retention import abort_expired_transactions
+
+    handle = store_from(ctx, store, option, config_file)
+    report = abort_expired_transactions(handle, topics or None, dry_run=dry_run)
+    if output == OutputFormat.json:
+        print_json(report.to_dict())
+    else:
+        write_out(report.format() + "\n")
+
+
+def register(app: typer.Typer) -> None:
+    """Add these commands to the root ``kstore`` app."""
+    app.add_typer(transactions, name="transactions")
