@@ -1,5 +1,6 @@
 """``kstore transactions abort-expired``: transaction timeouts, enforced when it runs
-(docs/PROTOCOL.md 20.6). Registered on the root app by :func:`register`."""
+(docs/PROTOCOL.md 20.6); ``kstore prune-logs``: old versions of group, producer and topic
+metadata logs (17.5). Registered on the root app by :func:`register`."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from kstore.cli.common import (
     OutputFormat,
     OutputOpt,
     StoreOpt,
+    UsageError,
     print_json,
     store_from,
     write_out,
 )
+from kstore.cli.timeparse import parse_duration_ms
 
 DryRunOpt = Annotated[
     bool, typer.Option("--dry-run", help="Report what would be done; change nothing.")
@@ -65,6 +68,51 @@ def abort_expired(
         write_out(report.format() + "\n")
 
 
+def prune_logs(
+    ctx: typer.Context,
+    log_retention: Annotated[
+        str,
+        typer.Option(
+            "--log-retention",
+            metavar="DURATION",
+            help="Keep log versions this long (at least 2d).",
+        ),
+    ] = "30d",
+    dry_run: DryRunOpt = False,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Delete old versions of consumer group, producer and topic metadata logs: below the
+    newest checkpoint older than --log-retention, and write a checkpoint where old commits have
+    none after them (a later run deletes them). Partition and topic logs are vacuum's."""
+    from kstore.retention import MIN_LOG_RETENTION_MS
+    from kstore.retention import prune_logs as prune
+
+    try:
+        keep_ms = parse_duration_ms(log_retention)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if keep_ms < MIN_LOG_RETENTION_MS:
+        raise UsageError(
+            f"--log-retention {log_retention} is below the minimum of 2d: a writer or reader "
+            "may still hold a state that old"
+        )
+    handle = store_from(ctx, store, option, config_file)
+    report = prune(handle, keep_ms=keep_ms, dry_run=dry_run)
+    if output == OutputFormat.json:
+        print_json(report.to_dict())
+    else:
+        write_out(report.format() + "\n")
+
+
 def register(app: typer.Typer) -> None:
     """Add these commands to the root ``kstore`` app."""
     app.add_typer(transactions, name="transactions")
+    app.command(
+        "prune-logs",
+        epilog="Examples:\n\n  kstore prune-logs --dry-run\n\n"
+        "  kstore prune-logs --log-retention 7d -o json",
+    )(prune_logs)

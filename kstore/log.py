@@ -46,6 +46,9 @@ TYPED_TOPICS_VERSION = 2
 # Version 3 adds layout 3 (PROTOCOL.md 26): topic logs shared by partitions, data objects.
 LAST_CHECKPOINT = "_last_checkpoint"
 MAX_LOG_FILE_BYTES = 256 * 1024 * 1024  # a limit on everything: refuse absurd files early
+# A state not confirmed as the newest for this long is reloaded from a checkpoint before it is
+# advanced or built on: old versions of any log may have been deleted since (PROTOCOL.md 17.5).
+STALE_STATE_S = 24 * 3600.0
 
 Action = dict[str, Any]
 
@@ -84,6 +87,14 @@ class LogState:
         self.last_commit_ms: int | None = None
         # Set by a ``topicDeleted`` action: the log's topic incarnation was deleted (17.3).
         self.topic_deleted: dict[str, Any] | None = None
+        # When (monotonic) this state was last known to be the newest of its log.
+        self.confirmed_at = time.monotonic()
+
+    def stale(self) -> bool:
+        """Not confirmed as the newest within STALE_STATE_S (or by another clock: a state
+        from another process)."""
+        age = time.monotonic() - self.confirmed_at
+        return not 0 <= age <= STALE_STATE_S
 
     def stamp(self, version: int) -> None:
         """Mark the state as replayed up to ``version`` (after a commit's actions)."""
@@ -278,7 +289,11 @@ class Log(Generic[S]):
         Returns ``state`` itself when nothing is new. On an object store, once one new version
         is found the following ones are fetched concurrently, a growing window at a time: a
         reader that fell behind catches up in a few round trips instead of one per commit.
+        A state not confirmed as the newest for a day is reloaded instead (17.5).
         """
+        if state.stale():
+            return self.load()
+        confirmed = time.monotonic()
         next_state: S | None = None
         version = state.version
         window, hits = 1, 0
@@ -305,7 +320,9 @@ class Log(Generic[S]):
             # widens the window.
             if hits >= 2 and self.storage.is_remote:
                 window = min(window * 2, 64)
-        return next_state if next_state is not None else state
+        newest = next_state if next_state is not None else state
+        newest.confirmed_at = confirmed  # bookkeeping only: the state's content is unchanged
+        return newest
 
     def load_version(self, version: int) -> S:
         """The state as of an older ``version`` (time travel), from version 0 or a checkpoint."""
@@ -448,6 +465,8 @@ class Log(Generic[S]):
         is unknown, :class:`CommitStateUnknownError` (PROTOCOL.md 23.1).
         """
         self.storage.check_writable()
+        if state.stale():
+            state = self.load()
         commit_id = unique_id()
         deadline = time.monotonic() + self.retry.timeout_s
         attempt = 0
@@ -479,6 +498,7 @@ class Log(Generic[S]):
                 ) from None
             new_state.stamp(version)
             new_state.last_commit_ms = meta["timestamp"]
+            new_state.confirmed_at = time.monotonic()
             payload = encode_commit(actions, meta)
             # Checked last, after the build: a pause anywhere before this point counts.
             if written_at is not None and self.retry.too_old(written_at):

@@ -35,6 +35,7 @@ from kstore.transactions import (
     check_epoch,
     end_transaction,
     finish_transaction,
+    producer_log,
 )
 
 log = logging.getLogger("kstore.producer")
@@ -82,12 +83,7 @@ class TransactionManager:
     def _register_transactional_id(self, transactional_id: str) -> tuple[str, int]:
         """Take over the identity with a new epoch (fencing older instances), then finish
         whatever transaction a previous instance left unfinished."""
-        registry = Log(
-            self.store.storage,
-            producer_log_dir(transactional_id),
-            TransactionLogState,
-            checkpoint_interval=50,
-        )
+        registry = producer_log(self.store.storage, producer_log_dir(transactional_id))
         pid = hashlib.sha256(f"kstore-producer:{transactional_id}".encode()).hexdigest()[:32]
         timeout = self.config["transaction_timeout_ms"]
 

@@ -24,12 +24,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from kstore.errors import ProducerFencedError, UnknownTopicOrPartitionError
-from kstore.log import Action, LogState
+from kstore.log import Action, Log, LogState, RetryPolicy
 from kstore.records import TopicPartition
 
 if TYPE_CHECKING:
-    from kstore.log import Log
+    from kstore.storage import Storage
     from kstore.store import Store
+
+CHECKPOINT_INTERVAL = 50  # of producer logs (PROTOCOL.md 13.1)
 
 
 @dataclass
@@ -131,6 +133,19 @@ class TransactionLogState(LogState):
             if c.decision is not None:
                 actions.append({"txnDecision": {"version": c.version, "result": c.decision}})
         return actions
+
+
+def producer_log(
+    storage: Storage, directory: str, retry: RetryPolicy | None = None
+) -> Log[TransactionLogState]:
+    """The producer log in ``directory`` (``producers/<h>/_log``, PROTOCOL.md 5.6)."""
+    return Log(
+        storage,
+        directory,
+        TransactionLogState,
+        checkpoint_interval=CHECKPOINT_INTERVAL,
+        retry=retry,
+    )
 
 
 def check_epoch(state: TransactionLogState, epoch: int, transactional_id: str) -> None:

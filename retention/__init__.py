@@ -25,7 +25,7 @@ from kstore.errors import InvalidConfigurationError
 from kstore.store import Store
 
 from .deletion import RetentionPlan, plan_retention, retention_partition
-from .housekeeping import abort_expired_transactions
+from .housekeeping import abort_expired_transactions, prune_logs
 from .purge import DeletedIncarnation, PurgeReport, purge_deleted_topics
 from .vacuum import (
     DEFAULT_LOG_RETENTION_MS,
@@ -51,6 +51,7 @@ __all__ = [
     "abort_expired_transactions",
     "plan_retention",
     "purge_deleted_topics",
+    "prune_logs",
     "retention_partition",
     "run_retention",
     "vacuum",

@@ -1,30 +1,45 @@
-"""Housekeeping of the logs that are not partition data: transaction timeouts. No Spark: it
-reads and writes logs only, and runs in the caller's process.
+"""Housekeeping of the logs that are not partition data: transaction timeouts, and pruning of
+old versions of group, producer and topic metadata logs. No Spark: both read and write logs
+only, and the maintenance service calls them in its own process.
 
 :func:`abort_expired_transactions` enforces ``transaction_timeout_ms`` (PROTOCOL.md 20.6): an
 unfinished transaction older than the timeout its producer recorded, by the storage's clock, is
 finished as a new instance of its transactional id would finish it (20.4): a new epoch fences
 the old instance, then the transaction is aborted, or rolled forward if its commit decision had
 landed.
+
+:func:`prune_logs` deletes the commits and checkpoints of group, producer and topic metadata
+logs below the newest checkpoint older than the log retention, as vacuum does for partition
+logs and topic logs (17.5, 22.5), and writes a checkpoint where a log's old commits have none
+after them, so that a later run can delete them.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kstore.errors import InvalidConfigurationError, ProducerFencedError
+from kstore.config import MIN_ORPHAN_AGE_MS
+from kstore.errors import InvalidConfigurationError, KStoreError, ProducerFencedError
 from kstore.groups import Group
-from kstore.layout import PRODUCERS
-from kstore.log import Action, Log
-from kstore.names import validate_topic_name
+from kstore.layout import GROUPS, PRODUCERS, TOPICS
+from kstore.log import Action, Log, LogState, parse_log_file_name
+from kstore.names import validate_group_id, validate_topic_name
 from kstore.storage import FileInfo, Storage
 from kstore.store import Store
-from kstore.transactions import TransactionLogState, finish_transaction
+from kstore.transactions import TransactionLogState, finish_transaction, producer_log
 
-from .vacuum import StorageClock, VersionTimes
+from .vacuum import (
+    DEFAULT_LOG_RETENTION_MS,
+    StorageClock,
+    VersionTimes,
+    _point_hint_at,
+    check_ages,
+    old_log_files,
+)
 
 _PRODUCER_DIR = re.compile(r"[0-9a-f]{40}")  # PROTOCOL.md 4.3, 5.6
 
@@ -39,8 +54,7 @@ def _check_now(now_ms: int | None) -> None:
 def _producer_logs(storage: Storage, listing: list[FileInfo]) -> Iterator[tuple[str, Log[Any]]]:
     for info in sorted(listing, key=lambda i: i.name):
         if _PRODUCER_DIR.fullmatch(info.name):  # anything else is not part of a store (4.3)
-            directory = f"{PRODUCERS}/{info.name}/_log"
-            yield info.name, Log(storage, directory, TransactionLogState, checkpoint_interval=50)
+            yield info.name, producer_log(storage, f"{PRODUCERS}/{info.name}/_log")
 
 
 # -- transaction timeouts ----------------------------------------------------------------------
@@ -51,7 +65,7 @@ class ExpiredTransaction:
     """One unfinished transaction past its timeout, and what was done with it.
 
     ``outcome``: ``aborted`` or ``committed`` (finished as recovery finishes it: rolled forward
-    when its commit decision had landed), ``would abort`` / ``would finish`` (dry run), or
+    when its commit decision had landed), ``would abort`` / ``would commit`` (dry run), or
     ``skipped`` (``reason`` says why: the transaction moved on, or a new instance took over)."""
 
     transactional_id: str
@@ -59,7 +73,7 @@ class ExpiredTransaction:
     epoch: int  # the epoch of the instance that left it unfinished
     age_ms: int
     timeout_ms: int
-    decided: str | None  # the decision recorded in the producer log, if any
+    decided: str | None  # its decision, in the producer log or (commit) the group's, if any
     group: str | None
     partitions: list[tuple[str, int]]
     outcome: str = "skipped"
@@ -74,6 +88,7 @@ class TransactionReport:
     producer_logs: int = 0  # producer logs read
     open: int = 0  # unfinished transactions seen (in the topics asked for)
     expired: list[ExpiredTransaction] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # producer logs that could not be read
 
     def count(self, outcome: str) -> int:
         return sum(1 for e in self.expired if e.outcome == outcome)
@@ -87,6 +102,7 @@ class TransactionReport:
             "expired": [
                 {**asdict(e), "partitions": [list(p) for p in e.partitions]} for e in self.expired
             ],
+            "errors": self.errors,
         }
 
     def format(self) -> str:
@@ -100,7 +116,7 @@ class TransactionReport:
             )
         return (
             f"transaction timeouts: {self.producer_logs} producer log(s), {self.open} open "
-            f"transaction(s), {done}"
+            f"transaction(s), {done}" + "".join(f"; {error}" for error in self.errors)
         )
 
 
@@ -131,35 +147,60 @@ def abort_expired_transactions(
     now, listing = StorageClock(storage, PRODUCERS, now_ms, dry_run=dry_run).list()
     report = TransactionReport(now_ms=now, dry_run=dry_run)
     for _, log in _producer_logs(storage, listing):
-        state = log.load()
-        report.producer_logs += 1
-        current = state.current
-        if current is None:
-            continue
-        if wanted is not None and not any(tp.topic in wanted for tp in current.partitions):
-            continue
-        report.open += 1
-        since = current.decided_in if current.decision is not None else current.started_in
-        at = None if since is None else VersionTimes(storage.list_dir(log.directory)).at(since)
-        if at is None or now - at <= state.transaction_timeout_ms:
-            continue  # not expired (or recorded after the clock was read)
-        item = ExpiredTransaction(
-            transactional_id=state.transactional_id or "",
-            version=current.version,
-            epoch=state.epoch,
-            age_ms=now - at,
-            timeout_ms=state.transaction_timeout_ms,
-            decided=current.decision,
-            group=current.group,
-            partitions=sorted((tp.topic, tp.partition) for tp in current.partitions),
-        )
-        report.expired.append(item)
-        if dry_run:
-            item.outcome = "would abort" if current.decision != "commit" else "would finish"
-            item.reason = "dry run"
-            continue
-        _expire(store, log, state, item)
+        try:
+            _judge(store, log, now, wanted, report, dry_run=dry_run)
+        except KStoreError as exc:  # one bad log does not stop the others
+            report.errors.append(f"{log.directory}: {exc}")
     return report
+
+
+def _judge(
+    store: Store,
+    log: Log[TransactionLogState],
+    now: int,
+    wanted: set[str] | None,
+    report: TransactionReport,
+    *,
+    dry_run: bool,
+) -> None:
+    """Find out whether the producer log's unfinished transaction is expired; finish it if so."""
+    storage = store.storage
+    state = log.load()
+    report.producer_logs += 1
+    current = state.current
+    if current is None:
+        return
+    if wanted is not None and not any(tp.topic in wanted for tp in current.partitions):
+        return
+    report.open += 1
+    since = current.decided_in if current.decision is not None else current.started_in
+    at = None if since is None else VersionTimes(storage.list_dir(log.directory)).at(since)
+    if at is None or now - at <= state.transaction_timeout_ms:
+        return  # not expired (or recorded after the clock was read)
+    tid = state.transactional_id or ""
+    decision = current.decision
+    if (
+        decision is None
+        and current.group is not None
+        and Group(store, current.group).state().transactions.get(tid, -1) >= current.version
+    ):
+        decision = "commit"  # decided in the group log (20.3)
+    item = ExpiredTransaction(
+        transactional_id=tid,
+        version=current.version,
+        epoch=state.epoch,
+        age_ms=now - at,
+        timeout_ms=state.transaction_timeout_ms,
+        decided=decision,
+        group=current.group,
+        partitions=sorted((tp.topic, tp.partition) for tp in current.partitions),
+    )
+    report.expired.append(item)
+    if dry_run:
+        item.outcome = "would commit" if decision == "commit" else "would abort"
+        item.reason = "dry run"
+        return
+    _expire(store, log, state, item)
 
 
 def _expire(
@@ -169,16 +210,7 @@ def _expire(
     decision is final, and a live producer finishing it at the same time writes the same
     markers); an undecided one after fencing the instance that left it."""
     assert seen.current is not None
-    version, decision, epoch = seen.current.version, seen.current.decision, seen.epoch
-    tid = seen.transactional_id or ""
-    group = seen.current.group
-    # Decided in the group log: finished as its own instance would, like a producer-log one.
-    if (
-        decision is None
-        and group is not None
-        and Group(store, group).state().transactions.get(tid, -1) >= version
-    ):
-        decision = "commit"
+    version, decision, epoch = seen.current.version, item.decided, seen.epoch
     if decision is not None:
         finish_as = epoch
     else:
@@ -222,8 +254,168 @@ def _expire(
     )
 
 
+# -- pruning old log versions ------------------------------------------------------------------
+
+
+@dataclass
+class PrunedLog:
+    """What pruning did (or, dry run, would do) to one log."""
+
+    kind: str  # "group", "producer" or "topic" (a topic's metadata log)
+    name: str  # the group id, the producer directory (5.6) or the topic name
+    directory: str
+    kept_from: int | None = None  # K: the oldest version kept, when versions were old enough
+    files: list[str] = field(default_factory=list)  # deleted (dry run: deletable), from the root
+    bytes: int = 0
+    checkpoint: int | None = None  # the version checkpointed (dry run: to be checkpointed)
+    error: str | None = None  # the log could not be pruned (the others were)
+
+
+@dataclass
+class PruneReport:
+    now_ms: int
+    keep_ms: int
+    dry_run: bool
+    logs_scanned: int = 0
+    logs: list[PrunedLog] = field(default_factory=list)  # those with something done
+
+    @property
+    def files(self) -> list[str]:
+        return [f for entry in self.logs for f in entry.files]
+
+    @property
+    def bytes(self) -> int:
+        return sum(entry.bytes for entry in self.logs)
+
+    @property
+    def checkpoints(self) -> int:
+        return sum(1 for entry in self.logs if entry.checkpoint is not None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nowMs": self.now_ms,
+            "keepMs": self.keep_ms,
+            "dryRun": self.dry_run,
+            "logsScanned": self.logs_scanned,
+            "filesDeleted": len(self.files),
+            "bytesDeleted": self.bytes,
+            "checkpointsWritten": self.checkpoints,
+            "errors": sum(1 for entry in self.logs if entry.error is not None),
+            "logs": [asdict(entry) for entry in self.logs],
+        }
+
+    def format(self) -> str:
+        """One line."""
+        verb = "would delete" if self.dry_run else "deleted"
+        written = "would write" if self.dry_run else "wrote"
+        return (
+            f"log pruning{' (dry run)' if self.dry_run else ''}: {self.logs_scanned} group, "
+            f"producer and topic metadata log(s); {verb} {len(self.files)} file(s), "
+            f"{self.bytes} bytes; {written} {self.checkpoints} checkpoint(s)"
+            + "".join(f"; {e.kind} {e.name}: {e.error}" for e in self.logs if e.error is not None)
+        )
+
+
+def prune_logs(
+    store: Store,
+    keep_ms: int = DEFAULT_LOG_RETENTION_MS,
+    now_ms: int | None = None,
+    dry_run: bool = False,
+) -> PruneReport:
+    """Delete old versions of every group log, producer log and topic metadata log: with K the
+    newest checkpoint the storage recorded more than ``keep_ms`` ago (the log retention, at
+    least 2 days), every commit and checkpoint below K (PROTOCOL.md 17.5). ``_last_checkpoint``
+    is pointed at K first when it names an older one. A log with commits older than
+    ``keep_ms`` after its newest checkpoint gets a checkpoint of its newest version, so that a
+    later run can delete them (17.6). A log that cannot be pruned is reported with its error. Partition logs and layout 3's topic logs are vacuum's
+    (``kstore vacuum``). ``dry_run`` reports the same files and deletes and writes nothing."""
+    _check_now(now_ms)
+    check_ages(MIN_ORPHAN_AGE_MS, keep_ms)
+    storage = store.storage
+    # One clock for the run, probed under producers/, where a probe can never be taken for a
+    # name (4.3): topics/ and groups/ are listed without one.
+    now, producers = StorageClock(storage, PRODUCERS, now_ms, dry_run=dry_run).list()
+    report = PruneReport(now_ms=now, keep_ms=keep_ms, dry_run=dry_run)
+    logs = itertools.chain(
+        (("group", n, log) for n, log in _group_logs(store, storage.list_dir(GROUPS))),
+        (("producer", n, log) for n, log in _producer_logs(storage, producers)),
+        (("topic", n, log) for n, log in _topic_logs(store, storage.list_dir(TOPICS))),
+    )
+    for kind, name, log in logs:
+        report.logs_scanned += 1
+        entry = PrunedLog(kind, name, log.directory)
+        try:
+            _prune(entry, log, now, keep_ms, dry_run=dry_run)
+        except KStoreError as exc:  # one bad log does not stop the others
+            entry.error = str(exc)
+        if entry.files or entry.checkpoint is not None or entry.error is not None:
+            report.logs.append(entry)
+    return report
+
+
+def _group_logs(store: Store, listing: list[FileInfo]) -> Iterator[tuple[str, Log[Any]]]:
+    for info in sorted(listing, key=lambda i: i.name):
+        try:
+            name = validate_group_id(info.name)
+        except ValueError:
+            continue  # not ours: never follow an unchecked name (4.3)
+        yield name, Group(store, name).log
+
+
+def _topic_logs(store: Store, listing: list[FileInfo]) -> Iterator[tuple[str, Log[Any]]]:
+    for info in sorted(listing, key=lambda i: i.name):
+        try:
+            name = validate_topic_name(info.name)
+        except ValueError:
+            continue
+        yield name, store._topic_log(name)  # the topic metadata log, deleted topics' too
+
+
+def _prune(entry: PrunedLog, log: Log[Any], now: int, keep_ms: int, *, dry_run: bool) -> None:
+    storage = log.storage
+    listing = storage.list_dir(log.directory)
+    keep_from, old = old_log_files(listing, now, keep_ms)
+    entry.kept_from = keep_from
+    doomed = [
+        info
+        for info in listing
+        if info.name.startswith(".tmp-")  # a local write cut short, long ago
+        and info.mtime_ms is not None
+        and now - info.mtime_ms > keep_ms
+    ]
+    doomed.extend(old)
+    entry.files = [f"{log.directory}/{info.name}" for info in doomed]
+    entry.bytes = sum(info.size for info in doomed)
+    # Commits older than keep_ms after the newest checkpoint stay for good unless a later
+    # checkpoint follows them: write one of the newest state, so that a later run, once that
+    # checkpoint is older than keep_ms, can delete them.
+    parsed = [(p, info) for info in listing if (p := parse_log_file_name(info.name)) is not None]
+    newest_checkpoint = max((v for (v, is_cp), _ in parsed if is_cp), default=-1)
+    newest_commit = max((v for (v, is_cp), _ in parsed if not is_cp), default=-1)
+    if any(
+        not is_cp
+        and newest_checkpoint < v < newest_commit
+        and info.mtime_ms is not None
+        and now - info.mtime_ms > keep_ms
+        for (v, is_cp), info in parsed
+    ):
+        state: LogState = log.load()
+        if state.version > newest_checkpoint:
+            entry.checkpoint = state.version
+            if not dry_run:
+                log.write_checkpoint(state)
+    if dry_run or not doomed:
+        return
+    if keep_from is not None:
+        _point_hint_at(storage, log.directory, keep_from)
+    storage.delete(entry.files)
+
+
 __all__ = [
     "ExpiredTransaction",
+    "PruneReport",
+    "PrunedLog",
     "TransactionReport",
     "abort_expired_transactions",
+    "prune_logs",
 ]

@@ -128,11 +128,14 @@ def test_only_transactions_of_the_topics_asked_for(store: kstore.Store) -> None:
     assert read(store, "out") == [b"before", b"after"]
 
 
-def test_a_decided_transaction_is_rolled_forward(store: kstore.Store) -> None:
+@pytest.mark.parametrize("with_offsets", [False, True], ids=["decision", "group-decision"])
+def test_a_decided_transaction_is_rolled_forward(store: kstore.Store, with_offsets: bool) -> None:
     store.create_topic("out", layout=3)
     dead = Producer(store, transactional_id="tx", transaction_timeout_ms=TIMEOUT_MS)
     dead.begin_transaction()
     dead.send("out", value=b"decided")
+    if with_offsets:
+        dead.send_offsets_to_transaction({TopicPartition("in", 0): 7}, "g")
 
     def crash(*args: Any, **kwargs: Any) -> None:
         raise SystemExit("the process dies after the decision, before the markers")
@@ -142,9 +145,16 @@ def test_a_decided_transaction_is_rolled_forward(store: kstore.Store) -> None:
         dead.commit_transaction()
     decided = _ms()
     assert read(store, "out") == []
-    report = abort_expired_transactions(store, now_ms=decided + TIMEOUT_MS + SLACK_MS)
-    assert [(e.decided, e.outcome) for e in report.expired] == [("commit", "committed")]
+    later = decided + TIMEOUT_MS + SLACK_MS
+    dry = abort_expired_transactions(store, now_ms=later, dry_run=True)
+    assert [(e.decided, e.outcome) for e in dry.expired] == [("commit", "would commit")]
+    report = abort_expired_transactions(store, now_ms=later)
+    assert [(e.decided, e.outcome, e.fenced_epoch) for e in report.expired] == [
+        ("commit", "committed", None)  # decided: finished as its own epoch, not fenced
+    ]
     assert read(store, "out") == [b"decided"]
+    if with_offsets:
+        assert Group(store, "g").committed(TopicPartition("in", 0)) is not None
 
 
 KILLED_PRODUCER = """
