@@ -128,7 +128,8 @@ def test_readers_within_the_retention_keep_reading(local_store: Any) -> None:
 
 
 @pytest.mark.parametrize("layout", [2, 3])
-def test_producer_and_topic_metadata_logs(store: kstore.Store, layout: int) -> None:
+def test_producer_and_topic_metadata_logs(memory_store: Any, layout: int) -> None:
+    store = kstore.Store(*memory_store)
     store.create_topic("t", layout=layout)
     for i in range(22):  # the topic metadata log: versions 0..22, a checkpoint at 20
         store.alter_topic_config("t", {"retention.ms": str(60_000 + i)})
@@ -159,7 +160,8 @@ def test_producer_and_topic_metadata_logs(store: kstore.Store, layout: int) -> N
     assert state.end_offset == state.last_stable_offset > end
 
 
-def test_retention_below_two_days_is_refused(store: kstore.Store) -> None:
+def test_retention_below_two_days_is_refused(memory_store: Any) -> None:
+    store = kstore.Store(*memory_store)
     with pytest.raises(InvalidConfigurationError, match="log_retention_ms 3600000 is below"):
         prune_logs(store, keep_ms=3_600_000)
     with pytest.raises(InvalidConfigurationError, match="now_ms"):

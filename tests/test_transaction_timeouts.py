@@ -19,8 +19,8 @@ import kstore
 from kstore.consumer import Consumer
 from kstore.errors import ProducerFencedError
 from kstore.groups import Group
-from kstore.layout import producer_log_dir
-from kstore.log import Log
+from kstore.layout import producer_log_dir, topic_data_dir
+from kstore.log import Log, parse_log_file_name
 from kstore.producer import Producer
 from kstore.records import TopicPartition
 from kstore.transactions import TransactionLogState
@@ -66,10 +66,26 @@ def _open_transaction(store: kstore.Store, layout: int) -> tuple[Producer, int, 
     return abandoned, t0, t1
 
 
+def _marker_logs(store: kstore.Store, layout: int) -> list[str]:
+    data = topic_data_dir("out", store.topic("out").topic_id)
+    return [f"{data}/_log"] if layout == 3 else [f"{data}/{p}/_log" for p in (0, 1)]
+
+
+def _commits(store: kstore.Store, directory: str) -> int:
+    names = (parse_log_file_name(i.name) for i in store.storage.list_dir(directory))
+    return sum(1 for parsed in names if parsed is not None and not parsed[1])
+
+
 @pytest.fixture(params=["memory", "local"])
 def store(request: pytest.FixtureRequest) -> kstore.Store:
     url, options = request.getfixturevalue(f"{request.param}_store")
     return kstore.Store(url, options)
+
+
+@pytest.fixture
+def mem(memory_store: Any) -> kstore.Store:
+    """A memory store only, for tests whose backend does not matter."""
+    return kstore.Store(*memory_store)
 
 
 @pytest.mark.parametrize("layout", [2, 3])
@@ -87,7 +103,11 @@ def test_an_abandoned_transaction_is_aborted_after_its_timeout_and_not_before(
     assert [e.outcome for e in dry.expired] == ["would abort"]
     assert read(store, "out") == [b"before"]  # a dry run changes nothing
 
+    logs = _marker_logs(store, layout)
+    before = {d: _commits(store, d) for d in logs}
     report = abort_expired_transactions(store, now_ms=t1 + TIMEOUT_MS + SLACK_MS)
+    # One marker commit per log: the topic log (layout 3), each partition log (layout 2).
+    assert {d: _commits(store, d) - before[d] for d in logs} == dict.fromkeys(logs, 1)
     [item] = report.expired
     assert (item.transactional_id, item.version, item.outcome) == ("tx", 0, "aborted")
     assert item.partitions == [("out", 0), ("out", 1)]
@@ -116,22 +136,22 @@ def test_an_abandoned_transaction_is_aborted_after_its_timeout_and_not_before(
     assert sorted(read(store, "out")) == [b"after", b"before", b"next"]
 
 
-def test_only_transactions_of_the_topics_asked_for(store: kstore.Store) -> None:
-    _, _, t1 = _open_transaction(store, 3)
-    store.create_topic("other")
+def test_only_transactions_of_the_topics_asked_for(mem: kstore.Store) -> None:
+    _, _, t1 = _open_transaction(mem, 3)
+    mem.create_topic("other")
     later = t1 + TIMEOUT_MS + SLACK_MS
-    assert abort_expired_transactions(store, ["other"], now_ms=later).expired == []
-    assert read(store, "out") == [b"before"]
-    assert [
-        e.outcome for e in abort_expired_transactions(store, ["out"], now_ms=later).expired
-    ] == ["aborted"]
-    assert read(store, "out") == [b"before", b"after"]
+    assert abort_expired_transactions(mem, ["other"], now_ms=later).expired == []
+    assert read(mem, "out") == [b"before"]
+    assert [e.outcome for e in abort_expired_transactions(mem, ["out"], now_ms=later).expired] == [
+        "aborted"
+    ]
+    assert read(mem, "out") == [b"before", b"after"]
 
 
 @pytest.mark.parametrize("with_offsets", [False, True], ids=["decision", "group-decision"])
-def test_a_decided_transaction_is_rolled_forward(store: kstore.Store, with_offsets: bool) -> None:
-    store.create_topic("out", layout=3)
-    dead = Producer(store, transactional_id="tx", transaction_timeout_ms=TIMEOUT_MS)
+def test_a_decided_transaction_is_rolled_forward(mem: kstore.Store, with_offsets: bool) -> None:
+    mem.create_topic("out", layout=3)
+    dead = Producer(mem, transactional_id="tx", transaction_timeout_ms=TIMEOUT_MS)
     dead.begin_transaction()
     dead.send("out", value=b"decided")
     if with_offsets:
@@ -144,17 +164,17 @@ def test_a_decided_transaction_is_rolled_forward(store: kstore.Store, with_offse
     with pytest.raises(SystemExit):
         dead.commit_transaction()
     decided = _ms()
-    assert read(store, "out") == []
+    assert read(mem, "out") == []
     later = decided + TIMEOUT_MS + SLACK_MS
-    dry = abort_expired_transactions(store, now_ms=later, dry_run=True)
+    dry = abort_expired_transactions(mem, now_ms=later, dry_run=True)
     assert [(e.decided, e.outcome) for e in dry.expired] == [("commit", "would commit")]
-    report = abort_expired_transactions(store, now_ms=later)
+    report = abort_expired_transactions(mem, now_ms=later)
     assert [(e.decided, e.outcome, e.fenced_epoch) for e in report.expired] == [
         ("commit", "committed", None)  # decided: finished as its own epoch, not fenced
     ]
-    assert read(store, "out") == [b"decided"]
+    assert read(mem, "out") == [b"decided"]
     if with_offsets:
-        assert Group(store, "g").committed(TopicPartition("in", 0)) is not None
+        assert Group(mem, "g").committed(TopicPartition("in", 0)) is not None
 
 
 KILLED_PRODUCER = """
@@ -269,31 +289,31 @@ def test_a_moto_store(moto_store: Any) -> None:
     assert all(not i.name.startswith(".probe-") for i in store.storage.list_dir("producers"))
 
 
-def test_the_start_time_survives_a_checkpoint(store: kstore.Store) -> None:
+def test_the_start_time_survives_a_checkpoint(mem: kstore.Store) -> None:
     """Replayed from a checkpoint, a transaction's age counts from the checkpoint's version
     (its start or later), never from an earlier version of the log."""
-    store.create_topic("out")
-    producer = Producer(store, transactional_id="tx", transaction_timeout_ms=TIMEOUT_MS)
+    mem.create_topic("out")
+    producer = Producer(mem, transactional_id="tx", transaction_timeout_ms=TIMEOUT_MS)
     time.sleep(0.3)  # version 0 (the new epoch) is older than the transaction
     producer.begin_transaction()
     started = _ms()
     producer.send("out", value=b"x")
     producer.flush()
-    log = Log(store.storage, producer_log_dir("tx"), TransactionLogState, checkpoint_interval=50)
+    log = Log(mem.storage, producer_log_dir("tx"), TransactionLogState, checkpoint_interval=50)
     state = log.load()
     log.write_checkpoint(state)
-    fresh = Log(store.storage, producer_log_dir("tx"), TransactionLogState).load()
+    fresh = Log(mem.storage, producer_log_dir("tx"), TransactionLogState).load()
     assert fresh.current is not None
     assert fresh.current.started_in == state.version > 0
-    assert abort_expired_transactions(store, now_ms=started - SLACK_MS + TIMEOUT_MS).expired == []
+    assert abort_expired_transactions(mem, now_ms=started - SLACK_MS + TIMEOUT_MS).expired == []
     producer.close()
 
 
-def test_bad_arguments_are_refused(store: kstore.Store) -> None:
+def test_bad_arguments_are_refused(mem: kstore.Store) -> None:
     with pytest.raises(kstore.errors.InvalidConfigurationError, match="now_ms"):
-        abort_expired_transactions(store, now_ms=-1)
+        abort_expired_transactions(mem, now_ms=-1)
     with pytest.raises(kstore.errors.InvalidTopicError):
-        abort_expired_transactions(store, ["bad/name"])
+        abort_expired_transactions(mem, ["bad/name"])
 
 
 def test_the_command(local_store: Any) -> None:
