@@ -93,8 +93,8 @@ class LogState:
     def stale(self) -> bool:
         """Not confirmed as the newest within STALE_STATE_S (or by another clock: a state
         from another process)."""
-        age = time.monotonic() - self.confirmed_at
-        return not 0 <= age <= STALE_STATE_S
+        confirmed: float | None = getattr(self, "confirmed_at", None)  # None: built elsewhere
+        return confirmed is None or not 0 <= time.monotonic() - confirmed <= STALE_STATE_S
 
     def stamp(self, version: int) -> None:
         """Mark the state as replayed up to ``version`` (after a commit's actions)."""
