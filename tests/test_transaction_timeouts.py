@@ -48,13 +48,15 @@ def read(store: kstore.Store, topic: str, isolation: str = "read_committed") -> 
     return out
 
 
-def _open_transaction(store: kstore.Store, layout: int) -> tuple[Producer, int, int]:
+def _open_transaction(
+    store: kstore.Store, layout: int, timeout_ms: int = TIMEOUT_MS
+) -> tuple[Producer, int, int]:
     """A topic with a record before and after an abandoned transaction's records; returns the
     abandoned producer and the wall-clock window in which its transaction started."""
     store.create_topic("out", partitions=2, layout=layout)
     with Producer(store) as plain:
         plain.send("out", value=b"before", partition=0).get(timeout=30)
-    abandoned = Producer(store, transactional_id="tx", transaction_timeout_ms=TIMEOUT_MS)
+    abandoned = Producer(store, transactional_id="tx", transaction_timeout_ms=timeout_ms)
     abandoned.begin_transaction()
     t0 = _ms()
     abandoned.send("out", value=b"t0", partition=0)
@@ -209,6 +211,8 @@ def test_a_transaction_left_by_a_killed_producer_is_aborted(local_store: Any) ->
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
     t1 = _ms()
     assert read(store, "out", "read_uncommitted") != []
     assert abort_expired_transactions(store, now_ms=t0 - SLACK_MS + TIMEOUT_MS).expired == []
@@ -277,12 +281,14 @@ def test_abort_racing_the_producers_commit_loses_and_duplicates_nothing(
 def test_a_moto_store(moto_store: Any) -> None:
     url, options = moto_store
     store = kstore.Store(url, options)
-    _, t0, t1 = _open_transaction(store, 3)
-    # The storage's clock (a probe file): the transaction is seconds old, its timeout 2 s away.
-    assert abort_expired_transactions(store).open == 1
+    timeout = 60_000
+    _, t0, t1 = _open_transaction(store, 3, timeout)
+    # The storage's clock (a probe file): the transaction is seconds old, its timeout a minute.
+    report = abort_expired_transactions(store)
+    assert (report.open, report.expired) == (1, [])
     # S3 records times to the second.
-    assert abort_expired_transactions(store, now_ms=t0 - 1_000 + TIMEOUT_MS).expired == []
-    [item] = abort_expired_transactions(store, now_ms=t1 + 1_000 + TIMEOUT_MS).expired
+    assert abort_expired_transactions(store, now_ms=t0 - 1_000 + timeout).expired == []
+    [item] = abort_expired_transactions(store, now_ms=t1 + 1_000 + timeout).expired
     assert item.outcome == "aborted"
     assert read(store, "out") == [b"before", b"after"]
     assert store.storage.list_dir("producers") != []  # no probe left behind, only the log
