@@ -16,6 +16,7 @@ from kstore.cli import consume as consume_cmd
 from kstore.cli import groups, topics
 from kstore.cli import housekeeping as housekeeping_cmd
 from kstore.cli import jobs as jobs_cmd
+from kstore.cli import maintain as maintain_cmd
 from kstore.cli import produce as produce_cmd
 from kstore.cli.common import (
     EXIT_FAILURE,
@@ -150,6 +151,7 @@ app = typer.Typer(
 app.add_typer(topics.app, name="topics")
 app.add_typer(groups.app, name="groups")
 housekeeping_cmd.register(app)  # cli/housekeeping.py
+app.add_typer(maintain_cmd.app, name="maintain")
 
 
 def _version(value: bool) -> None:

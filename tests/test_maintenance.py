@@ -1,0 +1,302 @@
+"""The maintenance service (kstore.maintenance, ``kstore maintain``): what the planner finds due
+from each topic's config, leases and last-run records in ``_maintenance/``, maintainers racing,
+``--once`` end to end and ``status``. The Spark form: tests/test_maintenance_spark.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+from kstore.cli.app import app
+from kstore.maintenance import Settings, plan, run_due, run_item, status
+from kstore.maintenance.coordination import Records, directory
+from kstore.maintenance.service import TaskRun
+from typer.testing import CliRunner
+
+from kstore import Store
+from tests.test_jobs_support import Target, append, now_ms, rows
+
+HOUR = 3_600_000
+T0 = 1_800_000_000_000  # a fixed clock for the planner tests
+runner = CliRunner()
+
+
+def _decisions(
+    store: Store, now: int, settings: Settings | None = None
+) -> dict[tuple[str | None, str], bool]:
+    the_plan = plan(store, settings or Settings(), now)
+    return {(t.topic, t.task): t.decision.due for t in the_plan.tasks}
+
+
+@pytest.fixture
+def store(local_store: Target) -> Store:
+    return Store(*local_store)
+
+
+# -- the planner -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", [2, 3])
+def test_planner_decides_from_each_topics_config(store: Store, layout: int) -> None:
+    store.create_topic("logs", 1, {"retention.ms": HOUR}, layout=layout)
+    store.create_topic("state", 1, {"cleanup.policy": "compact"}, layout=layout)
+    store.create_topic(
+        "lazy", 1, {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 0.9}, layout=layout
+    )
+    # logs: one segment past retention.ms at T0 + 1h, one young
+    append(store.partition("logs", 0), [b"a"], [b"1"], T0 - 10)
+    append(store.partition("logs", 0), [b"b"], [b"2"], T0 + HOUR)
+    # state: everything dirty (ratio 1.0 >= 0.5)
+    append(store.partition("state", 0), [b"k", b"k"], [b"1", b"2"], T0)
+    # lazy: compacted once, then a little dirt below its 0.9 ratio
+    lazy = store.partition("lazy", 0)
+    append(lazy, [b"k"] * 50, [b"x" * 100] * 50, T0)
+    assert run_due(store, now_ms=T0 + 1, topics=["lazy"])  # compacts (and vacuums)
+    append(lazy, [b"k"], [b"y"], T0)
+
+    before = _decisions(store, T0 + HOUR - 20)  # nothing past retention yet
+    assert before[("logs", "retention")] is False
+    assert before[("logs", "compaction")] is False  # cleanup.policy=delete
+    assert before[("state", "compaction")] is True
+    assert before[("state", "retention")] is False  # cleanup.policy=compact
+    assert before[("lazy", "compaction")] is False  # dirty ratio below 0.9
+    assert before[("lazy", "vacuum")] is False  # ran just now
+    assert before[("logs", "vacuum")] is True  # never ran
+    assert before[("logs", "merge")] is False  # 2 segments < 8
+
+    later = _decisions(store, T0 + HOUR + 1)
+    assert later[("logs", "retention")] is True
+    assert later[("lazy", "compaction")] is False
+
+    # max.compaction.lag.ms makes the lazy topic due although its ratio is low.
+    store.alter_topic_config("lazy", {"max.compaction.lag.ms": 60_000})
+    assert _decisions(store, T0 + HOUR + 1)[("lazy", "compaction")] is True
+    assert _decisions(store, T0 + 30_000)[("lazy", "compaction")] is False
+
+    # Merging: due once a partition has merge_min_segments small segments.
+    for i in range(3):
+        append(store.partition("state", 0), [b"m"], [str(i).encode()], T0)
+    assert _decisions(store, T0, Settings(merge_min_segments=4))[("state", "merge")] is True
+    assert _decisions(store, T0, Settings(merge_min_segments=5))[("state", "merge")] is False
+
+
+def test_a_task_rests_one_interval_and_vacuum_has_its_own(store: Store) -> None:
+    store.create_topic("logs", 1, {"retention.ms": HOUR})
+    append(store.partition("logs", 0), [b"a"], [b"1"], T0)
+    settings = Settings(interval_ms=60_000, vacuum_interval_ms=10 * 60_000)
+    runs = run_due(store, settings, now_ms=T0)
+    assert [(r.task, r.outcome) for r in runs] == [("vacuum", "nothing")]
+    append(store.partition("logs", 0), [b"b"], [b"2"], T0 + 2 * HOUR)
+    # Past retention at T0 + 1h, but retention has no run yet: due at once.
+    assert _decisions(store, T0 + HOUR + 1, settings)[("logs", "retention")] is True
+    first = run_due(store, settings, now_ms=T0 + HOUR + 1)
+    assert {r.task: r.outcome for r in first} == {"retention": "ok", "vacuum": "ok"}
+    assert first[0].records == 1
+    assert first[0].segments == 1
+    # The next segment expires soon, but retention ran less than an interval ago.
+    assert _decisions(store, T0 + 3 * HOUR + 2, settings)[("logs", "retention")] is True
+    assert _decisions(store, T0 + HOUR + 30_000, settings)[("logs", "vacuum")] is False
+    assert _decisions(store, T0 + HOUR + 1 + 10 * 60_000, settings)[("logs", "vacuum")] is True
+
+
+# -- leases -------------------------------------------------------------------------------------
+
+
+def test_an_expired_lease_is_taken_over_and_a_live_one_is_not(store: Store) -> None:
+    store.create_topic("t", 1)
+    records = Records(store.storage)
+    dead = records.acquire("t", "vacuum", holder="dead", now_ms=T0, lease_ms=60_000, newest=None)
+    assert dead is not None
+
+    def newest() -> Any:
+        return records.newest(records.listing("t"), ["vacuum"]).get("vacuum")
+
+    assert (
+        records.acquire(
+            "t", "vacuum", holder="b", now_ms=T0 + 59_999, lease_ms=60_000, newest=newest()
+        )
+        is None
+    )
+    taken = records.acquire(
+        "t", "vacuum", holder="b", now_ms=T0 + 60_001, lease_ms=60_000, newest=newest()
+    )
+    assert taken is not None
+    assert taken.number == dead.number + 1
+    # The dead holder wakes up: its record cannot be written after the taker's.
+    from kstore.maintenance.coordination import LastRun
+
+    assert not records.finish(
+        dead, LastRun(T0, T0 + 70_000, "ok", holder="dead"), now_ms=T0 + 70_000
+    )
+    assert newest().holder == "b"
+    assert newest().state == "running"
+    # The planner shows it as running by the taker, and does not plan it.
+    item = next(t for t in plan(store, Settings(), T0 + 61_000).tasks if t.task == "vacuum")
+    assert item.held_by == "b"
+    assert not item.decision.due
+
+
+def test_a_released_lease_is_free_and_keeps_the_last_run(store: Store) -> None:
+    from kstore.maintenance.coordination import LastRun
+
+    store.create_topic("t", 1)
+    records = Records(store.storage)
+    first = records.acquire("t", "merge", holder="a", now_ms=T0, lease_ms=60_000, newest=None)
+    assert first is not None
+    assert records.finish(first, LastRun(T0, T0 + 5, "ok", records=3, holder="a"), now_ms=T0 + 5)
+    again = records.acquire(
+        "t",
+        "merge",
+        holder="a",
+        now_ms=T0 + 10,
+        lease_ms=60_000,
+        newest=records.newest(records.listing("t"), ["merge"])["merge"],
+    )
+    assert again is not None
+    assert records.release(again, now_ms=T0 + 11)
+    latest = records.newest(records.listing("t"), ["merge"])["merge"]
+    assert latest.state == "released"
+    assert not latest.held_at(T0 + 12)
+    assert latest.last_run is not None
+    assert latest.last_run.records == 3
+
+
+@pytest.mark.parametrize(
+    "target", ["local_store", pytest.param("moto_store", marks=pytest.mark.s3)]
+)
+def test_two_maintainers_racing_run_each_task_once(
+    target: str, request: pytest.FixtureRequest
+) -> None:
+    where: Target = request.getfixturevalue(target)
+    store = Store(*where)
+    for name in ("a", "b"):
+        store.create_topic(name, 1, {"retention.ms": HOUR})
+        append(store.partition(name, 0), [b"old"], [b"1"], T0 - 2 * HOUR)
+        append(store.partition(name, 0), [b"new"], [b"2"], T0)
+    # Both plan from the same state, then run every item at the same time.
+    plans = [plan(Store(*where), Settings(), T0).due for _ in range(2)]
+    assert len(plans[0]) == len(plans[1]) == 4  # retention and vacuum of each topic
+    results: list[list[TaskRun]] = [[], []]
+    barrier = threading.Barrier(2)
+
+    def maintainer(i: int) -> None:
+        own = Store(*where)
+        barrier.wait()
+        for item in plans[i]:
+            results[i].append(run_item(own, item, Settings(), holder=f"m{i}", fixed_now_ms=T0))
+
+    threads = [threading.Thread(target=maintainer, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ran = Counter((r.topic, r.task) for rs in results for r in rs if r.outcome != "taken")
+    assert ran == {(t, task): 1 for t in ("a", "b") for task in ("retention", "vacuum")}
+    assert sum(r.outcome == "taken" for rs in results for r in rs) == 4  # the loser of each
+    for name in ("a", "b"):
+        assert [r[2] for r in rows(store.partition(name, 0))] == [b"2"]
+    # And a third pass finds nothing due: the records say it ran.
+    assert run_due(Store(*where), now_ms=T0 + 1) == []
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def _cli(where: Target, *args: str, code: int = 0) -> Any:
+    result = runner.invoke(app, [*args, "--store", where[0]])
+    assert result.exit_code == code, (result.stdout, result.stderr, result.exception)
+    return result
+
+
+@pytest.mark.parametrize("layout", [2, 3])
+def test_maintain_once_retains_and_compacts(local_store: Target, layout: int) -> None:
+    store = Store(*local_store)
+    now = now_ms()
+    store.create_topic("logs", 2, {"retention.ms": HOUR}, layout=layout)
+    store.create_topic("state", 1, {"cleanup.policy": "compact"}, layout=layout)
+    for p in range(2):
+        append(store.partition("logs", p), [b"a", b"b"], [b"1", b"2"], now - 2 * HOUR)
+        append(store.partition("logs", p), [b"c"], [b"3"], now - 60_000)
+    state = store.partition("state", 0)
+    append(state, [b"k1", b"k2"], [b"1", b"1"], now - 2 * HOUR)
+    append(state, [b"k1", b"k1"], [b"2", b"3"], now - HOUR)
+
+    out = _cli(local_store, "maintain", "--once").stdout
+    assert "[maintain] retention logs: ok removed 4 records" in out
+    assert "[maintain] compaction state: ok" in out
+    assert "[maintain] vacuum logs:" in out
+    fresh = Store(*local_store)
+    for p in range(2):
+        assert rows(fresh.partition("logs", p)) == [(2, b"c", b"3")]
+    assert rows(fresh.partition("state", 0)) == [(1, b"k2", b"1"), (3, b"k1", b"3")]
+    # A second pass at once finds nothing due.
+    assert _cli(local_store, "maintain", "--once").stdout == ""
+    # Topic listing ignores the service's directory.
+    assert store.storage.list_dir(directory("logs"))
+    assert fresh.list_topics() == ["logs", "state"]
+
+
+def test_status_text_and_json_agree(local_store: Target) -> None:
+    store = Store(*local_store)
+    now = now_ms()
+    store.create_topic("logs", 1, {"retention.ms": HOUR})
+    store.create_topic("state", 2, {"cleanup.policy": "compact"})
+    append(store.partition("logs", 0), [b"a"], [b"1"], now - 2 * HOUR)
+    append(store.partition("logs", 0), [b"b"], [b"2"], now)
+    append(store.partition("state", 1), [b"k", b"k"], [b"1", b"2"], now)
+    run_due(store, topics=["logs"])
+    data = json.loads(_cli(local_store, "maintain", "status", "-o", "json").stdout)
+    table = _cli(local_store, "maintain", "status").stdout
+    lines = [line.split() for line in table.splitlines()]
+    by_topic = {t["topic"]: t for t in data["topics"]}
+    assert set(by_topic) == {"logs", "state"}
+    retention = next(t for t in by_topic["logs"]["tasks"] if t["task"] == "retention")
+    assert retention["last_run"]["outcome"] == "ok"
+    assert retention["last_run"]["records"] == 1
+    assert not retention["due"]
+    row = next(line for line in lines if line[:2] == ["logs", "retention"])
+    assert row[3:5] == ["ok", "1"]  # outcome, records removed
+    compaction = next(t for t in by_topic["state"]["tasks"] if t["task"] == "compaction")
+    assert compaction["due"]
+    assert compaction["last_run"] is None
+    assert next(line for line in lines if line[:2] == ["state", "compaction"])[2:4] == ["-", "-"]
+    for part in by_topic["state"]["partitions"]:
+        row = next(line for line in lines if line[:2] == ["state", str(part["partition"])])
+        assert row[6] == f"{part['dirty_ratio']:.2f}"  # after BYTES ("0 B": two words)
+    assert [p["dirty_ratio"] for p in by_topic["state"]["partitions"]] == [0.0, 1.0]
+    status_only = status(store, topics=["logs"])
+    assert [t["topic"] for t in status_only["topics"]] == ["logs"]
+
+
+def test_status_shows_an_open_transaction_and_its_age(local_store: Target) -> None:
+    from kstore.producer import Producer
+
+    store = Store(*local_store)
+    store.create_topic("tx", 1)
+    producer = Producer(store, transactional_id="tx-1")
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send("tx", b"v", key=b"k", partition=0)
+    producer.flush()
+    try:
+        data = status(store, now_ms=now_ms() + 5_000)
+        opened = data["topics"][0]["partitions"][0]["open_transactions"]
+        assert len(opened) == 1
+        assert opened[0]["first_offset"] == 0
+        assert opened[0]["age_ms"] >= 5_000
+    finally:
+        producer.abort_transaction()
+        producer.close()
+
+
+def test_bad_service_settings_are_one_line_errors(local_store: Target) -> None:
+    Store(*local_store)
+    err = _cli(local_store, "maintain", "--once", "--interval", "soon", code=2).stderr
+    assert "--interval 'soon'" in err
+    err = _cli(local_store, "maintain", "--once", "--merge-min-segments", "1", code=2).stderr
+    assert "--merge-min-segments must be at least 2" in err
+    with pytest.raises(ValueError, match="interval_ms must be an integer >= 1"):
+        Settings(interval_ms=0)
