@@ -163,12 +163,15 @@ def result_of(value: Any) -> TaskResult:
 
 
 def _rested(last: LastRun | None, now_ms: int, settings: Settings) -> Decision | None:
-    """Not due while the last run is less than one interval old (a task whose work cannot
-    progress, or that failed, is retried once per interval, not on every pass)."""
-    if last is not None and now_ms - last.finished_ms < settings.interval_ms:
-        return Decision(
-            False, "ran less than one interval ago", last.finished_ms + settings.interval_ms
-        )
+    """A task whose last run did not get anywhere (``nothing``, ``conflict``, ``error``) while
+    its plan said it was due waits one interval from that run's start before the next try, so
+    that a failing task is retried once per interval, not on every pass. A run that removed
+    something never makes the next one wait: work left over is due at the next pass."""
+    if last is None or last.outcome == "ok":
+        return None
+    retry_ms = last.started_ms + settings.interval_ms
+    if now_ms < retry_ms:
+        return Decision(False, f"last run: {last.outcome}; retried after one interval", retry_ms)
     return None
 
 

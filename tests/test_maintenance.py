@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kstore.cli.app import app
 from kstore.maintenance import Settings, plan, run_due, run_item, status
-from kstore.maintenance.coordination import Records, directory
+from kstore.maintenance.coordination import LastRun, Records, directory
 from kstore.maintenance.service import TaskRun
 from typer.testing import CliRunner
 
@@ -83,7 +83,7 @@ def test_planner_decides_from_each_topics_config(store: Store, layout: int) -> N
     assert _decisions(store, T0, Settings(merge_min_segments=5))[("state", "merge")] is False
 
 
-def test_a_task_rests_one_interval_and_vacuum_has_its_own(store: Store) -> None:
+def test_a_failed_task_rests_one_interval_and_vacuum_has_its_own(store: Store) -> None:
     store.create_topic("logs", 1, {"retention.ms": HOUR})
     append(store.partition("logs", 0), [b"a"], [b"1"], T0)
     settings = Settings(interval_ms=60_000, vacuum_interval_ms=10 * 60_000)
@@ -96,14 +96,26 @@ def test_a_task_rests_one_interval_and_vacuum_has_its_own(store: Store) -> None:
     assert {r.task: r.outcome for r in first} == {"retention": "ok", "vacuum": "ok"}
     assert first[0].records == 1
     assert first[0].segments == 1
-    # The next segment passes retention 10 s later, but retention ran less than an interval
-    # ago: it waits for the interval (Kafka's check interval), then is due.
+    # The next segment passes retention 10 s later: a run that removed something never makes
+    # the next one wait, so it is due at the next pass.
+    assert _decisions(store, T0 + HOUR + 20_000, settings)[("logs", "retention")] is True
+    # A run that failed is retried one interval after it started, not on every pass.
+    records = Records(store.storage)
+    newest = records.newest(records.listing("logs"), ["retention"])["retention"]
+    lease = records.acquire(
+        "logs", "retention", holder="x", now_ms=T0 + HOUR + 20_000, lease_ms=1, newest=newest
+    )
+    assert lease is not None
+    failed = LastRun(T0 + HOUR + 20_000, T0 + HOUR + 21_000, "error", "StorageError: boom")
+    failed.topic_id = store.topic("logs").topic_id
+    assert records.finish(lease, failed, now_ms=T0 + HOUR + 21_000)
     rested = next(
-        t for t in plan(store, settings, T0 + HOUR + 20_000).tasks if t.task == "retention"
+        t for t in plan(store, settings, T0 + HOUR + 30_000).tasks if t.task == "retention"
     )
     assert not rested.decision.due
-    assert rested.decision.next_ms == T0 + HOUR + 1 + 60_000
-    assert _decisions(store, T0 + HOUR + 1 + 60_000, settings)[("logs", "retention")] is True
+    assert rested.decision.next_ms == T0 + HOUR + 20_000 + 60_000
+    assert "last run: error" in rested.decision.reason
+    assert _decisions(store, T0 + HOUR + 80_000, settings)[("logs", "retention")] is True
     assert _decisions(store, T0 + HOUR + 30_000, settings)[("logs", "vacuum")] is False
     assert _decisions(store, T0 + HOUR + 1 + 10 * 60_000, settings)[("logs", "vacuum")] is True
 
@@ -132,8 +144,6 @@ def test_an_expired_lease_is_taken_over_and_a_live_one_is_not(store: Store) -> N
     assert taken is not None
     assert taken.number == dead.number + 1
     # The dead holder wakes up: its record cannot be written after the taker's.
-    from kstore.maintenance.coordination import LastRun
-
     assert not records.finish(
         dead, LastRun(T0, T0 + 70_000, "ok", holder="dead"), now_ms=T0 + 70_000
     )
@@ -146,8 +156,6 @@ def test_an_expired_lease_is_taken_over_and_a_live_one_is_not(store: Store) -> N
 
 
 def test_a_released_lease_is_free_and_keeps_the_last_run(store: Store) -> None:
-    from kstore.maintenance.coordination import LastRun
-
     store.create_topic("t", 1)
     records = Records(store.storage)
     first = records.acquire("t", "merge", holder="a", now_ms=T0, lease_ms=60_000, newest=None)
