@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kstore.compaction.jobs import plan_items
-
 from kstore.errors import KStoreError, UnknownTopicOrPartitionError
 from kstore.store import Store
 
@@ -95,11 +93,15 @@ def task_named(name: str, tasks: Sequence[Task] | None = None) -> Task:
 
 
 def read_view(store: Store, topic: str) -> TopicView:
-    """A topic's metadata and the state of each partition (layout 2 or 3)."""
-    items = plan_items(store, [topic], lambda c: True)
-    meta = store.topic(topic) if not items else items[0].metadata
-    assert meta is not None
-    return TopicView(topic, meta, {item.partition: item.open(store).state() for item in items})
+    """A topic's metadata and the state of each partition (layout 2 or 3). The partitions are
+    the Store's own, so a long-lived maintainer polls for newer log versions instead of
+    loading each partition's log again on every pass."""
+    meta = store.topic(topic)
+    return TopicView(
+        topic,
+        meta,
+        {p: store.partition(topic, p, meta).state() for p in range(meta.partitions)},
+    )
 
 
 def _decide(
