@@ -365,9 +365,13 @@ class IntervalTask:
         return result_of(self.fn(ctx))
 
 
-# The registry, in run order within a topic. Hook points for tasks not built yet (aborting
-# transactions past their timeout, before everything else, since an open transaction blocks
-# the others; purging deleted topics and pruning old log entries, store-wide) go here.
+# The registry, in run order within a topic. Tasks not built yet plug in here, one line each:
+# aborting transactions past their timeout goes first (an open transaction blocks the others),
+#   IntervalTask("abort-transactions", "topic",
+#                lambda ctx: abort_expired_transactions(ctx.store, ctx.topic, now_ms=ctx.now_ms)),
+# and the store-wide ones (purging deleted topics, pruning old log entries) anywhere:
+#   IntervalTask("purge-deleted-topics", "store",
+#                lambda ctx: purge_deleted_topics(ctx.store, now_ms=ctx.now_ms)),
 TASKS: list[Task] = [
     RetentionTask(),
     CompactionTask(),

@@ -347,3 +347,34 @@ def test_maintain_stops_cleanly_on_sigterm(local_store: Target) -> None:
     records = Records(store.storage)
     newest = records.newest(records.listing("logs"), ["vacuum"])["vacuum"]
     assert newest.state == "done"
+
+
+def test_a_store_wide_task_plugs_in_with_its_own_lease_and_record(store: Store) -> None:
+    """The hook for store-wide tasks: an IntervalTask of scope "store" around a library
+    function runs once per interval, leased and recorded under _maintenance/store/."""
+    from kstore.maintenance import TASKS, IntervalTask, RunContext
+
+    store.create_topic("t", 1)
+    store.storage.put("scratch/a", b"x")
+    store.storage.put("scratch/b", b"y")
+
+    def sweep(ctx: RunContext) -> dict[str, int]:
+        names = [f"scratch/{i.name}" for i in ctx.store.storage.list_dir("scratch")]
+        ctx.store.storage.delete(names)
+        return {"files": len(names)}
+
+    tasks = [*TASKS, IntervalTask("sweep", "store", sweep)]
+    settings = Settings(interval_ms=60_000)
+    runs = run_due(store, settings, now_ms=T0, tasks=tasks)
+    swept = [r for r in runs if r.task == "sweep"]
+    assert [(r.topic, r.outcome, r.files) for r in swept] == [(None, "ok", 2)]
+    assert store.storage.list_dir("scratch") == []
+    assert [r.task for r in run_due(store, settings, now_ms=T0 + 59_999, tasks=tasks)] == []
+    assert [r.task for r in run_due(store, settings, now_ms=T0 + 60_000, tasks=tasks)] == ["sweep"]
+    records = Records(store.storage)
+    newest = records.newest(records.listing(None), ["sweep"])["sweep"]
+    assert newest.state == "done"
+    assert newest.last_run is not None
+    assert newest.last_run.outcome == "nothing"
+    data = status(store, settings, now_ms=T0 + 60_001)
+    assert data["store_tasks"] == []  # status lists the registry's tasks only
