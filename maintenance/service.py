@@ -347,7 +347,7 @@ class Service:
             started = time.monotonic()
             try:
                 self.run_once()
-            except KStoreError as exc:  # the store is unreachable: try again next interval
+            except Exception as exc:  # the store unreachable, or a bug: try again next interval
                 if self.log is not None:
                     self.log(f"[maintain] pass failed: {type(exc).__name__}: {exc}")
             elapsed_ms = (time.monotonic() - started) * 1000

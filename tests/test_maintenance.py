@@ -376,3 +376,24 @@ def test_a_store_wide_task_plugs_in_with_its_own_lease_and_record(store: Store) 
     assert newest.last_run.outcome == "nothing"
     data = status(store, settings, now_ms=T0 + 60_001)
     assert data["store_tasks"] == []  # status lists the registry's tasks only
+
+
+def test_the_service_survives_a_failed_pass(store: Store) -> None:
+    """A pass that fails (here: its topic was deleted) is logged and the next pass runs."""
+    from kstore.maintenance import Service
+
+    store.create_topic("gone", 1)
+    lines: list[str] = []
+
+    def log(line: str) -> None:
+        lines.append(line)
+        if len(lines) == 2:
+            service.stop()
+
+    service = Service(store, Settings(interval_ms=1), topics=["gone"], log=log)
+    store.delete_topic("gone")
+    service.run_forever()
+    assert len(lines) == 2
+    assert all(
+        line.startswith("[maintain] pass failed: UnknownTopicOrPartitionError") for line in lines
+    )
