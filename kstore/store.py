@@ -377,6 +377,10 @@ class Store:
             self._topic_logs[name] = state
         return state
 
+    def topic_state(self, name: str) -> TopicState:
+        """The replayed state of the topic's metadata log, deleted incarnations included."""
+        return self._topic_state(name)
+
     def topic(self, name: str) -> TopicMetadata:
         """The topic's current metadata; UnknownTopicOrPartitionError if it does not exist."""
         meta = self._topic_state(name).to_metadata()

@@ -20,7 +20,13 @@ from kstore.compaction import merge_segments, run_compaction
 from kstore.compaction.cleaner import plan_compaction
 from kstore.compaction.jobs import Summary, policies
 from kstore.compaction.merger import plan_merge
-from kstore.retention import run_retention, vacuum
+from kstore.retention import (
+    abort_expired_transactions,
+    prune_logs,
+    purge_deleted_topics,
+    run_retention,
+    vacuum,
+)
 from kstore.retention.deletion import plan_retention
 
 from kstore.partition import PartitionState
@@ -339,24 +345,30 @@ class VacuumTask:
 
 
 class IntervalTask:
-    """A task that is due once per ``interval_ms`` (default: the service's interval) and
-    runs ``fn``; its return value is read by :func:`result_of`."""
+    """A task that is due once per interval and runs ``fn``; its return value is read by
+    :func:`result_of`. The interval is ``interval_ms``, a function of the settings, or (None)
+    the service's interval."""
 
     def __init__(
         self,
         name: str,
         scope: str,
         fn: Callable[[RunContext], Any],
-        interval_ms: int | None = None,
+        interval_ms: int | Callable[[Settings], int] | None = None,
     ):
         if scope not in ("topic", "store"):
             raise ValueError(f"task scope must be 'topic' or 'store', got {scope!r}")
         self.name, self.scope, self.fn, self.interval_ms = name, scope, fn, interval_ms
 
+    def interval(self, settings: Settings) -> int:
+        if self.interval_ms is None:
+            return settings.interval_ms
+        return self.interval_ms if isinstance(self.interval_ms, int) else self.interval_ms(settings)
+
     def due(
         self, view: TopicView | None, last: LastRun | None, now_ms: int, settings: Settings
     ) -> Decision:
-        interval = self.interval_ms or settings.interval_ms
+        interval = self.interval(settings)
         if last is None or now_ms - last.finished_ms >= interval:
             return Decision(True, "interval passed" if last else "never ran", now_ms)
         return Decision(False, "ran less than one interval ago", last.finished_ms + interval)
@@ -365,16 +377,39 @@ class IntervalTask:
         return result_of(self.fn(ctx))
 
 
-# The registry, in run order within a topic. Tasks not built yet plug in here, one line each:
-# aborting transactions past their timeout goes first (an open transaction blocks the others),
-#   IntervalTask("abort-transactions", "topic",
-#                lambda ctx: abort_expired_transactions(ctx.store, ctx.topic, now_ms=ctx.now_ms)),
-# and the store-wide ones (purging deleted topics, pruning old log entries) anywhere:
-#   IntervalTask("purge-deleted-topics", "store",
-#                lambda ctx: purge_deleted_topics(ctx.store, now_ms=ctx.now_ms)),
+def abort_transactions(ctx: RunContext) -> TaskResult:
+    """Transactions open past their producer's ``transaction_timeout_ms``, finished as a new
+    instance of their producer would (PROTOCOL.md 20.6): an open transaction holds back
+    read_committed readers and every other job on its partitions."""
+    report = abort_expired_transactions(ctx.store, now_ms=ctx.now_ms)
+    finished = report.count("aborted") + report.count("committed")
+    outcome = "ok" if finished else "error" if report.errors else "nothing"
+    return TaskResult(outcome, report.format()[:500])
+
+
+def purge_topics(ctx: RunContext) -> TaskResult:
+    """Deleted topics' files, once their ``file.delete.delay.ms`` has passed (17.3)."""
+    report = purge_deleted_topics(ctx.store, now_ms=ctx.now_ms)
+    outcome = "ok" if report.removed else "nothing"
+    return TaskResult(outcome, report.format().splitlines()[0], files=len(report.removed))
+
+
+def prune_old_log_versions(ctx: RunContext) -> TaskResult:
+    """Old versions of group, producer and topic metadata logs (17.6); partition and topic
+    logs are vacuum's."""
+    report = prune_logs(ctx.store, now_ms=ctx.now_ms)
+    errors = [entry for entry in report.logs if entry.error is not None]
+    outcome = "ok" if report.files or report.checkpoints else "error" if errors else "nothing"
+    return TaskResult(outcome, report.format()[:500], bytes=report.bytes, files=len(report.files))
+
+
+# The registry, in run order within a topic; the store-wide tasks run after the topics' ones.
 TASKS: list[Task] = [
     RetentionTask(),
     CompactionTask(),
     MergeTask(),
     VacuumTask(),
+    IntervalTask("abort-transactions", "store", abort_transactions),
+    IntervalTask("purge-deleted-topics", "store", purge_topics),
+    IntervalTask("prune-logs", "store", prune_old_log_versions, lambda s: s.vacuum_interval_ms),
 ]

@@ -16,9 +16,9 @@ from typing import Any
 
 from kstore.config import MIN_FILE_DELETE_DELAY_MS, SPECS
 from kstore.layout import TOPICS, topic_data_dir, topic_log_dir
-from kstore.log import Log, version_file
+from kstore.log import version_file
 from kstore.names import validate_topic_name
-from kstore.store import Store, TopicState
+from kstore.store import Store
 
 from .vacuum import StorageClock
 
@@ -94,13 +94,14 @@ def purge_deleted_topics(
         names = [validate_topic_name(n) for n in topics]
     report = PurgeReport(dry_run)
     for name in sorted(names):
-        # The listing first, then the topic state: an incarnation deleted after the listing is
-        # not in it; one listed is judged by a state at least as new.
-        now, entries = StorageClock(storage, f"{TOPICS}/{name}", now_ms, dry_run=dry_run).list()
-        report.now_ms = now
-        state = Log(storage, topic_log_dir(name), TopicState, checkpoint_interval=20).load()
+        # The state first (cached by a long-lived store): most topics were never deleted, and
+        # cost no clock probe or listing. An incarnation deleted after this read waits for the
+        # next purge; one in the listing below is judged by this state's record of its delete.
+        state = store.topic_state(name)
         if state.version < 0 or not state.deletions:
             continue
+        now, entries = StorageClock(storage, f"{TOPICS}/{name}", now_ms, dry_run=dry_run).list()
+        report.now_ms = now
         current = None if state.deleted or state.metadata is None else state.metadata.get("id")
         candidates = [
             e.name

@@ -22,6 +22,8 @@ from tests.test_jobs_support import Target, append, now_ms, rows
 HOUR = 3_600_000
 T0 = 1_800_000_000_000  # a fixed clock for the planner tests
 runner = CliRunner()
+STORE_TASKS = ["abort-transactions", "purge-deleted-topics", "prune-logs"]
+DAY = 24 * HOUR
 
 
 def _decisions(
@@ -88,12 +90,13 @@ def test_a_failed_task_rests_one_interval_and_vacuum_has_its_own(store: Store) -
     append(store.partition("logs", 0), [b"a"], [b"1"], T0)
     settings = Settings(interval_ms=60_000, vacuum_interval_ms=10 * 60_000)
     runs = run_due(store, settings, now_ms=T0)
-    assert [(r.task, r.outcome) for r in runs] == [("vacuum", "nothing")]
+    assert [(r.task, r.outcome) for r in runs if r.topic] == [("vacuum", "nothing")]
+    assert [r.task for r in runs if r.topic is None] == STORE_TASKS
     append(store.partition("logs", 0), [b"b"], [b"2"], T0 + 10_000)
     # Past retention at T0 + 1h, but retention has no run yet: due at once.
     assert _decisions(store, T0 + HOUR + 1, settings)[("logs", "retention")] is True
     first = run_due(store, settings, now_ms=T0 + HOUR + 1)
-    assert {r.task: r.outcome for r in first} == {"retention": "ok", "vacuum": "ok"}
+    assert {r.task: r.outcome for r in first if r.topic} == {"retention": "ok", "vacuum": "ok"}
     assert first[0].records == 1
     assert first[0].segments == 1
     # The next segment passes retention 10 s later: a run that removed something never makes
@@ -191,7 +194,7 @@ def test_two_maintainers_racing_run_each_task_once(
     append(store.partition("a", 0), [b"new"], [b"2"], T0)
     # Both plan from the same state, then run every item at the same time.
     plans = [plan(Store(*where), Settings(), T0).due for _ in range(2)]
-    assert len(plans[0]) == len(plans[1]) == 2  # retention and vacuum
+    assert len(plans[0]) == len(plans[1]) == 2 + len(STORE_TASKS)  # retention, vacuum
     results: list[list[TaskRun]] = [[], []]
     barrier = threading.Barrier(2)
 
@@ -207,8 +210,9 @@ def test_two_maintainers_racing_run_each_task_once(
     for thread in threads:
         thread.join()
     ran = Counter((r.topic, r.task) for rs in results for r in rs if r.outcome != "taken")
-    assert ran == {("a", "retention"): 1, ("a", "vacuum"): 1}
-    assert sum(r.outcome == "taken" for rs in results for r in rs) == 2  # the loser of each
+    assert ran == {("a", "retention"): 1, ("a", "vacuum"): 1, **{(None, t): 1 for t in STORE_TASKS}}
+    # The loser of each item found it taken.
+    assert sum(r.outcome == "taken" for rs in results for r in rs) == 2 + len(STORE_TASKS)
     assert [r[2] for r in rows(store.partition("a", 0))] == [b"2"]
     # And a third pass finds nothing due: the records say it ran.
     assert run_due(Store(*where), now_ms=T0 + 1) == []
@@ -361,7 +365,7 @@ def test_a_store_wide_task_plugs_in_with_its_own_lease_and_record(store: Store) 
         ctx.store.storage.delete(names)
         return {"files": len(names)}
 
-    tasks = [*TASKS, IntervalTask("sweep", "store", sweep)]
+    tasks = [*(t for t in TASKS if t.scope == "topic"), IntervalTask("sweep", "store", sweep)]
     settings = Settings(interval_ms=60_000)
     runs = run_due(store, settings, now_ms=T0, tasks=tasks)
     swept = [r for r in runs if r.task == "sweep"]
@@ -375,7 +379,8 @@ def test_a_store_wide_task_plugs_in_with_its_own_lease_and_record(store: Store) 
     assert newest.last_run is not None
     assert newest.last_run.outcome == "nothing"
     data = status(store, settings, now_ms=T0 + 60_001)
-    assert data["store_tasks"] == []  # status lists the registry's tasks only
+    # status lists the registry's tasks only
+    assert [t["task"] for t in data["store_tasks"]] == STORE_TASKS
 
 
 def test_the_service_survives_a_failed_pass(store: Store) -> None:
@@ -397,3 +402,64 @@ def test_the_service_survives_a_failed_pass(store: Store) -> None:
     assert all(
         line.startswith("[maintain] pass failed: UnknownTopicOrPartitionError") for line in lines
     )
+
+
+def test_the_store_wide_tasks_finish_expired_transactions_purge_and_prune(
+    local_store: Target,
+) -> None:
+    """The three store-wide tasks of the registry, run by the service: a transaction left open
+    past its timeout is aborted (read_committed readers then pass it), a deleted topic's files
+    go once its delay has passed, and a busy group's log is pruned."""
+    from kstore.consumer import Consumer
+    from kstore.groups import Group
+    from kstore.layout import group_log_dir, topic_data_dir
+    from kstore.producer import Producer
+    from kstore.records import OffsetAndMetadata, TopicPartition
+
+    store = Store(*local_store)
+    store.create_topic("out", 1)
+    abandoned = Producer(store, transactional_id="tx", transaction_timeout_ms=60_000)
+    abandoned.begin_transaction()
+    abandoned.send("out", value=b"never", partition=0)
+    abandoned.flush()
+    with Producer(store) as plain:
+        plain.send("out", value=b"after", partition=0).get(timeout=30)
+    gone_id = store.create_topic("gone", 1).topic_id
+    store.delete_topic("gone")
+    group = Group(store, "g")
+    for offset in range(120):
+        group.commit_offsets(
+            {TopicPartition("out", 0): OffsetAndMetadata(offset)}, member_id=None, generation=-1
+        )
+
+    def committed_values() -> list[bytes | None]:
+        with Consumer(
+            "out",
+            store=Store(*local_store),
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+        ) as reader:
+            got = reader.poll(timeout_ms=500)
+        return [r.value for records in got.values() for r in records]
+
+    assert committed_values() == []  # the open transaction holds the stable offset at 0
+    # At once: nothing expired, the delay not passed, no log old enough.
+    soon = {r.task: r.outcome for r in run_due(store, now_ms=now_ms() + 1) if r.topic is None}
+    assert soon == dict.fromkeys(STORE_TASKS, "nothing")
+    assert store.storage.exists(f"{topic_data_dir('gone', gone_id)}/_log")
+
+    later = now_ms() + 31 * DAY  # past the timeout, the delay and the log retention (30 days)
+    runs = {r.task: r for r in run_due(store, now_ms=later) if r.topic is None}
+    assert {task: run.outcome for task, run in runs.items()} == dict.fromkeys(STORE_TASKS, "ok")
+    assert "1 aborted" in runs["abort-transactions"].detail
+    assert runs["purge-deleted-topics"].files == 1
+    assert not store.storage.exists(f"{topic_data_dir('gone', gone_id)}/_log")
+    assert committed_values() == [b"after"]
+    # Below the group log's checkpoint at 100 goes now; a checkpoint of its newest version is
+    # written, and everything below that goes a retention later.
+    pruned = runs["prune-logs"].files
+    runs = {r.task: r for r in run_due(store, now_ms=later + 31 * DAY) if r.topic is None}
+    assert runs["prune-logs"].outcome == "ok"
+    assert pruned + runs["prune-logs"].files >= 119
+    assert len(store.storage.list_dir(group_log_dir("g"))) <= 3
+    assert Group(store, "g").committed(TopicPartition("out", 0)) == OffsetAndMetadata(119)
