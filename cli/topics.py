@@ -245,7 +245,7 @@ def list_(
     print_table(table)
 
 
-def _describe_json(desc: TopicDescription) -> dict[str, Any]:
+def _describe_json(desc: TopicDescription, table: dict[str, Any] | None = None) -> dict[str, Any]:
     meta = desc.metadata
     return {
         **_metadata_json(meta),
@@ -266,6 +266,7 @@ def _describe_json(desc: TopicDescription) -> dict[str, Any]:
             {"name": name, "value": value, "default": is_default}
             for name, value, is_default in desc.config_entries()
         ],
+        "table": table,
     }
 
 
@@ -296,8 +297,9 @@ def describe(
     handle = store_from(ctx, store, option, config_file)
     names = topics or handle.list_topics()
     descriptions = [handle.describe_topic(name) for name in names]
+    tables = {d.name: _table_of(handle, d.metadata) for d in descriptions}
     if output is OutputFormat.json:
-        print_json([_describe_json(d) for d in descriptions])
+        print_json([_describe_json(d, tables[d.name]) for d in descriptions])
         return
     if not descriptions:
         note("No topics.")
@@ -305,10 +307,10 @@ def describe(
     for index, desc in enumerate(descriptions):
         if index:
             sys.stdout.write("\n")
-        _print_description(desc)
+        _print_description(desc, tables[desc.name])
 
 
-def _print_description(desc: TopicDescription) -> None:
+def _print_description(desc: TopicDescription, published: dict[str, Any] | None = None) -> None:
     meta = desc.metadata
     parts = desc.partitions
     total_records = sum(p.records for p in parts)
@@ -344,10 +346,78 @@ def _print_description(desc: TopicDescription) -> None:
             text(ms_to_iso(p.newest_timestamp_ms)),
         )
     print_table(table)
+    if published is not None:
+        version = published["version"]
+        write_out(
+            f"Table: delta  Location: {published['location']}  Version: "
+            f"{version if version >= 0 else 'none yet'}\n"
+        )
     config = new_table("CONFIG", "VALUE", "SOURCE")
     for name, value, is_default in desc.config_entries():
         config.add_row(text(name), text(value), text("default" if is_default else "topic"))
     print_table(config)
+
+
+def _table_of(handle: Store, meta: TopicMetadata) -> dict[str, Any] | None:
+    """A topic with table.format=delta (or a table from an earlier setting): its Delta table's
+    location and newest version (PROTOCOL.md 28); None for a topic without a table."""
+    from kstore.lakehouse import enabled, newest_version, table_url
+
+    version = newest_version(handle, meta)
+    if not enabled(meta.effective_config) and version < 0:
+        return None
+    return {"format": "delta", "location": table_url(handle, meta), "version": version}
+
+
+@app.command(
+    epilog="Examples:\n\n  kstore topics publish orders\n\n"
+    "  kstore topics publish orders --tail -o json\n\n"
+    "Needs table.format=delta on the topic (kstore topics alter orders --set "
+    "table.format=delta). Safe to run at any time and again: it completes what an "
+    "interrupted publication left undone and never adds a file twice.",
+)
+def publish(
+    ctx: typer.Context,
+    topic: TopicArg,
+    tail: Annotated[
+        bool,
+        typer.Option(
+            "--tail",
+            help="First rewrite the log's tail (every segment below the last stable offset "
+            "that is not Parquet yet) into Parquet, so the table reaches the last stable offset.",
+        ),
+    ] = False,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Publish a topic's Parquet segments as a new version of its Delta table, by reference.
+
+    The table lives in the topic's directory (its _delta_log/ beside the partitions); any
+    Delta reader opens it there. Merging, compaction and retention publish by themselves.
+    """
+    from kstore.lakehouse import publish_table
+
+    handle = store_from(ctx, store, option, config_file)
+    report = publish_table(handle, topic, tail=tail)
+    if output is OutputFormat.json:
+        print_json(report.to_json())
+        return
+    if report.tail_segments:
+        note(f"Rewrote {report.tail_segments} tail segment(s) into Parquet.")
+    if report.committed:
+        note(
+            f"Published version {report.version} of {report.table}: "
+            f"+{report.files_added} -{report.files_removed} file(s), "
+            f"{human_bytes(report.bytes_covered)} by reference, "
+            f"{human_bytes(report.bytes_written)} written."
+        )
+    else:
+        note(f"Table {report.table} is up to date at version {report.version}.")
+    covered = ", ".join(f"{p}: {end}" for p, end in sorted(report.covered.items()))
+    note(f"Covers {report.files} file(s), {report.records} record(s); offsets below {covered}.")
 
 
 @app.command(

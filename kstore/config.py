@@ -20,6 +20,7 @@ CLEANUP_POLICIES = ("delete", "compact")
 # Arrow IPC supports exactly these two codecs; "producer" keeps whatever the producer chose.
 COMPRESSION_TYPES = ("producer", "uncompressed", "zstd", "lz4")
 TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
+TABLE_FORMATS = ("none", "delta")  # table.format: publish the Parquet segments as a table
 
 # Time rules (PROTOCOL.md 23.1). Vacuum deletes an unreferenced file only when the storage's
 # clock says it is older than the orphan age, at least MIN_ORPHAN_AGE_MS. A writer commits a
@@ -210,6 +211,13 @@ _SPECS = [
         _int(1, 100_000),
         "layout 3: how many commit logs the partitions share, partition p in log p mod this; "
         "fixed at creation (kstore-specific)",
+    ),
+    ConfigSpec(
+        "table.format",
+        "none",
+        _choice(TABLE_FORMATS),
+        "none, or delta: the maintenance jobs publish the merged Parquet segments as a Delta "
+        "table in the topic's directory, by reference (kstore-specific)",
     ),
     ConfigSpec(
         "checkpoint.interval",

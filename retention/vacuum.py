@@ -57,6 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from kstore.compaction.jobs import PartitionResult, WorkItem, name_time_ms
+from kstore.lakehouse import referenced_paths
 
 from kstore.config import INTENT_PROTECTION_MS, MIN_FILE_DELETE_DELAY_MS
 from kstore.config import MIN_ORPHAN_AGE_MS as MIN_ORPHAN_AGE_MS
@@ -313,10 +314,14 @@ def vacuum_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> P
     delay = max(int(item.config["file.delete.delay.ms"]), MIN_FILE_DELETE_DELAY_MS)
     by_name = {f.name: f for f in segment_files}
     doomed: dict[str, int] = {}  # path relative to the partition directory -> size
+    # A file a retained version of the topic's Delta table names stays (PROTOCOL.md 28.5).
+    held = referenced_paths(storage, item.topic, item.topic_id, now).get(item.partition, set())
     expired = sorted(
         p
         for p in state.removed
-        if (at := _removed_at(state, p, log_files)) is not None and now - at >= delay
+        if (at := _removed_at(state, p, log_files)) is not None
+        and now - at >= delay
+        and p not in held
     )
     for path in expired:
         info = by_name.get(path.removeprefix("segments/"))
@@ -572,6 +577,8 @@ def vacuum_incarnation(
     forget: dict[int, dict[int, set[str]]] = {}
     data_live: set[str] = set()
     data_removals: dict[str, list[tuple[int, int, bool]]] = {}  # path -> (log, partition, due)
+    # A file a retained version of the topic's Delta table names stays (PROTOCOL.md 28.5).
+    held = referenced_paths(storage, item.topic, item.topic_id, now)
     for k, state in enumerate(states):
         times = VersionTimes(log_files[k])
         for p, partition_state in state.partitions.items():
@@ -581,7 +588,7 @@ def vacuum_incarnation(
                     data_live.add(seg.path)
             for path in partition_state.removed:
                 at = times.at(state.removal_version(p, path))
-                due = at is not None and now - at >= delay
+                due = at is not None and now - at >= delay and path not in held.get(p, ())
                 if path.startswith(DATA_PREFIX):
                     data_removals.setdefault(path, []).append((k, p, due))
                 elif due:

@@ -1,0 +1,103 @@
+"""Publishing the tail on demand: rewrite every segment below the last stable offset that is
+not yet a per-partition Parquet file (producers' Arrow segments, layout 3's ranges of data
+objects, and the dominant segments the merger's tiered rule leaves alone) into Parquet, so
+that the table reaches the last stable offset.
+
+It is the merger (``kstore.compaction.merger``) with another choice of groups: the same reads,
+the same Parquet output, the same delete horizons and the same replacement commit (PROTOCOL.md
+22.4 allows a writer to rewrite groups the tiered rule leaves alone). The compaction package is
+imported here only, when a tail is asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kstore.errors import CommitConflictError, ConcurrentModificationError
+from kstore.partition import PartitionState, Segment
+from kstore.segments import FORMAT_PARQUET
+from kstore.store import Store, TopicMetadata
+
+
+def tail_groups(state: PartitionState, config: Mapping[str, Any]) -> list[list[Segment]]:
+    """Runs of adjacent segments below the last stable offset that are not per-partition
+    Parquet files, each of at most ``segment.bytes`` (at least one segment), never across the
+    cleaned point nor mixing delete horizons (the merger's rules)."""
+    from kstore.compaction.cleaner import compatible
+
+    target = int(config["segment.bytes"])
+    lso, cleaned = state.last_stable_offset, state.cleaned_offset
+    groups: list[list[Segment]] = []
+    current: list[Segment] = []
+    size, horizon = 0, None
+    for seg in state.segments:
+        if seg.last_offset >= lso:
+            break
+        if is_table_file(seg):
+            if current:
+                groups.append(current)
+            current, size, horizon = [], 0, None
+            continue
+        crosses = bool(current) and current[-1].last_offset < cleaned <= seg.last_offset
+        full = size + seg.size_bytes > target
+        if current and (full or crosses or not compatible(horizon, seg.delete_horizon_ms)):
+            groups.append(current)
+            current, size, horizon = [], 0, None
+        current.append(seg)
+        size += seg.size_bytes
+        horizon = horizon if seg.delete_horizon_ms is None else seg.delete_horizon_ms
+    if current:
+        groups.append(current)
+    return groups
+
+
+def is_table_file(seg: Segment) -> bool:
+    """A segment a Delta table can name: a whole per-partition Parquet file (every Parquet
+    segment is sparse: it has its ``offset`` column)."""
+    return seg.format == FORMAT_PARQUET and seg.byte_range is None
+
+
+def merge_tail(store: Store, meta: TopicMetadata, now_ms: int | None = None) -> int:
+    """Rewrite the tail of every partition of ``meta`` into Parquet (see the module docstring);
+    returns the number of segments replaced. A group that a concurrent commit changed is left
+    to the next publication."""
+    import time
+
+    import pyarrow as pa
+    from kstore.compaction.cleaner import _codec, _replace, delete_horizon
+    from kstore.compaction.jobs import WorkItem
+    from kstore.compaction.merger import _horizon, _read_group
+
+    from kstore.segments import layout_of, write_segment
+
+    config = meta.effective_config
+    replaced = 0
+    for p in range(meta.partitions):
+        item = WorkItem(meta.name, meta.topic_id, p, config, layout_of(meta), meta)
+        part = item.open(store)
+        state = part.state()
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        for group in tail_groups(state, config):
+            tables = _read_group(part, group)
+            written_at = time.monotonic()
+            written = write_segment(
+                part.storage,
+                part.directory,
+                pa.concat_tables(tables),
+                compression=_codec(config),
+                fmt=FORMAT_PARQUET,
+                layout=part.layout,
+            )
+            first_seen = delete_horizon(now, int(config["delete.retention.ms"]))
+            horizon = _horizon(group, tables, state.cleaned_offset, first_seen)
+            try:
+                landed = _replace(
+                    part, group, written, horizon, now, "merge", written_at=written_at
+                )
+            except (ConcurrentModificationError, CommitConflictError):
+                landed = False
+            if not landed:
+                break
+            replaced += len(group)
+    return replaced
