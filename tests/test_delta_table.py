@@ -332,31 +332,51 @@ def test_racing_publishers_commit_once(local_store: Target) -> None:
 
 
 def test_a_publisher_behind_the_table_stands_down(local_store: Target) -> None:
-    """A table whose txn says it covers a newer kstore log version than the publisher read
-    is never rolled back by that publisher."""
+    """A publisher whose kstore state is older than what the table covers (its txn says so)
+    never moves the table back: it reads again."""
     store = open_store(local_store)
     store.create_topic("t", 1, DELTA)
     _fill(store, "t", 1, 3, now_ms())
-    merge_segments(None, store, topics=["t"], verbose=False)
     meta = store.topic("t")
-    snapshot = read_snapshot(store.storage, table_dir(meta))
-    app = f"kstore-{meta.topic_id}-log-0"
-    stale = {app: (snapshot.txns[app] - 1, {0: store.partition("t", 0).state()})}
+    before = publish_module.kstore_view(store, meta)  # the Arrow segments only
+    merge_segments(None, store, topics=["t"], verbose=False)  # publishes the merged file
+    published = delta_rows(store, "t")
+    assert published.num_rows == 12
     real = publish_module.kstore_view
     calls: list[int] = []
 
     def view(store_: Store, meta_: Any) -> Any:
         calls.append(1)
-        return stale if len(calls) == 1 else real(store_, meta_)
+        return before if len(calls) == 1 else real(store_, meta_)
 
     publish_module.kstore_view = view  # type: ignore[assignment]
     try:
         report = publish_table(store, "t")
     finally:
         publish_module.kstore_view = real
-    assert len(calls) == 2
     assert report.attempts == 2
     assert not report.committed
+    assert delta_rows(store, "t").equals(published)
+
+
+def test_publication_reads_a_checkpoint_deltalake_wrote(local_store: Target) -> None:
+    store = open_store(local_store)
+    store.create_topic("t", 1, DELTA)
+    for _ in range(3):
+        _fill(store, "t", 1, 3, now_ms())
+        merge_segments(None, store, topics=["t"], verbose=False)
+    table = open_table(store, "t")
+    table.create_checkpoint()
+    table.cleanup_metadata()
+    snapshot = read_snapshot(store.storage, table_dir(store.topic("t")))
+    assert snapshot.version == table.version()
+    assert len(snapshot.removed) >= 1  # the checkpoint's tombstones, with their timestamps
+    assert all(f.deletion_ms for f in snapshot.removed.values())
+    _fill(store, "t", 1, 3, now_ms())
+    merge_segments(None, store, topics=["t"], verbose=False)
+    report = publish_table(store, "t")
+    assert report.version == snapshot.version + 1
+    assert delta_rows(store, "t").equals(kstore_rows(store, "t", _covered(report)))
 
 
 # -- zero-copy -------------------------------------------------------------------------------------
