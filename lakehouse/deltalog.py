@@ -214,8 +214,14 @@ def _read_checkpoint(storage: Storage, log_dir: str, names: list[str], snapshot:
                     continue
                 if "partitionValues" in body and isinstance(body["partitionValues"], list):
                     body["partitionValues"] = dict(body["partitionValues"])  # a map, as pairs
-                if name == "metaData" and isinstance(body.get("configuration"), list):
-                    body["configuration"] = dict(body["configuration"])
+                if name == "metaData":
+                    # Maps come back as lists of pairs; a later metaData is written from this.
+                    if isinstance(body.get("configuration"), list):
+                        body["configuration"] = dict(body["configuration"])
+                    fmt = body.get("format") or {}
+                    if isinstance(fmt.get("options"), list):
+                        fmt["options"] = dict(fmt["options"])
+                    body = {k: v for k, v in body.items() if v is not None}
                 snapshot.apply(name, body)
 
 

@@ -198,7 +198,8 @@ def published_segments(state: PartitionState) -> list[Segment]:
     out: list[Segment] = []
     lso = state.last_stable_offset
     for seg in state.segments:
-        if not is_table_file(seg) or seg.last_offset >= lso or seg.transaction is not None:
+        # Below the LSO no transaction is open (a committed one's tag stays on its segment).
+        if not is_table_file(seg) or seg.last_offset >= lso:
             break
         out.append(seg)
     return out

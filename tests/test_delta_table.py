@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 from kstore.cli.app import app
 from kstore.compaction import merge_segments, run_compaction
-from kstore.lakehouse import open_table, publish_table, read_snapshot, table_dir
+from kstore.lakehouse import DeltaLogError, open_table, publish_table, read_snapshot, table_dir
 from kstore.retention import run_retention, vacuum
 from typer.testing import CliRunner
 
@@ -226,6 +226,35 @@ def test_typed_topic_has_its_declared_fields(target: str, request: pytest.Fixtur
     assert got.column("value").to_pylist() == expected.column("value").to_pylist()
     assert got.column("headers").to_pylist() == expected.column("headers").to_pylist()
     assert got.drop_columns(["key", "value"]).equals(expected.drop_columns(["key", "value"]))
+
+
+def test_typed_schema_evolution_and_refused_widening(local_store: Target) -> None:
+    store = open_store(local_store)
+    store.create_topic("o", 1, DELTA, value_schema="id BIGINT NOT NULL, n INT")
+    producer = Producer(store=store, linger_ms=0)
+    for i in range(3):
+        producer.send("o", value={"id": i, "n": i})
+        producer.flush()
+    publish_table(store, "o", tail=True)
+    open_table(store, "o").create_checkpoint()  # the next metaData is built from it
+    producer.close()
+    store.alter_topic_schema("o", "id BIGINT NOT NULL, n INT, extra STRING")
+    producer = Producer(store=store, linger_ms=0)
+    producer.send("o", value={"id": 9, "n": 9, "extra": "x"})
+    producer.close()
+    report = publish_table(store, "o", tail=True)
+    assert report.committed
+    values = open_table(store, "o").to_pyarrow_table().column("value").to_pylist()
+    assert sorted(values, key=lambda v: v["id"]) == [
+        {"id": 0, "n": 0, "extra": None},
+        {"id": 1, "n": 1, "extra": None},
+        {"id": 2, "n": 2, "extra": None},
+        {"id": 9, "n": 9, "extra": "x"},
+    ]
+    store.alter_topic_schema("o", "id BIGINT NOT NULL, n BIGINT, extra STRING")
+    with pytest.raises(DeltaLogError, match=r"field 'value.n' changed type from integer to long"):
+        publish_table(store, "o")
+    assert open_table(store, "o").version() == report.version
 
 
 def test_tail_publication_reaches_the_last_stable_offset(local_store: Target) -> None:
@@ -455,6 +484,19 @@ def test_vacuum_keeps_what_a_retained_version_names(local_store: Target, layout:
     result = CliRunner().invoke(app, ["verify", "t", "--store", local_store[0], "-o", "json"])
     assert result.exit_code == 0, result.stdout + result.stderr
     assert json.loads(result.stdout)["ok"] is True
+
+
+def test_a_failed_publication_is_an_error_row_of_the_job(local_store: Target) -> None:
+    store = open_store(local_store)
+    store.create_topic("t", 1, DELTA)
+    _fill(store, "t", 1, 3, now_ms())
+    log = f"{table_dir(store.topic('t'))}/_delta_log"
+    store.storage.put(f"{log}/{2:020d}.json", b"{}\n")  # versions 0 and 1 missing
+    summary = merge_segments(None, store, topics=["t"], verbose=False)
+    assert summary.count("committed") == 1  # kstore's merge is done all the same
+    [row] = summary.errors
+    assert (row.topic, row.operation) == ("t", "publish")
+    assert "commit 0 is missing" in row.reason
 
 
 # -- configuration and command line -------------------------------------------------------
