@@ -416,6 +416,8 @@ def publish(
         )
     else:
         note(f"Table {report.table} is up to date at version {report.version}.")
+    if report.checkpoint_error:
+        note(f"The Delta checkpoint due at this version failed: {report.checkpoint_error}")
     covered = ", ".join(f"{p}: {end}" for p, end in sorted(report.covered.items()))
     note(f"Covers {report.files} file(s), {report.records} record(s); offsets below {covered}.")
 

@@ -9,8 +9,9 @@ Python::
     table.to_pyarrow_table()
 
 Topics with ``table.format=delta`` are published by the merge, compaction and retention jobs
-after their commits; ``kstore topics publish TOPIC [--tail]`` does it on demand. Publishing
-needs kstore's core only; ``deltalake`` is imported by :func:`open_table` alone.
+after their commits; ``kstore topics publish TOPIC [--tail]`` does it on demand. A commit
+needs kstore's core only; ``deltalake`` is imported lazily, by :func:`open_table` (readers, and
+the Delta checkpoint due every ``delta.checkpointInterval`` versions).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ backend it writes to (local ``link``, S3 ``If-None-Match``, ``memory://``, wrapp
 filesystems), with its deadlines and request counting. delta-rs would need its own credentials
 and, on S3, a locking provider or conditional-put settings, and it rebases a losing commit onto
 the winner by itself, where the publisher must re-read kstore's state instead. ``deltalake``
-is used by readers only (and is not needed to publish).
+serves readers, and writes the periodic checkpoints (``publish.py``).
 
 Reading understands what a Delta writer may leave: JSON commits and classic checkpoints
 (``<v>.checkpoint.parquet`` or multi-part ``<v>.checkpoint.<i>.<n>.parquet``, as

@@ -69,6 +69,8 @@ class PublishReport:
     bytes_written: int = 0  # bytes this publication wrote (its Delta commit only)
     covered: dict[int, int] = field(default_factory=dict)  # partition -> end of its prefix
     tail_segments: int = 0  # segments rewritten into Parquet first (tail=True)
+    checkpoint: bool = False  # a Delta checkpoint was written at this version
+    checkpoint_error: str | None = None  # why the checkpoint due at this version failed
     attempts: int = 0
     elapsed_s: float = 0.0
 
@@ -152,6 +154,7 @@ def publish_table(
             report.committed = True
             report.version = snapshot.version + 1
             report.bytes_written = written
+            _checkpoint_if_due(store, meta, snapshot, report)
             report.files = sum(len(fs) for fs in wanted.values())
             report.records = sum(s.record_count for fs in wanted.values() for _, s in fs)
             report.elapsed_s = time.monotonic() - started
@@ -160,6 +163,31 @@ def publish_table(
         f"table of topic {topic!r}: {_ATTEMPTS} publications in a row lost their race or "
         "found kstore's state moving; the next run completes it"
     )
+
+
+def _checkpoint_if_due(
+    store: Store, meta: TopicMetadata, snapshot: Snapshot, report: PublishReport
+) -> None:
+    """Every ``delta.checkpointInterval`` versions (Delta's default: 100), a Delta checkpoint
+    and Delta's expired-log cleanup (``delta.logRetentionDuration``), written by ``deltalake``,
+    as a Delta writer does: without them every publication and reader would replay every
+    commit. The version is committed either way; a failure (no ``deltalake``, a store it cannot
+    open) is reported, and the next due version tries again."""
+    try:
+        interval = int(snapshot.configuration.get("delta.checkpointInterval", "100"))
+    except ValueError:
+        interval = 100
+    if report.version <= 0 or report.version % max(interval, 1):
+        return
+    try:
+        from . import open_table
+
+        table = open_table(store, meta.name, report.version)
+        table.create_checkpoint()
+        table.cleanup_metadata()
+        report.checkpoint = True
+    except Exception as exc:  # deltalake's own errors, or its absence: reported, not fatal
+        report.checkpoint_error = f"{type(exc).__name__}: {exc}"
 
 
 def kstore_view(

@@ -408,6 +408,25 @@ def test_publication_reads_a_checkpoint_deltalake_wrote(local_store: Target) -> 
     assert delta_rows(store, "t").equals(kstore_rows(store, "t", _covered(report)))
 
 
+def test_a_checkpoint_every_checkpoint_interval(local_store: Target) -> None:
+    store = open_store(local_store)
+    store.create_topic("t", 1, DELTA)
+    _fill(store, "t", 1, 2, now_ms())
+    publish_table(store, "t", tail=True)
+    open_table(store, "t").alter.set_table_properties({"delta.checkpointInterval": "3"})
+    reports = []
+    for _ in range(2):
+        _fill(store, "t", 1, 2, now_ms())
+        reports.append(publish_table(store, "t", tail=True))
+    assert [(r.version, r.checkpoint, r.checkpoint_error) for r in reports] == [
+        (2, False, None),
+        (3, True, None),
+    ]
+    log = {i.name for i in store.storage.list_dir(f"{table_dir(store.topic('t'))}/_delta_log")}
+    assert f"{3:020d}.checkpoint.parquet" in log
+    assert delta_rows(store, "t").equals(kstore_rows(store, "t", _covered(reports[-1])))
+
+
 # -- zero-copy -------------------------------------------------------------------------------------
 
 
