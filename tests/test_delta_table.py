@@ -21,7 +21,7 @@ from kstore.retention import run_retention, vacuum
 from typer.testing import CliRunner
 
 from kstore import Store
-from kstore.errors import InvalidConfigurationError
+from kstore.errors import InvalidConfigurationError, StorageError
 from kstore.producer import Producer
 from kstore.segments import HEADERS_TYPE, TIMESTAMP_TYPE
 from tests.test_jobs_support import BACKENDS, Target, append, now_ms, open_store
@@ -326,6 +326,40 @@ def test_crash_between_the_two_commits_is_repaired(
 
 def _keys(rows: pa.Table) -> tuple[list[Any], list[Any]]:
     return rows.column("partition").to_pylist(), rows.column("offset").to_pylist()
+
+
+@pytest.mark.parametrize("landed", [True, False])
+def test_a_commit_whose_answer_was_lost(
+    local_store: Target, monkeypatch: pytest.MonkeyPatch, landed: bool
+) -> None:
+    """The Delta commit's put-if-absent fails without an answer: the file decides (its txnId
+    is this publisher's, or it is absent and the publisher tries again); never twice."""
+    store = open_store(local_store)
+    store.create_topic("t", 1, DELTA)
+    _fill(store, "t", 1, 3, now_ms())
+    publish_table(store, "t", tail=True)
+    _fill(store, "t", 1, 3, now_ms())
+    storage = store.storage
+    real = storage.put_if_absent
+    failures: list[str] = []
+
+    def lost(rel: str, data: Any, **kwargs: Any) -> None:
+        if "_delta_log/" in rel and not failures:
+            failures.append(rel)
+            if landed:
+                real(rel, data, **kwargs)
+            raise StorageError(f"conditional write of {rel!r} failed: connection reset")
+        real(rel, data, **kwargs)
+
+    monkeypatch.setattr(storage, "put_if_absent", lost)
+    report = publish_table(store, "t", tail=True)
+    assert failures
+    assert report.committed
+    assert report.version == 1
+    assert report.attempts == (1 if landed else 2)
+    log = {i.name for i in storage.list_dir(f"{table_dir(store.topic('t'))}/_delta_log")}
+    assert log == {f"{v:020d}.json" for v in range(2)}
+    assert delta_rows(store, "t").equals(kstore_rows(store, "t", _covered(report)))
 
 
 def test_racing_publishers_commit_once(local_store: Target) -> None:
