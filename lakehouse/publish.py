@@ -21,7 +21,7 @@ from typing import Any
 
 from kstore.errors import ConcurrentModificationError, InvalidConfigurationError, KStoreError
 from kstore.layout import topic_data_dir
-from kstore.partition import PartitionState, Segment
+from kstore.manifest import PartitionState, Segment
 from kstore.storage import Storage
 from kstore.store import Store, TopicMetadata
 from kstore.topic_log import log_index
@@ -34,7 +34,6 @@ from .deltalog import (
     deleted_file_retention_ms,
     read_snapshot,
 )
-from .tail import is_table_file
 
 TABLE_FORMAT = "table.format"
 PARTITION_COLUMNS = ["partition", "timestampType"]
@@ -208,7 +207,7 @@ def kstore_view(
             logs[app_id(meta, f"log-{topic_log.index}")] = (shared.version, parts)
         return logs
     for p in range(meta.partitions):
-        own = store.partition(meta.name, p, meta).state()
+        own = store.partition_state(meta.name, p, meta)  # the manifest only, no data libraries
         logs[app_id(meta, f"partition-{p}")] = (own.version, {p: own})
     return logs
 
@@ -216,6 +215,13 @@ def kstore_view(
 def app_id(meta: TopicMetadata, log: str) -> str:
     """The Delta application id of one kstore log of a topic incarnation."""
     return f"kstore-{meta.topic_id}-{log}"
+
+
+def is_table_file(seg: Segment) -> bool:
+    """A segment a Delta table can name: a whole per-partition Parquet file (every Parquet
+    segment is sparse: it has its ``offset`` column). No pyarrow here: ``describe`` and vacuum
+    use this module without the data libraries."""
+    return seg.format == "parquet" and seg.byte_range is None
 
 
 def published_segments(state: PartitionState) -> list[Segment]:

@@ -15,9 +15,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from kstore.errors import CommitConflictError, ConcurrentModificationError
-from kstore.partition import PartitionState, Segment
+from kstore.manifest import PartitionState, Segment
 from kstore.segments import FORMAT_PARQUET
 from kstore.store import Store, TopicMetadata
+
+from .publish import is_table_file
 
 
 def tail_groups(state: PartitionState, config: Mapping[str, Any]) -> list[list[Segment]]:
@@ -50,12 +52,6 @@ def tail_groups(state: PartitionState, config: Mapping[str, Any]) -> list[list[S
     if current:
         groups.append(current)
     return groups
-
-
-def is_table_file(seg: Segment) -> bool:
-    """A segment a Delta table can name: a whole per-partition Parquet file (every Parquet
-    segment is sparse: it has its ``offset`` column)."""
-    return seg.format == FORMAT_PARQUET and seg.byte_range is None
 
 
 def merge_tail(store: Store, meta: TopicMetadata, now_ms: int | None = None) -> int:

@@ -7,6 +7,8 @@ Local disk always (both layouts where it matters); the essential tests again on 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -577,6 +579,17 @@ def test_table_format_is_validated(local_store: Target) -> None:
     store.create_topic("t", 1)
     with pytest.raises(InvalidConfigurationError, match=r"table.format=none; set table.format"):
         publish_table(store, "t")
+
+
+def test_describe_and_vacuum_hook_load_no_data_libraries() -> None:
+    """``kstore topics describe`` and vacuum's hook import kstore.lakehouse: it must not load
+    pyarrow or deltalake (the CLI's start-up time)."""
+    code = (
+        "import sys, kstore.lakehouse, kstore.store; "
+        "print(sorted(m for m in ('pyarrow', 'deltalake', 'pandas') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_cli_publish_and_describe(local_store: Target) -> None:
