@@ -360,7 +360,7 @@ def _print_description(desc: TopicDescription, published: dict[str, Any] | None 
 
 def _table_of(handle: Store, meta: TopicMetadata) -> dict[str, Any] | None:
     """A topic with table.format=delta (or a table from an earlier setting): its Delta table's
-    location and newest version (PROTOCOL.md 28); None for a topic without a table."""
+    location and newest version (PROTOCOL.md 29); None for a topic without a table."""
     from kstore.lakehouse import enabled, newest_version, table_url
 
     version = newest_version(handle, meta)

@@ -598,7 +598,7 @@ def run_job(
     )
     if not dry_run and operation in ("merge", "compaction", "retention"):
         # Topics with table.format=delta: their Delta table follows the commits just made
-        # (PROTOCOL.md 28). A failed publication is an error row; the next one completes it.
+        # (PROTOCOL.md 29). A failed publication is an error row; the next one completes it.
         from kstore.lakehouse import publish_after_job
 
         for topic, error in publish_after_job(store, {i.topic for i in items}, progress):

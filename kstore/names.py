@@ -8,7 +8,7 @@ from kstore.errors import InvalidGroupIdError, InvalidTopicError
 
 MAX_NAME_LENGTH = 249  # Kafka's limit for topic names
 # Reserved in a topic incarnation's directory: the Delta log of the topic's table (PROTOCOL.md
-# 28). No partition, topic log or data directory is named so, and kstore's readers, verify and
+# 29). No partition, topic log or data directory is named so, and kstore's readers, verify and
 # vacuum never look inside it.
 DELTA_LOG_DIR = "_delta_log"
 _LEGAL = re.compile(r"[a-zA-Z0-9._-]+")

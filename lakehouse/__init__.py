@@ -1,4 +1,4 @@
-"""A topic as a Delta table (PROTOCOL.md 28): its merged and compacted Parquet segments,
+"""A topic as a Delta table (PROTOCOL.md 29): its merged and compacted Parquet segments,
 published by reference in ``<topic incarnation>/_delta_log/``, zero-copy and exactly-once.
 
 Python::

@@ -1,4 +1,4 @@
-"""Publishing a topic as a Delta table (PROTOCOL.md 28): the table's files are the topic's
+"""Publishing a topic as a Delta table (PROTOCOL.md 29): the table's files are the topic's
 Parquet segments, named by reference from ``<incarnation>/_delta_log/``; nothing is copied.
 
 A publication reads the table's newest version, then kstore's logs, and commits one Delta

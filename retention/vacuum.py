@@ -314,7 +314,7 @@ def vacuum_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> P
     delay = max(int(item.config["file.delete.delay.ms"]), MIN_FILE_DELETE_DELAY_MS)
     by_name = {f.name: f for f in segment_files}
     doomed: dict[str, int] = {}  # path relative to the partition directory -> size
-    # A file a retained version of the topic's Delta table names stays (PROTOCOL.md 28.5).
+    # A file a retained version of the topic's Delta table names stays (PROTOCOL.md 29.5).
     held = referenced_paths(storage, item.topic, item.topic_id, now).get(item.partition, set())
     expired = sorted(
         p
@@ -577,7 +577,7 @@ def vacuum_incarnation(
     forget: dict[int, dict[int, set[str]]] = {}
     data_live: set[str] = set()
     data_removals: dict[str, list[tuple[int, int, bool]]] = {}  # path -> (log, partition, due)
-    # A file a retained version of the topic's Delta table names stays (PROTOCOL.md 28.5).
+    # A file a retained version of the topic's Delta table names stays (PROTOCOL.md 29.5).
     held = referenced_paths(storage, item.topic, item.topic_id, now)
     for k, state in enumerate(states):
         times = VersionTimes(log_files[k])

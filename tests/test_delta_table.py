@@ -1,4 +1,4 @@
-"""A topic as a Delta table (kstore.lakehouse, PROTOCOL.md 28): what ``deltalake`` reads equals
+"""A topic as a Delta table (kstore.lakehouse, PROTOCOL.md 29): what ``deltalake`` reads equals
 kstore's own read of the published range, for delete, compacted and typed topics; publication
 is zero-copy and exactly-once across crashes and races; vacuum keeps what the table names.
 
