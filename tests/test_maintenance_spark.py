@@ -34,6 +34,7 @@ def test_the_service_on_spark(
     assert set(done) == {(t, task) for t in ("logs", "state") for task in ("vacuum",)} | {
         ("logs", "retention"),
         ("state", "compaction"),
+        *((None, task) for task in ("abort-transactions", "purge-deleted-topics", "prune-logs")),
     }
     assert done[("logs", "retention")].outcome == "ok"
     assert done[("logs", "retention")].records == 2
