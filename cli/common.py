@@ -369,39 +369,22 @@ def resolve_store(
     return StoreSettings(url, options)
 
 
-# What a store on the local disk reads of its storage options; any other is a mistake (an S3
-# option given to a local path, a typo) that would otherwise be ignored without a word.
-_LOCAL_OPTIONS = ("timeout_ms", "attempt_timeout_ms", "auto_mkdir")
-
-
-# Filesystems whose paths carry a host kstore does not keep (it keeps the path alone, as for a
-# bucket), so every call fails with no cause named (ftp's also prints a traceback at exit); and
-# http(s) is read-only anyway.
-_UNUSABLE_SCHEMES = {
-    "http": "a web server cannot hold a store (read-only, no listing, no atomic create)",
-    "https": "a web server cannot hold a store (read-only, no listing, no atomic create)",
-    "ftp": "FTP offers no atomic create, and its URLs' host is not passed on",
-    "sftp": "SFTP offers no atomic create, and its URLs' host is not passed on",
-}
-
-
 def _check_store(url: str, options: Mapping[str, Any]) -> None:
-    scheme, sep, _ = url.partition("://")
-    why = _UNUSABLE_SCHEMES.get(scheme.lower()) if sep else None
-    if why is not None:
+    """The library's check of a store URL and its options, before anything is opened: a
+    usage error (exit code 2). An option refused is traced to where options come from."""
+    from kstore.errors import InvalidStoreError
+    from kstore.storage import check_store_url
+
+    try:
+        check_store_url(url)
+    except InvalidStoreError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        check_store_url(url, options)
+    except InvalidStoreError as exc:
         raise UsageError(
-            f"store URL scheme {scheme + '://'!r}: {why}; use a local path, s3://bucket/prefix "
-            "or memory://name"
-        )
-    if sep and scheme.lower() not in ("file", "local"):
-        return
-    unknown = sorted(set(options) - set(_LOCAL_OPTIONS))
-    if unknown:
-        raise UsageError(
-            f"storage option {unknown[0]!r} means nothing to a store on the local disk "
-            f"({url}); local stores take only {', '.join(_LOCAL_OPTIONS)} "
-            f"(check --option, {ENV_OPTION_PREFIX}* and the config file)"
-        )
+            f"{exc} (check --option, {ENV_OPTION_PREFIX}* and the config file)"
+        ) from None
 
 
 def open_store(

@@ -175,6 +175,42 @@ def _timeout_option(options: Mapping[str, Any], name: str, default: int) -> int:
     return value
 
 
+# What a store on the local disk reads of its storage options; any other is a mistake (an S3
+# option given to a local path, a typo) that would otherwise be ignored without a word.
+LOCAL_STORAGE_OPTIONS = (TIMEOUT_OPTION, ATTEMPT_TIMEOUT_OPTION, "auto_mkdir")
+
+# Filesystems fsspec knows that cannot hold a store: their URLs' host is not passed on (kstore
+# keeps the path alone, as for a bucket), so every call failed naming no cause (ftp's with a
+# traceback at exit); http(s) is read-only anyway.
+_UNUSABLE_PROTOCOLS = {
+    "http": "a web server cannot hold a store (read-only, no listing, no atomic create)",
+    "https": "a web server cannot hold a store (read-only, no listing, no atomic create)",
+    "ftp": "FTP offers no atomic create, and its URLs' host is not passed on",
+    "sftp": "SFTP offers no atomic create, and its URLs' host is not passed on",
+}
+
+
+def check_store_url(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Refuse, with :class:`InvalidStoreError` naming the cause, a store URL no store can live
+    at (http(s)://, ftp://, sftp://) and a storage option a local store would ignore. Every
+    store goes through it (:class:`Storage`); the CLI calls it before opening anything."""
+    scheme, sep, _ = url.partition("://")
+    why = _UNUSABLE_PROTOCOLS.get(scheme.lower()) if sep else None
+    if why is not None:
+        raise InvalidStoreError(
+            f"store URL scheme {scheme + '://'!r}: {why}; use a local path, s3://bucket/prefix "
+            "or memory://name"
+        )
+    if sep and scheme.lower() not in _LOCAL_PROTOCOLS:
+        return
+    unknown = sorted(set(storage_options or {}) - set(LOCAL_STORAGE_OPTIONS), key=str)
+    if unknown:
+        raise InvalidStoreError(
+            f"storage option {unknown[0]!r} means nothing to a store on the local disk "
+            f"({redact_url(url)}); local stores take only {', '.join(LOCAL_STORAGE_OPTIONS)}"
+        )
+
+
 class _NoAnswerError(Exception):
     """A deadline passed while waiting for the server (raised on the I/O loop)."""
 
@@ -195,6 +231,7 @@ class Storage:
             raise InvalidStoreError(
                 f"storage_options must be a mapping, got {type(storage_options).__name__}"
             )
+        check_store_url(url, storage_options)
         scheme, sep, rest = url.partition("://")
         # Strip trailing slashes from the path only: "s3://" must stay a URL (with no bucket).
         self.url = f"{scheme}{sep}{rest.rstrip('/')}" if sep else (url.rstrip("/") or url)

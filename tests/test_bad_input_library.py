@@ -13,6 +13,7 @@ import contextlib
 import io
 import math
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -39,7 +40,16 @@ from kstore.errors import (
 from kstore.groups import Group, delete_group, describe_group, list_groups, reset_offsets
 from kstore.layout import producer_log_dir
 from kstore.records import OffsetAndMetadata, TopicPartition
-from tests.badinput import MALICIOUS_NAMES, mem_store, name_id, open_store, refused, snapshot
+from kstore.storage import check_store_url
+from tests.badinput import (
+    MALICIOUS_NAMES,
+    local_snapshot,
+    mem_store,
+    name_id,
+    open_store,
+    refused,
+    snapshot,
+)
 from tests.conftest import StoreTarget
 
 __all__ = ["mem_store"]  # the fixture, imported for pytest
@@ -96,6 +106,92 @@ def test_unusable_store_urls_and_options_are_refused(
     with pytest.raises(error) as info:
         Store(*args)
     assert fragment in str(info.value)
+
+
+UNUSABLE_URLS = [
+    ("http://127.0.0.1:9/x", "a web server cannot hold a store"),
+    ("HTTPS://example.invalid/ks", "a web server cannot hold a store"),
+    ("ftp://127.0.0.1:9/x", "FTP offers no atomic create"),
+    ("sftp://127.0.0.1:9/x", "SFTP offers no atomic create"),
+]
+
+
+@pytest.mark.parametrize(("url", "why"), UNUSABLE_URLS, ids=["http", "https", "ftp", "sftp"])
+def test_unusable_store_url_schemes_name_the_cause_in_every_entry_point(url: str, why: str) -> None:
+    """Each entry point fails at once with the cause and the usable kinds in one line (http
+    and https failed naming only a path, ftp with an AttributeError, sftp naming paramiko)."""
+    scheme = url.partition("://")[0]
+    for open_it in (
+        lambda: Store(url),
+        lambda: Store(url, create=False),
+        lambda: Producer(url),
+        lambda: Consumer(store=url, group_id="g"),
+    ):
+        with pytest.raises(InvalidStoreError) as info:
+            open_it()
+        message = str(info.value)
+        assert message.startswith(f"store URL scheme '{scheme}://': {why}"), message
+        assert message.endswith("use a local path, s3://bucket/prefix or memory://name")
+        assert "\n" not in message
+
+
+def test_unknown_storage_options_of_a_local_store_are_refused(tmp_path: Any) -> None:
+    """A local store reads timeout_ms, attempt_timeout_ms and auto_mkdir; anything else (an S3
+    option, a typo) was ignored without a word."""
+    root = tmp_path / "store"
+    Store(str(root)).create_topic("t", 1)
+    before = local_snapshot(str(root))
+    for url in (str(root), root.as_uri(), f"local://{root}"):
+        for open_it in (
+            partial(Store, url, {"foo": "bar"}),
+            partial(Store, url, {"client_kwargs": {"endpoint_url": "http://127.0.0.1:1"}}),
+            partial(Producer, url, storage_options={"anon": True}),
+            partial(Consumer, store=url, storage_options={"anon": True}),
+        ):
+            with pytest.raises(InvalidStoreError) as info:
+                open_it()
+            message = str(info.value)
+            assert "means nothing to a store on the local disk" in message, message
+            assert message.endswith(
+                "local stores take only timeout_ms, attempt_timeout_ms, auto_mkdir"
+            )
+    with pytest.raises(InvalidStoreError, match="storage option 'anon' means nothing"):
+        Store(str(root), {"timeout_ms": 5000, "anon": True})
+    # a new store is not started either
+    with pytest.raises(InvalidStoreError, match="storage option 'foo'"):
+        Store(str(tmp_path / "new"), {"foo": 1})
+    assert not (tmp_path / "new").exists()
+    assert local_snapshot(str(root)) == before
+    # what a local store reads is accepted, in any of its forms
+    store = Store(str(root), {"timeout_ms": "5000", "attempt_timeout_ms": 2000, "auto_mkdir": True})
+    assert store.list_topics() == ["t"]
+
+
+def test_the_store_check_leaves_other_filesystems_options_alone() -> None:
+    """Options of an object store or memory store are the filesystem's to judge."""
+    check_store_url("s3://bucket/ks", {"anon": True, "client_kwargs": {"region_name": "x"}})
+    check_store_url("memory://x", {"foo": "bar"})
+    with pytest.raises(InvalidStoreError, match="storage option 'foo'"):
+        check_store_url("/data/ks", {"foo": "bar"})
+
+
+@pytest.mark.spark
+@pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")
+def test_the_spark_source_and_sink_give_the_librarys_store_error(spark: Any, tmp_path: Any) -> None:
+    root = tmp_path / "store"
+    Store(str(root)).create_topic("t", 1)
+    before = local_snapshot(str(root))
+    with pytest.raises(Exception) as info:
+        spark.read.format("kstore").options(store="ftp://127.0.0.1:9/x", subscribe="t").load()
+    assert "store URL scheme 'ftp://': FTP offers no atomic create" in str(info.value)
+    with pytest.raises(Exception) as info:
+        spark.range(1).selectExpr("'v' AS value").write.format("kstore").options(
+            store=str(root), topic="t", **{"storage.anon": "true"}
+        ).mode("append").save()
+    assert "storage option 'anon' means nothing to a store on the local disk" in " ".join(
+        str(info.value).split()
+    )
+    assert local_snapshot(str(root)) == before
 
 
 def test_opening_a_missing_store_without_create_writes_nothing(tmp_path: Any) -> None:
