@@ -33,6 +33,7 @@ from kstore.cli.common import (
     StoreOpt,
     StoreSettings,
     UsageError,
+    debug_enabled,
     human_bytes,
     new_table,
     note,
@@ -398,18 +399,20 @@ def _local_spark(master: str | None, verb: str) -> Iterator[Any]:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # pyspark and a newer pandas
+        from kstore.compaction.jobs import quiet_spark
         from pyspark import SparkContext
         from pyspark.sql import SparkSession
 
         existing = getattr(SparkContext, "_active_spark_context", None) is not None
-        session = (
+        builder = (
             SparkSession.builder.master(master or DEFAULT_MASTER)
             .appName(f"kstore-{verb}")
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")  # our progress display instead
-            .getOrCreate()
         )
-    if not existing:
+        # Spark's start-up warnings say nothing about the job; --debug shows them all.
+        session = (builder if debug_enabled() else quiet_spark(builder)).getOrCreate()
+    if not existing and not debug_enabled():
         session.sparkContext.setLogLevel("ERROR")
     try:
         yield session
@@ -419,20 +422,23 @@ def _local_spark(master: str | None, verb: str) -> Iterator[Any]:
 
 
 class _JobProgress:
-    """Shows the job's progress lines on stderr: a rich progress bar on a terminal, else the
-    lines themselves. The jobs print progress with ``kstore.compaction.jobs.stderr_progress``
-    (when ``verbose``) and their summary on stdout; while a job runs, the former is replaced by
-    this display and the latter is dropped, so that stdout carries only our table or JSON."""
+    """Shows the job's progress on stderr. On a terminal, a live rich progress line that ends
+    at N/N; elsewhere (a pipe, a log file) no live line: the plan line as it comes and the last
+    progress step once, at the end. The jobs print progress with
+    ``kstore.compaction.jobs.stderr_progress`` (when ``verbose``) and their summary on stdout;
+    while a job runs, the former is replaced by this display and the latter is dropped, so that
+    stdout carries only our table or JSON."""
 
     _PLAN = re.compile(r"^\[(?P<op>[\w-]+)\] (?P<n>\d+) partition\(s\) of (?P<t>\d+) topic\(s\)")
     _STEP = re.compile(r"^\[(?P<op>[\w-]+)\] (?P<done>\d+)/(?P<total>\d+) (?P<rest>.*)$")
 
-    def __init__(self, verb: str) -> None:
+    def __init__(self, verb: str, *, interactive: bool | None = None) -> None:
         self.verb = verb
-        self.interactive = sys.stderr.isatty()
+        self.interactive = sys.stderr.isatty() if interactive is None else interactive
         self._stack = contextlib.ExitStack()
         self._bar: Any = None
         self._task: Any = None
+        self._last_step: str | None = None  # off a terminal: written once, at the end
 
     def __enter__(self) -> _JobProgress:
         from kstore.compaction import jobs
@@ -455,8 +461,8 @@ class _JobProgress:
                     BarColumn(),
                     MofNCompleteColumn(),
                     TimeElapsedColumn(),
-                    console=Console(file=sys.stderr),
-                    transient=True,
+                    console=Console(file=sys.stderr, force_terminal=True),
+                    transient=False,  # the final N/N stays on screen
                 )
             )
             self._task = self._bar.add_task(f"{self.verb}: planning", total=None)
@@ -466,11 +472,16 @@ class _JobProgress:
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
+        if self._last_step is not None:
+            note(self._last_step)
 
     def update(self, message: str) -> None:
         message = redactor()(message)
         if self._bar is None:
-            note(message)
+            if self._STEP.match(message):
+                self._last_step = message
+            else:
+                note(message)
             return
         if plan := self._PLAN.match(message):
             n = int(plan["n"])

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from kstore.config import MAX_UNCOMMITTED_MS
@@ -441,6 +443,9 @@ def _collect_with_progress(
             last = message
     if "error" in outcome:
         raise outcome["error"]
+    # The last poll may predate the last tasks (a short job: none at all): the end is N/N.
+    if progress is not None:
+        progress(f"[{operation}] {tasks}/{tasks} tasks done")
     return list(outcome["rows"])
 
 
@@ -527,13 +532,45 @@ def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
     return options
 
 
+# Shipped in this package (package data): errors only, for the driver JVM kstore starts itself.
+LOG4J2_CONFIG = "log4j2.properties"
+
+
+def starts_jvm() -> bool:
+    """True when a SparkSession made now would launch its own driver JVM: no session is
+    running and this process was not started by spark-submit (whose JVM is up already)."""
+    from pyspark import SparkContext
+
+    return (
+        getattr(SparkContext, "_active_spark_context", None) is None
+        and "PYSPARK_GATEWAY_PORT" not in os.environ
+    )
+
+
+def quiet_spark(builder: Any) -> Any:
+    """``builder`` with this package's log4j2 configuration for the driver JVM it is about to
+    launch, so that Spark's start-up warnings stay off stderr. Only when a new JVM starts: an
+    existing one (spark-submit's, a running session's) logs as its owner set it up."""
+    if not starts_jvm():
+        return builder
+    config = Path(__file__).with_name(LOG4J2_CONFIG)
+    return builder.config(
+        "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={config.as_uri()}"
+    )
+
+
 def get_spark(local: bool, app_name: str) -> Any:
-    """The Spark session for a job run (spark-submit's, or a new local one), or None."""
+    """The Spark session for a job run (spark-submit's, or a new local one), or None. A local
+    one logs errors only (see :func:`quiet_spark`)."""
     if local:
         return None
     from pyspark.sql import SparkSession
 
-    return SparkSession.builder.appName(app_name).getOrCreate()
+    quiet = starts_jvm()
+    session = quiet_spark(SparkSession.builder.appName(app_name)).getOrCreate()
+    if quiet:
+        session.sparkContext.setLogLevel("ERROR")
+    return session
 
 
 def report(summaries: Sequence[Summary], json_path: str | None, *, printed: bool) -> int:

@@ -5,8 +5,10 @@ errors."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -270,14 +272,30 @@ def test_a_failed_partition_exits_1_with_the_errors_listed(
 
 
 @pytest.mark.spark
-def test_retain_on_local_spark(spark: Any, local_store: Target) -> None:
+def test_retain_on_local_spark(
+    spark: Any, local_store: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cli = cli_for(local_store)
     store = open_store(local_store)
     store.create_topic("events", 2, {"retention.ms": HOUR})
     old_and_new_segments(store, "events", 2, "segments")
-    summary = cli.json("retain", "--spark", "local[2]", "--tasks", "2")
+    result = cli.run("retain", "--spark", "local[2]", "--tasks", "2", "--output", "json")
+    summary = json.loads(result.stdout)
     assert summary["tasks"] == 2
     assert summary["committed"] == 2
+    # Off a terminal: the plan, then the progress once, at its end (it stayed at 0/2).
+    assert result.stderr.splitlines() == [
+        "[retention] 2 partition(s) of 1 topic(s), on Spark",
+        "[retention] 2/2 tasks done",
+    ]
+    # On a terminal: a live line, last drawn at 2/2 (it was left at 0/? or 0/2).
+    monkeypatch.setattr(
+        cli_jobs, "_JobProgress", functools.partial(cli_jobs._JobProgress, interactive=True)
+    )
+    result = cli.run("retain", "--spark", "local[2]", "--tasks", "2")
+    assert "retention of " in result.stdout
+    assert "2/2" in _last_frame(result.stderr)
+    assert "tasks done" in _last_frame(result.stderr)
     for p in range(2):
         assert store.partition("events", p).state().log_start_offset == 3
     # The command joined the running session and left it running.
@@ -423,8 +441,7 @@ def test_help_has_examples(verb: str) -> None:
 
 
 def test_progress_bar_on_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
-    progress = cli_jobs._JobProgress("merge")
-    progress.interactive = True
+    progress = cli_jobs._JobProgress("merge", interactive=True)
     with progress:
         progress.update("[merge] 3 partition(s) of 2 topic(s), in this process")
         assert progress._bar.tasks[0].total == 3
@@ -434,3 +451,116 @@ def test_progress_bar_on_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
         assert progress._bar.tasks[0].total == 4
         print("a summary the job prints")  # dropped: stdout is ours
     assert "a summary" not in capsys.readouterr().out
+
+
+SPARK_PROGRESS = [
+    "[merge] 4 partition(s) of 1 topic(s), on Spark",
+    "[merge] 0/4 tasks done",
+    "[merge] 3/4 tasks done",
+    "[merge] 4/4 tasks done",
+]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _last_frame(written: str) -> str:
+    """What a terminal shows last of a live line: the text after its last carriage return or
+    line erase, without colours and cursor codes (a pty turns a newline into CR LF)."""
+    text = _ANSI.sub("", written.replace("\r\n", "\n").replace("\x1b[2K", "\r"))
+    return text.rstrip("\n").rsplit("\r", 1)[-1]
+
+
+def test_progress_on_a_terminal_is_one_live_line_that_ends_at_n_of_n(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with cli_jobs._JobProgress("merge", interactive=True) as progress:
+        for message in SPARK_PROGRESS:
+            progress.update(message)
+    written = capsys.readouterr().err
+    assert "\r" in written  # redrawn in place
+    assert "4/4" in _last_frame(written)
+    assert "tasks done" in _last_frame(written)
+
+
+def test_progress_off_a_terminal_is_the_plan_and_one_final_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with cli_jobs._JobProgress("merge", interactive=False) as progress:
+        for message in SPARK_PROGRESS:
+            progress.update(message)
+        assert capsys.readouterr().err == SPARK_PROGRESS[0] + "\n"  # nothing while it runs
+    assert capsys.readouterr().err == SPARK_PROGRESS[-1] + "\n"
+
+
+def _small_store(root: Path, partitions: int) -> None:
+    store = Store(str(root))
+    store.create_topic("t", partitions)
+    for _ in range(2):  # two small segments per partition: something to merge
+        with Producer(store) as producer:
+            for p in range(partitions):
+                producer.send("t", b"v", key=b"k", partition=p)
+
+
+def test_progress_in_a_real_terminal_ends_at_n_of_n(tmp_path: Path) -> None:
+    """kstore merge with its stderr on a pseudo-terminal: a live line, last drawn at 3/3."""
+    import pty
+
+    _small_store(tmp_path / "store", 3)
+    main, secondary = pty.openpty()
+    with subprocess.Popen(
+        [sys.executable, "-m", "kstore.cli.app", "merge", "--no-spark", "--store",
+         str(tmp_path / "store")],
+        stdout=subprocess.PIPE,
+        stderr=secondary,
+        env={**os.environ, "COLUMNS": "120"},
+    ) as proc:  # fmt: skip
+        os.close(secondary)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # the terminal's other end closed (Linux)
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        stdout = proc.communicate()[0].decode()
+    os.close(main)
+    assert proc.returncode == 0
+    written = b"".join(chunks).decode()
+    assert "\r" in written
+    assert "3/3" in _last_frame(written)
+    assert "merge of " in stdout
+    assert "committed 3" in stdout
+
+
+_LOG4J_LINE = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|ERROR) ")
+
+
+@pytest.mark.spark
+def test_a_spark_job_prints_no_spark_logs(tmp_path: Path) -> None:
+    """The installed command on a local Spark it starts: stderr holds the job's plan and its
+    final progress, none of Spark's log4j start-up warnings; stdout the whole summary."""
+    _small_store(tmp_path / "store", 2)
+    done = subprocess.run(
+        [sys.executable, "-m", "kstore.cli.app", "merge", "--spark", "local[1]", "--store",
+         str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert not [line for line in lines if _LOG4J_LINE.match(line)], done.stderr
+    assert not [line for line in lines if "log4j" in line or "log level" in line], done.stderr
+    # What is left is the JVM's own notice of an incubating module Spark asks for (no logger).
+    job_lines = [line for line in lines if not line.startswith("WARNING: Using incubator")]
+    assert job_lines == [
+        "[merge] 2 partition(s) of 1 topic(s), on Spark",
+        "[merge] 2/2 tasks done",
+    ], done.stderr
+    assert "merge of " in done.stdout
+    assert "2 partition(s) scanned, committed 2" in done.stdout
+    assert done.stdout.splitlines()[-1].split()[:3] == ["t", "2", "2"]
