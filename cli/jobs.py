@@ -135,92 +135,60 @@ _COMMON_EPILOG = (
 )
 
 
-def compact(
-    ctx: typer.Context,
-    topics: TopicsArg = None,
-    spark: SparkOpt = None,
-    no_spark: NoSparkOpt = False,
-    print_submit: PrintSubmitOpt = False,
-    dry_run: DryRunOpt = False,
-    tasks: TasksOpt = None,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
-) -> None:
+def _job_command(verb: str, doc: str) -> Callable[..., None]:
+    """The command of a verb that takes the options every job shares, and no others."""
+
+    def command(
+        ctx: typer.Context,
+        topics: TopicsArg = None,
+        spark: SparkOpt = None,
+        no_spark: NoSparkOpt = False,
+        print_submit: PrintSubmitOpt = False,
+        dry_run: DryRunOpt = False,
+        tasks: TasksOpt = None,
+        store: StoreOpt = None,
+        option: OptionOpt = None,
+        config_file: ConfigFileOpt = None,
+        output: OutputOpt = OutputFormat.table,
+        debug: DebugOpt = False,
+    ) -> None:
+        _run(
+            ctx,
+            JOBS[verb],
+            _Args(topics, spark, no_spark, print_submit, dry_run, tasks),
+            store,
+            option,
+            config_file,
+            output,
+        )
+
+    command.__name__ = command.__qualname__ = verb
+    command.__doc__ = doc
+    return command
+
+
+compact = _job_command(
+    "compact",
     """Compact topics with cleanup.policy=compact: keep the latest record of each key.
 
     Kafka's log cleaner: older records of a key are dropped, tombstones after
     delete.retention.ms. Topics whose policy does not include compact are left alone.
-    """
-    _run(
-        ctx,
-        JOBS["compact"],
-        _Args(topics, spark, no_spark, print_submit, dry_run, tasks),
-        store,
-        option,
-        config_file,
-        output,
-    )
-
-
-def merge(
-    ctx: typer.Context,
-    topics: TopicsArg = None,
-    spark: SparkOpt = None,
-    no_spark: NoSparkOpt = False,
-    print_submit: PrintSubmitOpt = False,
-    dry_run: DryRunOpt = False,
-    tasks: TasksOpt = None,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
-) -> None:
+    """,
+)
+merge = _job_command(
+    "merge",
     """Merge small segments into Parquet segments near segment.bytes.
 
     Every record and offset is kept; readers see the same log, in fewer files.
-    """
-    _run(
-        ctx,
-        JOBS["merge"],
-        _Args(topics, spark, no_spark, print_submit, dry_run, tasks),
-        store,
-        option,
-        config_file,
-        output,
-    )
-
-
-def retain(
-    ctx: typer.Context,
-    topics: TopicsArg = None,
-    spark: SparkOpt = None,
-    no_spark: NoSparkOpt = False,
-    print_submit: PrintSubmitOpt = False,
-    dry_run: DryRunOpt = False,
-    tasks: TasksOpt = None,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
-) -> None:
+    """,
+)
+retain = _job_command(
+    "retain",
     """Apply retention.ms and retention.bytes: remove old segments, advance the log start.
 
     Only topics whose cleanup.policy includes delete. Reads manifests only, never records.
-    """
-    _run(
-        ctx,
-        JOBS["retain"],
-        _Args(topics, spark, no_spark, print_submit, dry_run, tasks),
-        store,
-        option,
-        config_file,
-        output,
-    )
+    """,
+)
 
 
 def vacuum(
