@@ -177,17 +177,16 @@ def test_the_store_check_leaves_other_filesystems_options_alone() -> None:
 
 @pytest.mark.spark
 @pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")
-def test_the_spark_source_and_sink_give_the_librarys_store_error(spark: Any, tmp_path: Any) -> None:
+def test_the_spark_source_gives_the_librarys_store_error(spark: Any, tmp_path: Any) -> None:
+    """The source opens its store with the options it was given: one action, as the sink and
+    the other URL checks go through the same Store construction."""
     root = tmp_path / "store"
     Store(str(root)).create_topic("t", 1)
     before = local_snapshot(str(root))
     with pytest.raises(Exception) as info:
-        spark.read.format("kstore").options(store="ftp://127.0.0.1:9/x", subscribe="t").load()
-    assert "store URL scheme 'ftp://': FTP offers no atomic create" in str(info.value)
-    with pytest.raises(Exception) as info:
-        spark.range(1).selectExpr("'v' AS value").write.format("kstore").options(
-            store=str(root), topic="t", **{"storage.anon": "true"}
-        ).mode("append").save()
+        spark.read.format("kstore").options(
+            store=str(root), subscribe="t", **{"storage.anon": "true"}
+        ).load()
     assert "storage option 'anon' means nothing to a store on the local disk" in " ".join(
         str(info.value).split()
     )
