@@ -367,21 +367,17 @@ def _local_spark(master: str | None, verb: str) -> Iterator[Any]:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # pyspark and a newer pandas
-        from kstore.compaction.jobs import quiet_spark
+        from kstore.compaction.jobs import job_session
         from pyspark import SparkContext
-        from pyspark.sql import SparkSession
 
         existing = getattr(SparkContext, "_active_spark_context", None) is not None
-        builder = (
-            SparkSession.builder.master(master or DEFAULT_MASTER)
-            .appName(f"kstore-{verb}")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")  # our progress display instead
-        )
         # Spark's start-up warnings say nothing about the job; --debug shows them all.
-        session = (builder if debug_enabled() else quiet_spark(builder)).getOrCreate()
-    if not existing and not debug_enabled():
-        session.sparkContext.setLogLevel("ERROR")
+        session = job_session(
+            f"kstore-{verb}",
+            master=master or DEFAULT_MASTER,
+            quiet=not debug_enabled(),
+            config={"spark.ui.enabled": "false"},  # (nor a console bar: ours instead)
+        )
     try:
         yield session
     finally:

@@ -551,26 +551,44 @@ def quiet_spark(builder: Any) -> Any:
     """``builder`` with this package's log4j2 configuration for the driver JVM it is about to
     launch, so that Spark's start-up warnings stay off stderr. Only when a new JVM starts: an
     existing one (spark-submit's, a running session's) logs as its owner set it up."""
-    if not starts_jvm():
-        return builder
     config = Path(__file__).with_name(LOG4J2_CONFIG)
+    if not starts_jvm() or not config.is_file():  # no file: Spark's own defaults, not log4j's
+        return builder
     return builder.config(
         "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={config.as_uri()}"
     )
 
 
-def get_spark(local: bool, app_name: str) -> Any:
-    """The Spark session for a job run (spark-submit's, or a new local one), or None. A local
-    one logs errors only (see :func:`quiet_spark`)."""
-    if local:
-        return None
+def job_session(
+    app_name: str,
+    *,
+    master: str | None = None,
+    quiet: bool = True,
+    config: Mapping[str, str] | None = None,
+) -> Any:
+    """The SparkSession a job runs on: the running one (or spark-submit's), else a new one
+    (on ``master``). A new one draws no console progress bar (the job prints its own
+    progress lines, and the bar's carriage returns garble a log file) and, when ``quiet``,
+    logs errors only (:func:`quiet_spark`, then ``setLogLevel``)."""
     from pyspark.sql import SparkSession
 
-    quiet = starts_jvm()
-    session = quiet_spark(SparkSession.builder.appName(app_name)).getOrCreate()
-    if quiet:
+    new_jvm = starts_jvm()
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+    for name, value in (config or {}).items():
+        builder = builder.config(name, value)
+    if new_jvm:
+        builder = builder.config("spark.ui.showConsoleProgress", "false")
+    session = (quiet_spark(builder) if quiet else builder).getOrCreate()
+    if new_jvm and quiet:
         session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def get_spark(local: bool, app_name: str) -> Any:
+    """The Spark session for a job run (spark-submit's, or a new local one), or None."""
+    return None if local else job_session(app_name)
 
 
 def report(summaries: Sequence[Summary], json_path: str | None, *, printed: bool) -> int:

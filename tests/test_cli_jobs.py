@@ -547,20 +547,23 @@ def test_a_spark_job_prints_no_spark_logs(tmp_path: Path) -> None:
         [sys.executable, "-m", "kstore.cli.app", "merge", "--spark", "local[1]", "--store",
          str(tmp_path / "store")],
         capture_output=True,
-        text=True,
         check=False,
         env={k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")},
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    lines = done.stderr.splitlines()
-    assert not [line for line in lines if _LOG4J_LINE.match(line)], done.stderr
-    assert not [line for line in lines if "log4j" in line or "log level" in line], done.stderr
+    # Bytes, decoded here: text mode would turn a carriage return into a newline.
+    stdout, stderr = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 0, stderr
+    lines = stderr.splitlines()
+    assert not [line for line in lines if _LOG4J_LINE.match(line)], stderr
+    assert not [line for line in lines if "log4j" in line or "log level" in line], stderr
+    assert "\r" not in stderr  # nor Spark's console bar ([Stage 0:>   (0 + 1) / 2])
+    assert "[Stage" not in stderr
     # What is left is the JVM's own notice of an incubating module Spark asks for (no logger).
     job_lines = [line for line in lines if not line.startswith("WARNING: Using incubator")]
     assert job_lines == [
         "[merge] 2 partition(s) of 1 topic(s), on Spark",
         "[merge] 2/2 tasks done",
-    ], done.stderr
-    assert "merge of " in done.stdout
-    assert "2 partition(s) scanned, committed 2" in done.stdout
-    assert done.stdout.splitlines()[-1].split()[:3] == ["t", "2", "2"]
+    ], stderr
+    assert "merge of " in stdout
+    assert "2 partition(s) scanned, committed 2" in stdout
+    assert stdout.splitlines()[-1].split()[:3] == ["t", "2", "2"]
