@@ -547,16 +547,30 @@ def starts_jvm() -> bool:
     )
 
 
-def quiet_spark(builder: Any) -> Any:
-    """``builder`` with this package's log4j2 configuration for the driver JVM it is about to
-    launch, so that Spark's start-up warnings stay off stderr. Only when a new JVM starts: an
-    existing one (spark-submit's, a running session's) logs as its owner set it up."""
-    config = Path(__file__).with_name(LOG4J2_CONFIG)
-    if not starts_jvm() or not config.is_file():  # no file: Spark's own defaults, not log4j's
-        return builder
-    return builder.config(
-        "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={config.as_uri()}"
-    )
+# The JVM's own notice, written before any logging exists and whatever it is set to: Spark 4's
+# launcher always adds --add-modules=jdk.incubator.vector, and no JVM flag hides the notice.
+_JVM_NOTICE = b"WARNING: Using incubator modules:"
+
+
+def _start_context(settings: Mapping[str, str]) -> None:
+    """Start the driver JVM and its SparkContext, the JVM's stderr passed on to ours by a
+    thread that leaves out its incubator notice (and nothing else)."""
+    import subprocess
+
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    conf = SparkConf().setAll(list(settings.items()))
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})  # type: ignore[no-untyped-call]
+    stream = gateway.proc.stderr
+
+    def forward() -> None:
+        for line in iter(stream.readline, b""):
+            if not line.startswith(_JVM_NOTICE):
+                os.write(2, line)
+
+    threading.Thread(target=forward, name="kstore-jvm-stderr", daemon=True).start()
+    SparkContext(conf=conf, gateway=gateway)
 
 
 def job_session(
@@ -569,19 +583,26 @@ def job_session(
     """The SparkSession a job runs on: the running one (or spark-submit's), else a new one
     (on ``master``). A new one draws no console progress bar (the job prints its own
     progress lines, and the bar's carriage returns garble a log file) and, when ``quiet``,
-    logs errors only (:func:`quiet_spark`, then ``setLogLevel``)."""
+    logs errors only: its driver JVM takes this package's log4j2 configuration (set before the
+    JVM starts), its stderr loses the JVM's incubator notice, and ``setLogLevel`` covers the
+    rest. An existing JVM (spark-submit's, a running session's) logs as its owner set it up."""
     from pyspark.sql import SparkSession
 
-    new_jvm = starts_jvm()
-    builder = SparkSession.builder.appName(app_name)
+    settings: dict[str, Any] = {"spark.app.name": app_name, **(config or {})}
     if master is not None:
-        builder = builder.master(master)
-    for name, value in (config or {}).items():
-        builder = builder.config(name, value)
+        settings["spark.master"] = master
+    new_jvm = starts_jvm()
     if new_jvm:
-        builder = builder.config("spark.ui.showConsoleProgress", "false")
-    session = (quiet_spark(builder) if quiet else builder).getOrCreate()
-    if new_jvm and quiet:
+        settings["spark.ui.showConsoleProgress"] = "false"
+    log_config = Path(__file__).with_name(LOG4J2_CONFIG)
+    quiet = quiet and new_jvm and log_config.is_file()  # no file: Spark's own defaults
+    if quiet:
+        settings["spark.driver.extraJavaOptions"] = (
+            f"-Dlog4j2.configurationFile={log_config.as_uri()}"
+        )
+        _start_context(settings)
+    session = SparkSession.builder.config(map=settings).getOrCreate()
+    if quiet:
         session.sparkContext.setLogLevel("ERROR")
     return session
 
