@@ -78,7 +78,7 @@ JOBS = {
 TopicsArg = Annotated[
     list[str] | None,
     typer.Argument(
-        metavar="[TOPIC]...",
+        metavar="TOPIC",
         help="Topics to maintain (default: every topic the job applies to).",
         show_default=False,
     ),

@@ -438,6 +438,9 @@ def test_help_has_examples(verb: str) -> None:
     assert f"kstore {verb} " in result.stdout
     for flag in ("--no-spark", "--print-submit", "--dry-run", "--spark"):
         assert flag in result.stdout
+    # The optional topics, bracketed once (it read [[TOPIC]...]...).
+    usage = result.stdout.strip().splitlines()[0].split()
+    assert usage == ["Usage:", "kstore", verb, "[OPTIONS]", "[TOPIC]..."]
 
 
 def test_progress_bar_on_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
