@@ -257,9 +257,7 @@ def verify(
     ctx: typer.Context,
     topics_: Annotated[
         list[str] | None,
-        typer.Argument(
-            metavar="[TOPIC]...", help="Topics to check (default: all).", show_default=False
-        ),
+        typer.Argument(metavar="TOPIC", help="Topics to check (default: all).", show_default=False),
     ] = None,
     no_data: Annotated[
         bool,

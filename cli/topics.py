@@ -280,7 +280,7 @@ def describe(
     topics: Annotated[
         list[str] | None,
         typer.Argument(
-            metavar="[TOPIC]...", help="Topics to describe (default: all).", show_default=False
+            metavar="TOPIC", help="Topics to describe (default: all).", show_default=False
         ),
     ] = None,
     store: StoreOpt = None,

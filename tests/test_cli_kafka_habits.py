@@ -428,6 +428,23 @@ def test_help_paragraphs_wrap_to_the_terminal() -> None:
     assert "[[GROUP]]" not in result.stdout
 
 
+def test_usage_lines_bracket_optional_arguments_once() -> None:
+    """kstore verify, topics describe and the maintenance verbs read [[TOPIC]...]...."""
+    import click
+    import typer
+
+    def walk(command: click.Command, path: str) -> None:
+        usage = " ".join(command.collect_usage_pieces(click.Context(command, info_name=path)))
+        assert "[[" not in usage, (path, usage)
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, f"{path} {name}")
+
+    walk(typer.main.get_command(app), "kstore")
+    for args in (["verify"], ["topics", "describe"]):
+        usage = runner.invoke(app, [*args, "--help"]).stdout.strip().splitlines()[0].split()
+        assert usage == ["Usage:", "kstore", *args, "[OPTIONS]", "[TOPIC]..."]
+
+
 def test_delete_offsets_refused_while_a_member_reads_the_topic(store_dir: Path) -> None:
     from kstore import Consumer
     from kstore.groups import Group
