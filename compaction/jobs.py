@@ -554,22 +554,29 @@ _JVM_NOTICE = b"WARNING: Using incubator modules:"
 
 def _start_context(settings: Mapping[str, str]) -> None:
     """Start the driver JVM and its SparkContext, the JVM's stderr passed on to ours by a
-    thread that leaves out its incubator notice (and nothing else)."""
-    import subprocess
-
+    thread that leaves out its incubator notice (and nothing else). The thread reads from the
+    start: a JVM that fails to start says why on stderr, and is never blocked on a full pipe."""
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
-    conf = SparkConf().setAll(list(settings.items()))
-    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})  # type: ignore[no-untyped-call]
-    stream = gateway.proc.stderr
+    read_end, write_end = os.pipe()
 
     def forward() -> None:
-        for line in iter(stream.readline, b""):
-            if not line.startswith(_JVM_NOTICE):
-                os.write(2, line)
+        with os.fdopen(read_end, "rb") as stream:
+            for line in stream:
+                if not line.startswith(_JVM_NOTICE):
+                    os.write(2, line)
 
-    threading.Thread(target=forward, name="kstore-jvm-stderr", daemon=True).start()
+    thread = threading.Thread(target=forward, name="kstore-jvm-stderr", daemon=True)
+    thread.start()
+    conf = SparkConf().setAll(list(settings.items()))
+    try:
+        gateway = launch_gateway(conf, popen_kwargs={"stderr": write_end})  # type: ignore[no-untyped-call]
+    except BaseException:
+        os.close(write_end)
+        thread.join(5.0)  # what the JVM said before it exited, ahead of the error
+        raise
+    os.close(write_end)  # the JVM holds its own copy
     SparkContext(conf=conf, gateway=gateway)
 
 

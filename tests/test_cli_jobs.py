@@ -569,3 +569,26 @@ def test_a_spark_job_prints_no_spark_logs(tmp_path: Path) -> None:
     assert "merge of " in stdout
     assert "2 partition(s) scanned, committed 2" in stdout
     assert stdout.splitlines()[-1].split()[:3] == ["t", "2", "2"]
+
+
+@pytest.mark.spark
+def test_a_jvm_that_cannot_start_says_why(tmp_path: Path) -> None:
+    """The JVM's stderr goes through kstore's filter: what it says before it fails still shows,
+    ahead of the error line."""
+    _small_store(tmp_path / "store", 1)
+    done = subprocess.run(
+        [sys.executable, "-m", "kstore.cli.app", "merge", "--spark", "local[1]", "--store",
+         str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")},
+            "JAVA_HOME": str(tmp_path / "no-java"),
+        },
+    )  # fmt: skip
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert any(f"{tmp_path / 'no-java'}/bin/java" in line for line in lines[:-1]), done.stderr
+    assert lines[-1].startswith("error: ")
+    assert "JAVA_GATEWAY_EXITED" in lines[-1]
