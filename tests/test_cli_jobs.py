@@ -505,6 +505,17 @@ def _small_store(root: Path, partitions: int) -> None:
                 producer.send("t", b"v", key=b"k", partition=p)
 
 
+def _merge(root: Path, *flags: str) -> list[str]:
+    """The installed command line of kstore merge on the store at ``root``."""
+    return [sys.executable, "-m", "kstore.cli.app", "merge", *flags, "--store", str(root)]
+
+
+def _own_jvm_env(**extra: str) -> dict[str, str]:
+    """The environment of a job that starts its own JVM (not this process's Spark gateway)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
+    return {**env, **extra}
+
+
 def test_progress_in_a_real_terminal_ends_at_n_of_n(tmp_path: Path) -> None:
     """kstore merge with its stderr on a pseudo-terminal: a live line, last drawn at 3/3."""
     import pty
@@ -512,8 +523,7 @@ def test_progress_in_a_real_terminal_ends_at_n_of_n(tmp_path: Path) -> None:
     _small_store(tmp_path / "store", 3)
     main, secondary = pty.openpty()
     with subprocess.Popen(
-        [sys.executable, "-m", "kstore.cli.app", "merge", "--no-spark", "--store",
-         str(tmp_path / "store")],
+        _merge(tmp_path / "store", "--no-spark"),
         stdout=subprocess.PIPE,
         stderr=secondary,
         env={**os.environ, "COLUMNS": "120"},
@@ -547,12 +557,11 @@ def test_a_spark_job_prints_no_spark_logs(tmp_path: Path) -> None:
     final progress, none of Spark's start-up warnings; stdout the whole summary."""
     _small_store(tmp_path / "store", 2)
     done = subprocess.run(
-        [sys.executable, "-m", "kstore.cli.app", "merge", "--spark", "local[1]", "--store",
-         str(tmp_path / "store")],
+        _merge(tmp_path / "store", "--spark", "local[1]"),
         capture_output=True,
         check=False,
-        env={k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")},
-    )  # fmt: skip
+        env=_own_jvm_env(),
+    )
     # Bytes, decoded here: text mode would turn a carriage return into a newline.
     stdout, stderr = done.stdout.decode(), done.stderr.decode()
     assert done.returncode == 0, stderr
@@ -577,16 +586,12 @@ def test_a_jvm_that_cannot_start_says_why(tmp_path: Path) -> None:
     ahead of the error line."""
     _small_store(tmp_path / "store", 1)
     done = subprocess.run(
-        [sys.executable, "-m", "kstore.cli.app", "merge", "--spark", "local[1]", "--store",
-         str(tmp_path / "store")],
+        _merge(tmp_path / "store", "--spark", "local[1]"),
         capture_output=True,
         text=True,
         check=False,
-        env={
-            **{k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")},
-            "JAVA_HOME": str(tmp_path / "no-java"),
-        },
-    )  # fmt: skip
+        env=_own_jvm_env(JAVA_HOME=str(tmp_path / "no-java")),
+    )
     assert done.returncode == 1
     lines = done.stderr.splitlines()
     assert any(f"{tmp_path / 'no-java'}/bin/java" in line for line in lines[:-1]), done.stderr
