@@ -463,3 +463,20 @@ def test_the_store_wide_tasks_finish_expired_transactions_purge_and_prune(
     assert pruned + runs["prune-logs"].files >= 119
     assert len(store.storage.list_dir(group_log_dir("g"))) <= 3
     assert Group(store, "g").committed(TopicPartition("out", 0)) == OffsetAndMetadata(119)
+
+
+def test_the_service_publishes_a_delta_topic_after_compacting_it(local_store: Target) -> None:
+    """A topic with table.format=delta: the compaction the service runs publishes a Delta
+    table version, which reads the compacted records."""
+    from kstore.lakehouse import open_table
+
+    store = Store(*local_store)
+    now = now_ms()
+    store.create_topic("state", 1, {"cleanup.policy": "compact", "table.format": "delta"})
+    append(store.partition("state", 0), [b"k1", b"k2"], [b"1", b"1"], now - 2 * HOUR)
+    append(store.partition("state", 0), [b"k1", b"k1"], [b"2", b"3"], now - HOUR)
+    runs = {(r.topic, r.task): r.outcome for r in run_due(store)}
+    assert runs[("state", "compaction")] == "ok"
+    table = open_table(store, "state").to_pyarrow_table().sort_by("offset")
+    assert table.column("key").to_pylist() == [b"k2", b"k1"]
+    assert table.column("value").to_pylist() == [b"1", b"3"]
