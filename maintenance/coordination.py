@@ -239,6 +239,24 @@ class Records:
             return None
         return Lease(topic, task, number, holder, last)
 
+    def renew(self, lease: Lease, *, now_ms: int, lease_ms: int) -> bool:
+        """Extend a lease held by a task still running: a new ``running`` record after the
+        lease's own, so that a run longer than one lease is not taken over. False: the lease had
+        run out and another maintainer took it (the caller's run then records nothing)."""
+        record = Record(
+            lease.task,
+            lease.number + 1,
+            "running",
+            lease.holder,
+            now_ms,
+            now_ms + lease_ms,
+            lease.last_run,
+        )
+        if not self._create(lease.topic, record):
+            return False
+        lease.number = record.number
+        return True
+
     def finish(self, lease: Lease, run: LastRun, *, now_ms: int) -> bool:
         """Record the run and end the lease. False: the lease had run out and another
         maintainer took it over (its record comes after ours; ours is then not written)."""

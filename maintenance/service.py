@@ -22,7 +22,7 @@ from typing import Any
 from kstore.errors import KStoreError, UnknownTopicOrPartitionError
 from kstore.store import Store
 
-from .coordination import LastRun, Record, Records, new_holder
+from .coordination import LastRun, Lease, Record, Records, new_holder
 from .tasks import TASKS, Decision, RunContext, Settings, Task, TaskResult, TopicView, dirty_ratio
 
 Log = Callable[[str], None]
@@ -200,6 +200,7 @@ def run_item(
     if lease is None:
         return TaskRun(item.topic, item.task, "taken", "another maintainer has it")
     context = RunContext(store, item.topic, item.topic_id, fixed_now_ms, settings)
+    heartbeat = None if fixed_now_ms is not None else _Heartbeat(records, lease, settings.lease_ms)
     try:
         result = task.run(context)
     except KStoreError as exc:
@@ -208,8 +209,12 @@ def run_item(
         result = TaskResult("error", f"{type(exc).__name__}: {exc}"[:500])
     except BaseException:
         # Stopped hard in the middle (a second Ctrl-C): give the lease back, then stop.
+        if heartbeat is not None:
+            heartbeat.stop()
         records.release(lease, now_ms=fixed_now_ms if fixed_now_ms is not None else wall_ms())
         raise
+    if heartbeat is not None:
+        heartbeat.stop()
     finished_ms = fixed_now_ms if fixed_now_ms is not None else wall_ms()
     run = LastRun(
         started_ms,
@@ -236,6 +241,29 @@ def run_item(
         result.files,
         time.monotonic() - started,
     )
+
+
+class _Heartbeat:
+    """Renews a lease every third of its length while its task runs (on the wall clock), so
+    that a long run keeps it; stops renewing once a renewal fails (the lease was lost)."""
+
+    def __init__(self, records: Records, lease: Lease, lease_ms: int):
+        self.records, self.lease, self.lease_ms = records, lease, lease_ms
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="kstore-maintain-lease", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(self.lease_ms / 3000):
+            try:
+                if not self.records.renew(self.lease, now_ms=wall_ms(), lease_ms=self.lease_ms):
+                    return
+            except KStoreError:
+                continue  # the storage is unreachable now: try again at the next beat
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
 
 
 def run_due(

@@ -480,3 +480,36 @@ def test_the_service_publishes_a_delta_topic_after_compacting_it(local_store: Ta
     table = open_table(store, "state").to_pyarrow_table().sort_by("offset")
     assert table.column("key").to_pylist() == [b"k2", b"k1"]
     assert table.column("value").to_pylist() == [b"1", b"3"]
+
+
+def test_a_run_longer_than_its_lease_keeps_it(store: Store) -> None:
+    """The lease is renewed while its task runs: a second maintainer planning the same task
+    in the middle of a run longer than the lease finds it taken, and the run is recorded."""
+    import time
+
+    from kstore.maintenance import IntervalTask
+
+    store.create_topic("t", 1)
+    started = threading.Event()
+
+    def slow(ctx: Any) -> dict[str, int]:
+        started.set()
+        time.sleep(1.5)
+        return {"files": 1}
+
+    tasks = [IntervalTask("slow", "store", slow)]
+    settings = Settings(lease_ms=300)
+    [item] = plan(store, settings, now_ms(), tasks=tasks).due
+    out: list[TaskRun] = []
+    runner_thread = threading.Thread(
+        target=lambda: out.append(run_item(store, item, settings, holder="a", tasks=tasks))
+    )
+    runner_thread.start()
+    assert started.wait(10)
+    time.sleep(0.9)  # three leases' length into the run
+    other = Store(store.url, store.storage.storage_options)
+    assert plan(other, settings, now_ms(), tasks=tasks).due == []  # held: nothing due
+    stolen = run_item(other, item, settings, holder="b", tasks=tasks)
+    assert stolen.outcome == "taken"
+    runner_thread.join()
+    assert [(r.outcome, r.files, r.detail) for r in out] == [("ok", 1, "")]
