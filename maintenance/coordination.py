@@ -22,6 +22,7 @@ import json
 import os
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -288,6 +289,22 @@ class Records:
                 raise
             return found == data
         return True
+
+    def forget_topics(self, exists: Callable[[str], bool]) -> list[str]:
+        """Delete the records of topics that no longer exist (``exists`` is asked after the
+        listing, so a topic created meanwhile keeps its records); returns their names. A
+        topic re-created later starts without a last run: its tasks are due at once, which
+        is harmless."""
+        gone = []
+        for info in self.storage.list_dir(f"{ROOT}/topics"):
+            try:
+                name = validate_topic_name(info.name)
+            except ValueError:
+                continue  # never build a path from a name that is not a topic's
+            if not exists(name):
+                self.storage.delete_tree(directory(name))
+                gone.append(name)
+        return gone
 
     def _prune(self, topic: str | None, task: str, newest: int) -> None:
         """Delete a task's records older than the newest ``_KEEP``: they are never read again

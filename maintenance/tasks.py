@@ -32,7 +32,7 @@ from kstore.retention.deletion import plan_retention
 from kstore.partition import PartitionState
 from kstore.store import Store, TopicMetadata
 
-from .coordination import LastRun
+from .coordination import LastRun, Records
 
 # Kafka's log.retention.check.interval.ms.
 DEFAULT_INTERVAL_MS = 300_000
@@ -388,10 +388,15 @@ def abort_transactions(ctx: RunContext) -> TaskResult:
 
 
 def purge_topics(ctx: RunContext) -> TaskResult:
-    """Deleted topics' files, once their ``file.delete.delay.ms`` has passed (17.3)."""
+    """Deleted topics' files, once their ``file.delete.delay.ms`` has passed (17.3), and the
+    service's own records of topics that no longer exist."""
     report = purge_deleted_topics(ctx.store, now_ms=ctx.now_ms)
-    outcome = "ok" if report.removed else "nothing"
-    return TaskResult(outcome, report.format().splitlines()[0], files=len(report.removed))
+    forgotten = Records(ctx.store.storage).forget_topics(ctx.store.topic_exists)
+    outcome = "ok" if report.removed or forgotten else "nothing"
+    detail = report.format().splitlines()[0]
+    if forgotten:
+        detail += f"; records of {len(forgotten)} deleted topic(s) dropped"
+    return TaskResult(outcome, detail, files=len(report.removed))
 
 
 def prune_old_log_versions(ctx: RunContext) -> TaskResult:

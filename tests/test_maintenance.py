@@ -513,3 +513,19 @@ def test_a_run_longer_than_its_lease_keeps_it(store: Store) -> None:
     assert stolen.outcome == "taken"
     runner_thread.join()
     assert [(r.outcome, r.files, r.detail) for r in out] == [("ok", 1, "")]
+
+
+def test_the_records_of_a_deleted_topic_are_dropped(store: Store) -> None:
+    store.create_topic("x", 1)
+    store.create_topic("y", 1)
+    run_due(store, now_ms=T0)  # vacuum runs on both: records under _maintenance/topics/
+    assert store.storage.list_dir(directory("x"))
+    store.delete_topic("x")
+    runs = run_due(store, Settings(interval_ms=1), now_ms=T0 + 1)
+    [purge] = [r for r in runs if r.task == "purge-deleted-topics"]
+    assert (purge.outcome, purge.detail.endswith("records of 1 deleted topic(s) dropped")) == (
+        "ok",
+        True,
+    )
+    assert store.storage.list_dir(directory("x")) == []
+    assert store.storage.list_dir(directory("y"))  # a live topic keeps its records
