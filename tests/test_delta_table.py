@@ -615,3 +615,17 @@ def test_cli_publish_and_describe(local_store: Target) -> None:
     bad = runner.invoke(app, ["topics", "publish", "nope", *args])
     assert bad.exit_code == 1
     assert "nope" in bad.stderr
+
+
+@pytest.mark.spark
+def test_a_merge_on_spark_publishes_from_the_driver(spark: Any, local_store: Target) -> None:
+    """The jobs publish after their commits on Spark too (on the driver, once per topic)."""
+    store = open_store(local_store)
+    store.create_topic("clicks", 2, DELTA)
+    _fill(store, "clicks", 2, 4, now_ms())
+    summary = merge_segments(spark, store, topics=["clicks"], verbose=False)
+    assert not summary.errors
+    assert summary.count("committed") == 2
+    report = publish_table(store, "clicks")
+    assert not report.committed  # the job's own publication covered the merge
+    assert delta_rows(store, "clicks").equals(kstore_rows(store, "clicks", _covered(report)))
