@@ -224,6 +224,7 @@ def _print_status(data: dict[str, Any]) -> None:
         "DIRTY-RATIO",
         "OPEN-TXNS",
         "OLDEST-TXN-AGE",
+        "LAST-CHANGED",
         right=("PARTITION", "SEGMENTS", "BYTES", "LOG-START", "DIRTY-RATIO", "OPEN-TXNS"),
     )
     for t in data["topics"]:
@@ -238,7 +239,19 @@ def _print_status(data: dict[str, Any]) -> None:
                 text(f"{p['dirty_ratio']:.2f}"),
                 text(len(p["open_transactions"])),
                 text(f"{max(ages) / 1000:.1f} s" if ages else None),
+                text(_last_changed(p["last_runs"])),
             )
     print_table(parts)
     for topic, why in sorted(data["errors"].items()):
         note(f"{topic}: not read: {why}")
+
+
+def _last_changed(runs: list[dict[str, Any]]) -> str | None:
+    """The newest run that changed the partition: task, when, and what it removed there."""
+    if not runs:
+        return None
+    run = max(runs, key=lambda r: r["finished_ms"])
+    return (
+        f"{run['task']} {ms_to_iso(run['finished_ms'])}: -{run['records']} records, "
+        f"-{human_bytes(run['bytes'])}, -{run['segments']} segments"
+    )

@@ -72,6 +72,8 @@ class LastRun:
     files: int = 0  # files deleted from storage
     holder: str = ""
     topic_id: str | None = None  # the topic incarnation it ran on
+    # What it removed in each partition it changed: {partition: {records, bytes, segments}}.
+    partitions: dict[int, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,6 +87,7 @@ class LastRun:
             "files": self.files,
             "holder": self.holder,
             "topicId": self.topic_id,
+            "partitions": {str(p): counts for p, counts in sorted(self.partitions.items())},
         }
 
     @classmethod
@@ -103,8 +106,12 @@ class LastRun:
                 files=int(data.get("files", 0)),
                 holder=str(data.get("holder", "")),
                 topic_id=None if data.get("topicId") is None else str(data["topicId"]),
+                partitions={
+                    int(p): {k: int(v) for k, v in counts.items()}
+                    for p, counts in (data.get("partitions") or {}).items()
+                },
             )
-        except (KeyError, TypeError, ValueError):
+        except (AttributeError, KeyError, TypeError, ValueError):
             return None  # a damaged lastRun is as good as none: the task is simply due
 
     def as_dict(self) -> dict[str, Any]:

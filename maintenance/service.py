@@ -227,6 +227,7 @@ def run_item(
         result.files,
         holder,
         item.topic_id,
+        result.partitions,
     )
     recorded = records.finish(lease, run, now_ms=finished_ms)
     detail = result.detail if recorded else f"{result.detail} (lease ran out; not recorded)"
@@ -436,6 +437,12 @@ def status(
                         "age_ms": None if since is None else max(0, now - since),
                     }
                 )
+            # Each task's newest run that changed this partition, and what it removed there.
+            last_runs = [
+                {"task": t.task, "finished_ms": t.last.finished_ms, **t.last.partitions[p]}
+                for t in the_plan.tasks
+                if t.topic == name and t.last is not None and p in t.last.partitions
+            ]
             partitions.append(
                 {
                     "partition": p,
@@ -445,6 +452,7 @@ def status(
                     "cleaned_offset": state.cleaned_offset,
                     "dirty_ratio": round(dirty_ratio(state), 4),
                     "open_transactions": opened,
+                    "last_runs": last_runs,
                 }
             )
         out_topics.append(

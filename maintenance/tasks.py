@@ -13,7 +13,7 @@ library function (``IntervalTask("name", "store", lambda ctx: fn(ctx.store, now_
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kstore.compaction import merge_segments, run_compaction
@@ -109,6 +109,7 @@ class TaskResult:
     bytes: int = 0
     segments: int = 0
     files: int = 0
+    partitions: dict[int, dict[str, int]] = field(default_factory=dict)
 
 
 class Task(Protocol):
@@ -146,6 +147,15 @@ def from_summary(summary: Summary) -> TaskResult:
         bytes=removed,
         segments=summary.segments_removed,
         files=summary.files_deleted,
+        partitions={
+            p.partition: {
+                "records": p.records_dropped,
+                "bytes": max(0, p.bytes_before - p.bytes_after) + p.bytes_deleted,
+                "segments": p.segments_removed,
+            }
+            for p in summary.partitions
+            if p.outcome == "committed" and p.partition >= 0
+        },
     )
 
 

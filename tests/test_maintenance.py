@@ -283,6 +283,14 @@ def test_status_text_and_json_agree(local_store: Target) -> None:
         row = next(line for line in lines if line[:2] == ["state", str(part["partition"])])
         assert row[6] == f"{part['dirty_ratio']:.2f}"  # after BYTES ("0 B": two words)
     assert [p["dirty_ratio"] for p in by_topic["state"]["partitions"]] == [0.0, 1.0]
+    # Per partition: the newest run that changed it and what it removed there.
+    [changed] = by_topic["logs"]["partitions"][0]["last_runs"]
+    assert (changed["task"], changed["records"], changed["segments"]) == ("retention", 1, 1)
+    assert changed["finished_ms"] == retention["last_run"]["finished_ms"]
+    assert by_topic["state"]["partitions"][1]["last_runs"] == []
+    row = next(line for line in lines if line[:2] == ["logs", "0"])
+    assert "retention" in row
+    assert "-1 records," in " ".join(row)
     status_only = status(store, topics=["logs"])
     assert [t["topic"] for t in status_only["topics"]] == ["logs"]
 
