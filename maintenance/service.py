@@ -64,7 +64,7 @@ class TaskRun:
         counts = (
             f" removed {self.records} records, {self.bytes} bytes, {self.segments} segments, "
             f"{self.files} files"
-            if self.outcome in ("ok", "nothing")
+            if self.outcome == "ok"
             else ""
         )
         detail = f": {self.detail}" if self.detail else ""
