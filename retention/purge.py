@@ -20,7 +20,7 @@ from kstore.log import version_file
 from kstore.names import validate_topic_name
 from kstore.store import Store
 
-from .vacuum import StorageClock
+from .vacuum import StorageClock, topic_directory_names
 
 _TOPIC_ID = re.compile(r"[0-9a-f]{32}")
 _DEFAULT_DELAY_MS = int(SPECS["file.delete.delay.ms"].default)
@@ -84,12 +84,7 @@ def purge_deleted_topics(
     would go."""
     storage = store.storage
     if topics is None:
-        names = []
-        for info in storage.list_dir(TOPICS):
-            try:
-                names.append(validate_topic_name(info.name))
-            except ValueError:
-                continue  # not a topic directory: never build a path from it
+        names = topic_directory_names(storage)
     else:
         names = [validate_topic_name(n) for n in topics]
     report = PurgeReport(dry_run)

@@ -395,6 +395,17 @@ def _point_hint_at(storage: Storage, log_dir: str, keep_from: int) -> None:
         storage.put(f"{log_dir}/{LAST_CHECKPOINT}", json.dumps({"version": keep_from}).encode())
 
 
+def topic_directory_names(storage: Storage) -> list[str]:
+    """The names under ``topics/`` (existing and deleted topics alike) that are topic names."""
+    names = []
+    for info in storage.list_dir(TOPICS):
+        try:
+            names.append(validate_topic_name(info.name))
+        except ValueError:
+            continue  # not a topic directory: never build a path from it
+    return names
+
+
 def stale_incarnations(
     store: Store,
     topics: list[str] | None,
@@ -407,15 +418,7 @@ def stale_incarnations(
     log has not changed for ``orphan_age_ms`` (so no writer can still be using them), judged by
     the storage's clock (``now_ms`` fixes it: tests)."""
     storage = store.storage
-    if topics:
-        names = list(topics)
-    else:
-        names = []
-        for info in storage.list_dir(TOPICS):
-            try:
-                names.append(validate_topic_name(info.name))
-            except ValueError:
-                continue  # not a topic directory: never build a path from it
+    names = list(topics) if topics else topic_directory_names(storage)
     stale: list[str] = []
     for name in names:
         # First the listing, then the newest topic state.
