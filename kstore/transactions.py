@@ -19,11 +19,12 @@ epoch, and finishes it: rolled forward if the decision landed, aborted otherwise
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from kstore.errors import ProducerFencedError, UnknownTopicOrPartitionError
+from kstore.errors import ProducerFencedError, TopicDeletedError, UnknownTopicOrPartitionError
 from kstore.log import Action, Log, LogState, RetryPolicy
 from kstore.records import TopicPartition
 
@@ -178,7 +179,8 @@ def end_transaction(
             continue
         build = partition.marker_build(producer_id, epoch, version, commit=commit)
         if partition.topic_log is None:
-            partition.commit_actions(build, operation=operation)
+            with contextlib.suppress(TopicDeletedError):  # sealed by a delete: nothing to mark
+                partition.commit_actions(build, operation=operation)
         else:
             shared.setdefault((tp.topic, partition.topic_log.index), {})[tp.partition] = (
                 partition.topic_log,
@@ -186,7 +188,8 @@ def end_transaction(
             )
     for builds in shared.values():
         topic_log = next(iter(builds.values()))[0]
-        topic_log.commit({p: b for p, (_, b) in builds.items()}, operation=operation)
+        with contextlib.suppress(TopicDeletedError):  # sealed by a delete: nothing to mark
+            topic_log.commit({p: b for p, (_, b) in builds.items()}, operation=operation)
 
 
 def finish_transaction(store: Store, log: Log[TransactionLogState], epoch: int) -> str | None:

@@ -238,3 +238,33 @@ def test_partitions_added_while_deleting_are_sealed_too(
         states = [open_store(memory_store).partition_state("t", p, meta) for p in range(3)]
     assert len(states) == 3
     assert all(state.topic_deleted is not None for state in states)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_transaction_over_a_deleted_topic_still_finishes(
+    layout: int, local_store: Target
+) -> None:
+    """The markers of a deleted topic's partitions are skipped, even where its deletion was
+    interrupted after the seals (the topic still listed): the transaction's other topics
+    commit."""
+    store = open_store(local_store)
+    make_topic(store, layout)
+    store.create_topic("u", 1, layout=layout)
+    producer = Producer(store, transactional_id="tx", linger_ms=0)
+    producer.begin_transaction()
+    producer.send("t", value=b"gone", partition=0)
+    producer.send("u", value=b"kept", partition=0)
+    producer.flush()
+    # A deletion that stopped after sealing t's logs: t is still listed, its logs refuse writes.
+    deleter = open_store(local_store)
+    deleter._seal_deleted(deleter.topic("t"), now_ms())
+    producer.commit_transaction()
+    producer.close()
+    with Consumer(
+        "u",
+        store=open_store(local_store),
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+    ) as consumer:
+        got = consumer.poll(timeout_ms=2_000)
+    assert [r.value for rs in got.values() for r in rs] == [b"kept"]
