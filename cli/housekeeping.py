@@ -43,7 +43,7 @@ def abort_expired(
     topics: Annotated[
         list[str] | None,
         typer.Argument(
-            metavar="[TOPIC]...",
+            metavar="TOPIC",
             help="Only transactions that wrote to these topics (default: every one).",
             show_default=False,
         ),

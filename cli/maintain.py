@@ -96,7 +96,7 @@ MergeMinOpt = Annotated[
 TopicsArg = Annotated[
     list[str] | None,
     typer.Argument(
-        metavar="[TOPIC]...", help="Only these topics (default: all).", show_default=False
+        metavar="TOPIC", help="Only these topics (default: all).", show_default=False
     ),
 ]
 
