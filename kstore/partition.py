@@ -138,8 +138,10 @@ class Partition:
         compression: str = "uncompressed",
         durable: bool = True,
         fmt: str = FORMAT_ARROW,
+        name: str | None = None,
     ) -> SegmentFile:
-        """Write records to a new, not yet committed segment file (phase one of an append)."""
+        """Write records to a new, not yet committed segment file (phase one of an append),
+        named ``name`` when given (from :func:`kstore.segments.new_segment_name`)."""
         layout = self.layout
         if layout.typed and isinstance(table, pa.Table) and "value" in table.column_names:
             value = table.column("value")
@@ -162,6 +164,7 @@ class Partition:
             durable=durable,
             fmt=fmt,
             layout=layout,
+            name=name,
         )
 
     def append(

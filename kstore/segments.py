@@ -10,6 +10,7 @@ record-batch checksum) recorded in the manifest and verified on every read.
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -275,8 +276,10 @@ def write_segment(
     fmt: str = FORMAT_ARROW,
     parquet_row_group_size: int = 1 << 20,
     layout: Layout = BINARY,
+    name: str | None = None,
 ) -> SegmentFile:
-    """Write ``table`` as a new segment under a unique name.
+    """Write ``table`` as a new segment under a unique name (``name``: one chosen beforehand
+    by :func:`new_segment_name`, for a writer that records it before writing).
 
     A table with an ``offset`` column becomes a sparse segment (offsets must be strictly
     increasing); otherwise a dense one. Parquet segments always carry offsets.
@@ -287,6 +290,7 @@ def write_segment(
         fmt=fmt,
         parquet_row_group_size=parquet_row_group_size,
         layout=layout,
+        name=name,
     )
     data = memoryview(buf)
     storage.put_new(
@@ -302,11 +306,20 @@ def encode_segment(
     fmt: str = FORMAT_ARROW,
     parquet_row_group_size: int = 1 << 20,
     layout: Layout = BINARY,
+    name: str | None = None,
 ) -> tuple[pa.Buffer, str, SegmentFile]:
-    """A segment's bytes, its new name and its description, without writing it."""
+    """A segment's bytes, its name (``name``, or a new one) and its description, without
+    writing it."""
     sparse = "offset" in table.column_names or fmt == FORMAT_PARQUET
     if table.num_rows == 0:
         raise InvalidRecordError("a segment needs at least one record")
+    if name is not None and not re.fullmatch(
+        rf"segments/[0-9]{{13}}-[0-9a-f]{{32}}\.{re.escape(fmt)}", name
+    ):
+        raise ValueError(
+            f"segment name {name!r} is not a new {fmt} segment's name "
+            f"(segments/<13 digits>-<32 hex>.{fmt}, from new_segment_name)"
+        )
     table = conform(table, layout.read_schema if sparse else layout.record_schema)
     first_offset = last_offset = None
     if sparse:
@@ -320,7 +333,7 @@ def encode_segment(
     min_ts, max_ts = _timestamp_range_ms(table)
     if fmt == FORMAT_ARROW:
         buf = encode_arrow(table, compression)
-        name = new_segment_name("arrow")
+        name = name or new_segment_name(FORMAT_ARROW)
     elif fmt == FORMAT_PARQUET:
         sink = pa.BufferOutputStream()
         if compression not in COMPRESSIONS:
@@ -330,7 +343,7 @@ def encode_segment(
         codec = COMPRESSIONS[compression] or "none"
         pq.write_table(table, sink, compression=codec, row_group_size=parquet_row_group_size)
         buf = sink.getvalue()
-        name = new_segment_name("parquet")
+        name = name or new_segment_name(FORMAT_PARQUET)
     else:
         raise InvalidRecordError(f"unknown segment format {fmt!r}")
     return (

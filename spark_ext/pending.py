@@ -1,13 +1,17 @@
-"""Write intents: which segment files each Spark task wrote, recorded in the store.
+"""Write intents: which segment files each Spark task writes, recorded in the store.
 
 A task reports its files in its commit message, but Spark drops the message of a task that is
-killed after it wrote them (its stage was cancelled because another task failed), and a
-driver that crashes loses every message of the micro-batch it was committing. So each task
-also records its files here, as ``spark/pending/<job>.<task marker>.json``, right after writing them; the
-driver's commit or abort deletes every recorded file that no manifest references, then the
-records. A streaming job is named by (app id, batch id), so the replay of a micro-batch also
-cleans up after the attempt that crashed or was aborted. An aborted batch job keeps a flag,
-so that a cancelled task still writing when the driver cleaned up removes its own files. These files are a writer's private bookkeeping:
+killed after it wrote them (its stage was cancelled because another task failed, or its query
+was stopped), and a driver that crashes loses every message of the micro-batch it was
+committing. So each task also records its files here, as
+``spark/pending/<job>.<task marker>.json``: before each segment write it records every file it
+has written and the one it is about to write, under a name chosen beforehand. A worker killed
+at any point after a write thus leaves a file its intent names; an intent may also name a file
+that was never written (deleting it is a no-op). The driver's commit or abort deletes every
+recorded file that no manifest references, then the records. A streaming job is named by (app
+id, batch id), so the replay of a micro-batch also cleans up after the attempt that crashed or
+was aborted. An aborted batch job keeps a flag, so that a cancelled task still writing when the
+driver cleaned up removes its own files. These files are a writer's private bookkeeping:
 readers never look at them, and losing them costs at most leftover files (vacuum's orphan
 scan removes those).
 """
@@ -87,7 +91,8 @@ def _markers(store: Store, job: str) -> list[tuple[str, int]]:
 
 
 def record(store: Store, job: str, marker: str, files: list[FileLike]) -> None:
-    """Record (replacing the task's earlier record) the files a task attempt wrote."""
+    """Record (replacing the task's earlier record) the files a task attempt wrote and the one
+    it is about to write."""
     body = [
         {"topic": f.topic, "topicId": f.topic_id, "partition": f.partition, "path": f.path}
         for f in files

@@ -56,7 +56,14 @@ from kstore.errors import (
 from kstore.partition import AppendResult
 from kstore.partitioner import NO_PARTITION, get_partitioner
 from kstore.schema import cast_column, conform_values, key_bytes, record_sizes
-from kstore.segments import HEADERS_TYPE, TIMESTAMP_TYPE, SegmentFile, layout_of
+from kstore.segments import (
+    FORMAT_ARROW,
+    HEADERS_TYPE,
+    TIMESTAMP_TYPE,
+    SegmentFile,
+    layout_of,
+    new_segment_name,
+)
 from kstore.store import Store, TopicMetadata
 
 from . import pending
@@ -212,8 +219,10 @@ class TaskSink:
         *,
         seed: str,
         task: int,
-        on_written: Callable[[list[WrittenFile]], None] | None = None,
+        on_written: Callable[[list[FileLike]], None] | None = None,
     ) -> None:
+        # Called before each segment write with every file the task has written and the one
+        # it is about to write: the task's write intent (pending.py).
         self.on_written = on_written
         self.options = options
         self.store = store
@@ -225,6 +234,7 @@ class TaskSink:
         self.buffers: dict[tuple[str, int], list[pa.Table]] = {}
         self.buffered: dict[tuple[str, int], int] = {}
         self.written: list[WrittenFile] = []
+        self._planned: FileRef | None = None  # named in the intent, being written
         self.records = 0
         self._sequence = 0
         self._sticky: dict[str, int] = {}
@@ -396,22 +406,28 @@ class TaskSink:
         partition = self.store.partition(topic, p, meta)
         retry = partition.log.retry
         while True:
-            written_at = retry.clock()  # before the write: a slow write counts too
+            started = retry.clock()  # before the intent and the write: a slow one counts too
+            # The intent names the file before it exists: a worker killed at any point after
+            # the write leaves a file its job's cleanup finds (PROTOCOL.md 23, point 29).
+            planned = FileRef(topic, meta.topic_id, p, new_segment_name(FORMAT_ARROW))
+            self._planned = planned
+            if self.on_written is not None:
+                self.on_written([*self.written, planned])
             written = partition.write_segment(
-                table, compression=compression, durable=self.options.durable
+                table, compression=compression, durable=self.options.durable, name=planned.path
             )
             self.written.append(
                 WrittenFile(topic, meta.topic_id, p, written, (self.task, self._sequence))
             )
+            self._planned = None
             self._sequence += 1
-            if self.on_written is not None:
-                self.on_written(list(self.written))  # from now on the write intent protects it
-            if not retry.too_old(written_at):
+            if not retry.too_old(started):
                 return
-            # Only the orphan age protected the file until its intent landed, and that took
-            # too long (PROTOCOL.md 23.1): vacuum may have deleted it. Write it again.
+            # The intent has protected the file since before its write, but the task hands on
+            # no file older than the commit deadline by its own clock (PROTOCOL.md 23.1): a
+            # task paused while recording or writing writes the data again, under a new name.
             log.warning(
-                "kstore sink: %s-%d segment too old when recorded; writing it again", topic, p
+                "kstore sink: %s-%d segment too old when written; writing it again", topic, p
             )
             delete_files(self.store, [self.written.pop()])
 
@@ -421,9 +437,12 @@ class TaskSink:
         return list(self.written)
 
     def discard(self) -> None:
-        """Delete what this task wrote (it failed; nothing of it is committed)."""
-        delete_files(self.store, self.written)
+        """Delete what this task wrote (it failed; nothing of it is committed), and the file
+        it was writing when it failed (its put may have landed)."""
+        planned = [self._planned] if self._planned is not None else []
+        delete_files(self.store, [*self.written, *planned])
         self.written = []
+        self._planned = None
 
 
 def delete_files(store: Store, files: Iterable[FileLike]) -> None:
@@ -655,8 +674,8 @@ class _WriterBase:
         job = self._job(app_id, batch_id)
         marker = f"{task}-{uuid.uuid4().hex}"
 
-        def on_written(files: list[WrittenFile]) -> None:
-            pending.record(store, job, marker, list(files))
+        def on_written(files: list[FileLike]) -> None:
+            pending.record(store, job, marker, files)
 
         sink = TaskSink(
             self.options, store, self.columns, seed=seed, task=task, on_written=on_written
