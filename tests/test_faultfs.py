@@ -114,10 +114,20 @@ def test_range_reads_through_faultfs_return_the_asked_bytes(target: StoreTarget)
 
 
 def test_an_unknown_filesystem_without_the_hook_is_still_refused() -> None:
+    import fsspec
+    from fsspec.implementations.dirfs import DirFileSystem
+
     from kstore.errors import UnsafeStorageError
 
+    class NoHookFileSystem(DirFileSystem):  # an fsspec filesystem kstore knows nothing of
+        protocol = "kstore-test-nohook"
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(path="/", fs=fsspec.filesystem("memory"), **kwargs)
+
+    fsspec.register_implementation("kstore-test-nohook", NoHookFileSystem, clobber=True)
     with pytest.raises(UnsafeStorageError):
-        Storage("ftp://example.invalid/x").check_writable()
+        Storage("kstore-test-nohook://x").check_writable()
 
 
 def test_messages_name_no_credentials(seaweed_bucket_url: Any) -> None:
