@@ -94,7 +94,8 @@ def canonical_partition(state: PartitionState) -> dict[str, Any]:
 def canonical(state: LogState) -> dict[str, Any]:
     if isinstance(state, PartitionState):
         return canonical_partition(state)
-    out = {k: v for k, v in vars(state).items() if not k.startswith("_")}
+    # confirmed_at is bookkeeping (when the state was last known to be the newest), not content.
+    out = {k: v for k, v in vars(state).items() if not k.startswith("_") and k != "confirmed_at"}
     if isinstance(state, TopicState) and not state.deleted:
         out.pop("deleted_body")  # the body of a delete matters only while deleted
     if isinstance(state, GroupState):
