@@ -183,6 +183,27 @@ def test_a_new_pass_may_read_again() -> None:
     assert check(events).ok
 
 
+def test_a_pass_that_skips_a_record_the_final_scan_holds() -> None:
+    events = [
+        e
+        for e in good_history()
+        if not (e["ev"] == "read" and not e.get("final") and e["value"] == "a:2")
+    ]
+    assert kinds_of(events) == {"skipped"}
+
+
+def test_a_pass_may_skip_what_retention_removed_before_it_got_there() -> None:
+    """The reader fell behind: retention removed offsets 1-2 (below the final log start), the
+    reader went on from the log start. No record is lost or skipped."""
+    events = [
+        e
+        for e in good_history()
+        if not (e["ev"] == "read" and e["value"] in ("a:1", "a:2")) and e["ev"] != "bounds"
+    ]
+    events.append(bounds(0, 3, 4))
+    assert check(events).ok, check(events).report()
+
+
 def test_producer_order_broken() -> None:
     events = [ev("topic", topic="t", compacted=False)]
     events += [send("a", 0), ack("a", 0, 0, 1), send("a", 1), ack("a", 1, 0, 0)]

@@ -1,6 +1,7 @@
 """Test-sized torture runs (tests/reliability/torture.py): producers (threads and processes,
 idempotent and transactional, tombstones among their records), a consumer group, compaction,
-merging, retention and vacuum, a Spark streaming copy (checked for completeness after it caught
+merging, retention and vacuum, the maintenance service beside them (retention by age, compaction,
+merging, vacuum and transaction timeouts when the topics' configs say so), a Spark streaming copy (checked for completeness after it caught
 up), injected storage faults, kill -9, SIGSTOP and injected crashes, and (on SeaweedFS) a
 storage restart, all at once; then the history checker must find 0 anomalies. Smoke versions
 of the other modes: long pauses of clients and jobs (some producers stop themselves between a
@@ -55,6 +56,7 @@ def test_torture_on_local_disk(tmp_path: Path, capsys: pytest.CaptureFixture[str
     )
     stats, result = run_torture(config)
     _assert_clean(stats, result, min_acks=400)
+    assert any(k.startswith("service-") for k in stats.maintenance)  # the service ran tasks
     assert stats.copy_records > 0  # the Spark copy ran (and was checked for duplicates)
     assert stats.copy_caught_up  # and for completeness
 

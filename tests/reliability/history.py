@@ -22,6 +22,9 @@ lost                   an acknowledged record is not at its offset in the final 
 offset-conflict        two different records were seen or acknowledged at one offset (2)
 offset-order           the final scan's offsets are not strictly increasing (2)
 read-went-back         one pass read an offset at or below one it had already read (2, 3)
+skipped                a ``read_committed`` pass read two offsets of a partition in turn but
+                       not a committed record between them that the final scan holds (a record
+                       retention removed first is below the final log start, so no skip) (1, 3)
 producer-order         one producer's records to one partition are out of send order (2)
 duplicate              one sent record is at two offsets (4)
 phantom                a record was read that no producer sent
@@ -53,6 +56,7 @@ anomalies, but a refusal of a file as corrupt or missing is.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import os
@@ -75,6 +79,7 @@ ANOMALY_KINDS = (
     "offset-conflict",
     "offset-order",
     "read-went-back",
+    "skipped",
     "producer-order",
     "duplicate",
     "phantom",
@@ -247,6 +252,7 @@ class _Checker:
         s.transactions = dict(sorted(outcomes.items()))
         self.check_offsets()
         self.check_passes()
+        self.check_skips()
         self.check_final_order()
         self.check_lost()
         self.check_producer_order()
@@ -309,6 +315,37 @@ class _Checker:
                     [before, e],
                 )
             last[key] = e
+
+    def check_skips(self) -> None:
+        """A pass reads every committed record between two it read in turn: offsets are
+        given out in order, a read_committed reader stops before an open transaction, and
+        what retention or compaction removes is gone for good, so a record the final scan
+        still holds between them was there to read."""
+        final: dict[TP, list[int]] = defaultdict(list)
+        for e in self.final_rc:
+            final[(e["topic"], int(e["partition"]))].append(int(e["offset"]))
+        for offsets in final.values():
+            offsets.sort()
+        last: dict[tuple[str, str, int], Event] = {}
+        for e in self.live:
+            if e.get("iso") != "rc":
+                continue
+            tp = (e["topic"], int(e["partition"]))
+            key = (str(e["pass"]), *tp)
+            before = last.get(key)
+            last[key] = e
+            if before is None or int(e["offset"]) <= int(before["offset"]):
+                continue  # a first read, or one check_passes reports
+            offsets = final.get(tp, [])
+            i = bisect.bisect_right(offsets, int(before["offset"]))
+            if i < len(offsets) and offsets[i] < int(e["offset"]):
+                self.add(
+                    "skipped",
+                    f"pass {e['pass']} read {tp[0]}-{tp[1]} offset {e['offset']} right after "
+                    f"offset {before['offset']}, skipping offset {offsets[i]}, which the final "
+                    "scan holds",
+                    [before, e],
+                )
 
     def check_final_order(self) -> None:
         for iso in ("rc", "ru"):

@@ -106,8 +106,16 @@ CRASHES = [
 # its commit, at about one passage in 2,000; the driver resumes it ``long_pause_s`` later.
 SELF_PAUSE = {"point": "segment-written", "p": 0.0005, "action": "stop"}
 # The maintenance processes: (name prefix, jobs). Two processes, two clocks when skewed: the
-# job that removes a file stamps the removal, vacuum judges the delay since it.
-MAINTENANCE = [("rewrite", ["compaction", "merge", "retention"]), ("vacuum", ["vacuum"])]
+# job that removes a file stamps the removal, vacuum judges the delay since it. The third is
+# the maintenance service (``kstore maintain``'s Service, a pass a second), beside the jobs run
+# directly: it decides from the topics' configs what is due (retention by retention.ms, the
+# compacted topic by its dirty ratio and max.compaction.lag.ms, merging, vacuum, transactions
+# past their timeout, old log versions) and takes leases against other maintainers.
+MAINTENANCE = [
+    ("rewrite", ["compaction", "merge", "retention"]),
+    ("vacuum", ["vacuum"]),
+    ("service", ["service"]),
+]
 
 SPARK_DRIVER = """
 import json, os, sys, warnings

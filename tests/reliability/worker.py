@@ -9,7 +9,7 @@ which the fault-injecting filesystem may crash with ``os._exit``)::
 ROLE is ``producer``, ``txn``, ``consumer`` or ``maintenance``; CONFIG_JSON holds ``url``,
 ``options`` (storage options, possibly of ``faultfs``), ``name``, ``history`` (the JSON-lines
 file), ``seed``; for ``txn``, ``tid`` (the transactional id); for ``maintenance``, ``jobs``
-(names of :data:`JOBS`). Optional: ``skew_s``, seconds added to this process's wall clock
+(names of :data:`JOBS`, or ``["service"]``: the maintenance service, :func:`service_loop`). Optional: ``skew_s``, seconds added to this process's wall clock
 (``time.time``, ``time.time_ns``: an injected clock skew), and ``machine``, ``{"root",
 "shadow"}`` to record what this process makes durable for a simulated machine crash
 (``tests/reliability/machine.py``). A process runs until it is killed.
@@ -46,6 +46,9 @@ TOPICS: list[tuple[str, int, dict[str, Any]]] = [
             "retention.bytes": 150_000,
             "segment.bytes": 65_536,
             "segment.ms": 500,
+            # Short enough that the maintenance service removes records by age during a run,
+            # some of them before the group has read them.
+            "retention.ms": 15_000,
             "file.delete.delay.ms": 10_000,
         },
     ),
@@ -60,6 +63,7 @@ TOPICS: list[tuple[str, int, dict[str, Any]]] = [
             "file.delete.delay.ms": 10_000,
             # Tombstones are dropped soon after a cleaning, so that a run sees it happen.
             "delete.retention.ms": 2_000,
+            "max.compaction.lag.ms": 5_000,
         },
     ),
 ]
@@ -70,6 +74,10 @@ TOMBSTONE_SHARE = 0.15  # of the records sent to ``state``
 ID_HEADER = "id"  # a tombstone has no value: its value id travels in this header
 
 Stop = Callable[[], bool]
+TXN_TIMEOUT_MS = 10_000
+# The maintenance service of a run: passes every second, so that it removes and rewrites data
+# during a 35 s run; a lease a killed service left is taken over after 15 s.
+SERVICE_SETTINGS = {"interval_ms": 1_000, "vacuum_interval_ms": 3_000, "lease_ms": 15_000}
 
 
 def _error(exc: BaseException) -> str:
@@ -185,7 +193,13 @@ def txn_loop(
         instance += 1
         try:
             producer = Producer(
-                store, transactional_id=tid, linger_ms=1, delivery_timeout_ms=60_000
+                store,
+                transactional_id=tid,
+                linger_ms=1,
+                delivery_timeout_ms=60_000,
+                # Short, so that the maintenance service aborts transactions a killed or
+                # paused instance left open (and a slow live one's commit must then fail).
+                transaction_timeout_ms=TXN_TIMEOUT_MS,
             )
         except KStoreError as exc:
             record("error", who=pname, error=_error(exc))
@@ -351,6 +365,45 @@ def maintenance_loop(
     return runs
 
 
+def service_loop(store: Store, name: str, record: Recorder, stop: Stop) -> int:
+    """The maintenance service (``kstore maintain``'s :class:`Service`, its passes driven here
+    so that each task run is recorded as a ``job``, its errors as ``error`` events). Returns
+    the passes."""
+    from kstore.maintenance import Service, Settings
+
+    service = Service(store, Settings(**SERVICE_SETTINGS), holder=name, log=None)
+    interval_s = SERVICE_SETTINGS["interval_ms"] / 1000
+    passes = 0
+    while not stop():
+        began = time.monotonic()
+        try:
+            runs = service.run_once()
+        except Exception as exc:  # the plan failed (an injected fault): next interval
+            record("error", who=name, job="service", error=_error(exc))
+            runs = []
+        for run in runs:
+            if run.outcome == "taken":
+                continue
+            what = f"service-{run.task}"
+            if run.outcome == "error":
+                # A job's error is "<topic>-<partition>: <ErrorType>: ..." or "<ErrorType>: ...".
+                error = run.detail
+                if run.topic is not None and error.startswith(f"{run.topic}-"):
+                    error = error.split(": ", 1)[-1]
+                record("error", who=f"{name}-{what}", error=error[:500])
+            record(
+                "job",
+                who=name,
+                job=what,
+                seconds=round(run.elapsed_s, 3),
+                outcomes={f"{what}:{run.outcome}": 1},
+                removed={"records": run.records, "segments": run.segments, "files": run.files},
+            )
+        passes += 1
+        time.sleep(max(0.0, interval_s - (time.monotonic() - began)))
+    return passes
+
+
 def main() -> None:
     role, config = sys.argv[1], json.loads(sys.argv[2])
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a stuck worker is
@@ -373,6 +426,8 @@ def main() -> None:
         txn_loop(store, config["name"], config["tid"], record, rng, never)
     elif role == "consumer":
         consume_loop(store, config["name"], record, never)
+    elif role == "maintenance" and config["jobs"] == ["service"]:
+        service_loop(store, config["name"], record, never)
     elif role == "maintenance":
         maintenance_loop(store, config["name"], list(config["jobs"]), record, rng, never)
     else:
