@@ -378,10 +378,16 @@ class IntervalTask:
     def due(
         self, view: TopicView | None, last: LastRun | None, now_ms: int, settings: Settings
     ) -> Decision:
+        # Half an interval since the last run started: a maintainer's passes are one interval
+        # apart, start to start, and its last run began some time into the previous pass, so
+        # a full interval since that run (let alone since its end) is not reached at the next
+        # pass and the task ran every other pass. Another maintainer's run within half an
+        # interval still makes this one skip it.
         interval = self.interval(settings)
-        if last is None or now_ms - last.finished_ms >= interval:
+        next_ms = last.started_ms + interval // 2 if last is not None else now_ms
+        if now_ms >= next_ms:
             return Decision(True, "interval passed" if last else "never ran", now_ms)
-        return Decision(False, "ran less than one interval ago", last.finished_ms + interval)
+        return Decision(False, "ran less than half an interval ago", next_ms)
 
     def run(self, ctx: RunContext) -> TaskResult:
         return result_of(self.fn(ctx))

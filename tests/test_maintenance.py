@@ -379,8 +379,8 @@ def test_a_store_wide_task_plugs_in_with_its_own_lease_and_record(store: Store) 
     swept = [r for r in runs if r.task == "sweep"]
     assert [(r.topic, r.outcome, r.files) for r in swept] == [(None, "ok", 2)]
     assert store.storage.list_dir("scratch") == []
-    assert [r.task for r in run_due(store, settings, now_ms=T0 + 59_999, tasks=tasks)] == []
-    assert [r.task for r in run_due(store, settings, now_ms=T0 + 60_000, tasks=tasks)] == ["sweep"]
+    assert [r.task for r in run_due(store, settings, now_ms=T0 + 29_999, tasks=tasks)] == []
+    assert [r.task for r in run_due(store, settings, now_ms=T0 + 30_000, tasks=tasks)] == ["sweep"]
     records = Records(store.storage)
     newest = records.newest(records.listing(None), ["sweep"])["sweep"]
     assert newest.state == "done"
@@ -389,6 +389,21 @@ def test_a_store_wide_task_plugs_in_with_its_own_lease_and_record(store: Store) 
     data = status(store, settings, now_ms=T0 + 60_001)
     # status lists the registry's tasks only
     assert [t["task"] for t in data["store_tasks"]] == STORE_TASKS
+
+
+def test_a_store_wide_task_runs_at_every_pass_of_one_maintainer() -> None:
+    """Passes are one interval apart, start to start; the task's last run began and ended
+    some time into the previous pass. It is due again at the next pass (it used to be due a
+    full interval after that run ended, so it ran every other pass: an abandoned transaction
+    waited up to its timeout plus two intervals)."""
+    from kstore.maintenance import TASKS
+    from kstore.maintenance.coordination import LastRun
+
+    task = next(t for t in TASKS if t.name == "abort-transactions")
+    settings = Settings(interval_ms=2_000)
+    last = LastRun(T0 + 300, T0 + 400, "nothing", "", 0, 0, 0, 0, "m", None)
+    assert task.due(None, last, T0 + 2_000, settings).due  # the next pass
+    assert not task.due(None, last, T0 + 1_000, settings).due  # another maintainer's pass
 
 
 def test_the_service_survives_a_failed_pass(store: Store) -> None:
