@@ -21,6 +21,7 @@ import faulthandler
 import json
 import logging
 import random
+import re
 import signal
 import sys
 import threading
@@ -365,40 +366,51 @@ def maintenance_loop(
     return runs
 
 
+# A line of the service's log: a task run (``TaskRun.line``), or a topic it could not plan.
+_RUN_LINE = re.compile(
+    r"^\[maintain\] (?P<task>\S+) (?P<topic>\S+): (?P<outcome>\w+)"
+    r"(?: removed (?P<records>\d+) records, \d+ bytes, (?P<segments>\d+) segments, "
+    r"(?P<files>\d+) files)? in (?P<seconds>[0-9.]+) s(?:: (?P<detail>.*))?$"
+)
+_NOT_PLANNED = re.compile(r"^\[maintain\] (?P<topic>\S+): not planned: (?P<why>.*)$")
+
+
 def service_loop(store: Store, name: str, record: Recorder, stop: Stop) -> int:
     """The maintenance service (``kstore maintain``'s :class:`Service`, its passes driven here
-    so that each task run is recorded as a ``job``, its errors as ``error`` events). Returns
-    the passes."""
+    so that a failed pass is recorded): each task run is recorded as a ``job`` as soon as it
+    ends (a pass on a faulty S3 takes tens of seconds), its errors and the topics it could not
+    plan as ``error`` events. Returns the passes."""
     from kstore.maintenance import Service, Settings
 
-    service = Service(store, Settings(**SERVICE_SETTINGS), holder=name, log=None)
-    interval_s = SERVICE_SETTINGS["interval_ms"] / 1000
-    passes = 0
-    while not stop():
-        began = time.monotonic()
-        try:
-            runs = service.run_once()
-        except Exception as exc:  # the plan failed (an injected fault): next interval
-            record("error", who=name, job="service", error=_error(exc))
-            runs = []
-        for run in runs:
-            if run.outcome == "taken":
-                continue
-            what = f"service-{run.task}"
-            if run.outcome == "error":
-                # A job's error is "<topic>-<partition>: <ErrorType>: ..." or "<ErrorType>: ...".
-                error = run.detail
-                if run.topic is not None and error.startswith(f"{run.topic}-"):
+    def log(line: str) -> None:
+        if m := _NOT_PLANNED.match(line):
+            record("error", who=f"{name}-plan", error=m["why"][:500])
+        elif (m := _RUN_LINE.match(line)) and m["outcome"] != "taken":
+            what = f"service-{m['task']}"
+            if m["outcome"] == "error":
+                # "<topic>-<partition>: <ErrorType>: ..." or "<ErrorType>: ..."
+                error = m["detail"] or ""
+                if error.startswith(f"{m['topic']}-"):
                     error = error.split(": ", 1)[-1]
                 record("error", who=f"{name}-{what}", error=error[:500])
             record(
                 "job",
                 who=name,
                 job=what,
-                seconds=round(run.elapsed_s, 3),
-                outcomes={f"{what}:{run.outcome}": 1},
-                removed={"records": run.records, "segments": run.segments, "files": run.files},
+                seconds=float(m["seconds"]),
+                outcomes={f"{what}:{m['outcome']}": 1},
+                removed={k: int(m[k] or 0) for k in ("records", "segments", "files")},
             )
+
+    service = Service(store, Settings(**SERVICE_SETTINGS), holder=name, log=log)
+    interval_s = SERVICE_SETTINGS["interval_ms"] / 1000
+    passes = 0
+    while not stop():
+        began = time.monotonic()
+        try:
+            service.run_once()
+        except Exception as exc:  # the plan failed (an injected fault): next interval
+            record("error", who=name, job="service", error=_error(exc))
         passes += 1
         time.sleep(max(0.0, interval_s - (time.monotonic() - began)))
     return passes
