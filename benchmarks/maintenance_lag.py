@@ -272,7 +272,7 @@ def main() -> None:
             result = {"backend": args.backend, **run(url, options, args, work)}
             print(result, flush=True)
             results.append(result)
-        path = write_results(f"maintenance_lag_{args.backend}", {"results": results})
+        path = write_results(f"maintenance_lag_{args.backend}_{args.mode}", {"results": results})
         print(f"results: {path}")
     finally:
         if server is not None:
