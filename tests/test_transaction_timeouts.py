@@ -16,7 +16,6 @@ import pytest
 from kstore.retention import abort_expired_transactions
 
 import kstore
-from kstore.consumer import Consumer
 from kstore.errors import ProducerFencedError
 from kstore.groups import Group
 from kstore.layout import producer_log_dir, topic_data_dir
@@ -24,6 +23,7 @@ from kstore.log import Log, parse_log_file_name
 from kstore.producer import Producer
 from kstore.records import TopicPartition
 from kstore.transactions import TransactionLogState
+from tests.test_transactions import read as read_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_MS = 2_000
@@ -36,16 +36,7 @@ def _ms() -> int:
 
 
 def read(store: kstore.Store, topic: str, isolation: str = "read_committed") -> list[bytes]:
-    out: list[bytes] = []
-    with Consumer(
-        topic, store=store, auto_offset_reset="earliest", isolation_level=isolation
-    ) as consumer:
-        idle = 0
-        while idle < 3:
-            got = consumer.poll(timeout_ms=30)
-            idle = 0 if got else idle + 1
-            out.extend(r.value for rs in got.values() for r in rs if r.value is not None)
-    return out
+    return [r.value for r in read_records(store, topic, isolation) if r.value is not None]
 
 
 def _open_transaction(
