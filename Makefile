@@ -14,6 +14,8 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.kstore-installed
 PYTEST_ARGS ?=
+# Two pytest-xdist workers (the machines have 2 cores); the Spark tests share one of them.
+PYTEST_WORKERS ?= 2
 
 # Spark workers must run the same interpreter (the venv has kstore installed).
 SPARK_ENV := PYSPARK_PYTHON=$(abspath $(VPY)) PYSPARK_DRIVER_PYTHON=$(abspath $(VPY))
@@ -33,7 +35,7 @@ check-java:
 	@bash scripts/check_java.sh
 
 test: venv check-java
-	@set +e; $(SPARK_ENV) $(VPY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@set +e; $(SPARK_ENV) $(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); treating as failure" >&2; fi; \
 	exit $$rc
 

@@ -620,6 +620,7 @@ class Consumer:
         started: dict[TopicPartition, int] = {}  # positions before this fetch
         remaining = max_records
         budget = self.config["fetch_max_bytes"]
+        sizes: dict[TopicPartition, int] = {}  # bytes per partition read, as budgeted
         parts = self._assigned
         if not parts:
             return out
@@ -660,8 +661,8 @@ class Consumer:
             visible_end = self._visible_end(state)
             if position >= visible_end:
                 continue
-            batches = list(
-                partition.read(
+            sized = list(
+                partition.read_sized(
                     position,
                     remaining,
                     state=state,
@@ -669,6 +670,7 @@ class Consumer:
                     max_bytes=min(budget, self.config["max_partition_fetch_bytes"]),
                 )
             )
+            batches = [batch for batch, _ in sized]
             count = sum(b.num_rows for b in batches)
             if count == 0:
                 # Only gaps (compaction, aborted transactions) up to the visible end: skip them.
@@ -678,16 +680,20 @@ class Consumer:
             started[tp] = position
             self._positions[tp] = int(batches[-1].column("offset")[-1].as_py()) + 1
             remaining -= count
-            budget -= sum(b.nbytes for b in batches)
+            size = sum(n for _, n in sized)
+            budget -= size
+            sizes[tp] = size
         # The heartbeat thread may have learnt meanwhile that this member was expelled: the
         # records of partitions it no longer owns are not returned, nor their positions moved.
         for tp in [tp for tp in out if not self._owns(tp)]:
             del out[tp]
             if tp in self._positions:
                 self._positions[tp] = started[tp]
-        for batches in out.values():
-            self._metrics["records-consumed-total"] += sum(b.num_rows for b in batches)
-            self._metrics["bytes-consumed-total"] += sum(b.nbytes for b in batches)
+        if out:
+            self._metrics["records-consumed-total"] += sum(
+                b.num_rows for batches in out.values() for b in batches
+            )
+            self._metrics["bytes-consumed-total"] += sum(sizes[tp] for tp in out)
         return out
 
     def _visible_end(self, state: PartitionState) -> int:

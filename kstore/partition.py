@@ -506,6 +506,31 @@ class Partition:
         ``max_records`` / ``max_bytes`` (at least one record is returned when any exists)
         and below ``end_offset`` (and, with ``committed_only``, below the last stable offset).
         Raises OffsetOutOfRangeError outside the live range."""
+        for batch, _ in self.read_sized(
+            from_offset,
+            max_records,
+            max_bytes=max_bytes,
+            end_offset=end_offset,
+            state=state,
+            columns=columns,
+            committed_only=committed_only,
+        ):
+            yield batch
+
+    def read_sized(
+        self,
+        from_offset: int,
+        max_records: int | None = None,
+        *,
+        max_bytes: int | None = None,
+        end_offset: int | None = None,
+        state: PartitionState | None = None,
+        columns: list[str] | None = None,
+        committed_only: bool = False,
+    ) -> Iterator[tuple[pa.RecordBatch, int]]:
+        """:meth:`read`, each batch with its size in bytes as the byte budget counts it: its
+        share of its decoded segment's buffers (``Table.nbytes`` of every slice costs more
+        than the read of a small range)."""
         state = state or self.state()
         if from_offset < state.start_offset or from_offset > state.end_offset:
             raise OffsetOutOfRangeError(
@@ -518,44 +543,50 @@ class Partition:
         remaining = max_records if max_records is not None else 1 << 62
         budget = max_bytes if max_bytes is not None else 1 << 62
         want = columns if columns is None or "offset" in columns else [*columns, "offset"]
+        segments = state.segments
         i = state.segment_index_for(from_offset)
         position = from_offset
         ahead: list[Segment] = []
         expected = 0
-        for seg in state.segments[i:]:
+        for seg in segments[i:]:
             if expected >= remaining or seg.base_offset >= stop or len(ahead) >= 32:
                 break
             ahead.append(seg)
             expected += seg.record_count
         self._prefetch(ahead, want)
-        while i < len(state.segments) and remaining > 0 and position < stop:
-            seg = state.segments[i]
+        while i < len(segments) and remaining > 0 and position < stop:
+            seg = segments[i]
             i += 1
             table = self.read_segment(seg, want)
+            rows = table.num_rows
             if seg.sparse:
                 offsets = table.column("offset")
                 lo = _search(offsets, position)
                 hi = _search(offsets, stop)
             else:
                 lo = max(0, position - seg.base_offset)
-                hi = min(table.num_rows, stop - seg.base_offset)
+                hi = min(rows, stop - seg.base_offset)
             hi = min(hi, lo + remaining)
             if hi <= lo:
                 position = seg.last_offset + 1
                 continue
-            piece = table.slice(lo, hi - lo)
+            per_row = max(1, table.get_total_buffer_size() // max(rows, 1))
+            count = hi - lo
             trimmed = False
-            if budget < piece.nbytes:
-                # Trim to the byte budget, but never below one record so a consumer progresses.
-                avg = max(1, piece.nbytes // max(piece.num_rows, 1))
-                keep = max(1, budget // avg)
-                trimmed = keep < piece.num_rows
-                piece = piece.slice(0, keep)
-            yield from piece.to_batches()
-            remaining -= piece.num_rows
-            budget -= piece.nbytes
-            last = piece.column("offset")[-1].as_py()
-            position = last + 1
+            if budget < count * per_row:
+                # Trim to the byte budget, but never below one record so a reader progresses.
+                keep = max(1, budget // per_row)
+                trimmed = keep < count
+                count = min(count, keep)
+            piece = table.slice(lo, count)
+            for batch in piece.to_batches():
+                yield batch, batch.num_rows * per_row
+            remaining -= count
+            budget -= count * per_row
+            if seg.sparse:
+                position = int(piece.column("offset")[-1].as_py()) + 1
+            else:
+                position = seg.base_offset + lo + count
             # Stop once the budget cut this segment short: going on to the next segment would
             # skip the rest of this one and leave a gap in what the reader sees.
             if budget <= 0 or trimmed:
@@ -598,12 +629,13 @@ def prefetch(
     wanted: list[tuple[Partition, Segment]] = []
     budget = max_bytes
     for partition, state, position, end in reads:
-        if not partition.storage.is_remote:
-            return  # local reads cost no round trip
+        remote = partition.storage.is_remote
         i = state.segment_index_for(position)
         for seg in state.segments[i : i + 32]:
             if seg.base_offset >= end or budget <= 0:
                 break
+            if not remote and seg.byte_range is None:
+                continue  # a local file costs no round trip; local ranges share one open
             key = f"{partition.directory}/{_cache_key(seg, columns, partition.layout)}"
             if partition.cache.get(key) is None:
                 wanted.append((partition, seg))
@@ -640,8 +672,9 @@ def prefetch(
         except KStoreError:
             found = {}
         fetched.extend((*whole[loc], data) for loc, data in found.items())
-    if len(ranged) == 1:
-        fetched.extend(fetch_object(next(iter(ranged))))
+    if len(ranged) == 1 or not storage.is_remote:
+        for location in ranged:
+            fetched.extend(fetch_object(location))
     elif ranged:
         with concurrent.futures.ThreadPoolExecutor(min(8, len(ranged))) as pool:
             for part in pool.map(fetch_object, list(ranged)):

@@ -237,8 +237,10 @@ def _timestamp_range_ms(table: pa.Table) -> tuple[int, int]:
     column = table.column("timestamp")
     if column.null_count:
         raise InvalidRecordError("every record needs a timestamp (null timestamp found)")
-    bounds = pc.min_max(column.cast(pa.int64()))
-    return int(bounds["min"].as_py()) // 1000, int(bounds["max"].as_py()) // 1000
+    # numpy over the int64 view: pyarrow's min_max costs more in its Python wrapper than in
+    # the kernel, and this runs for every partition of every flush.
+    micros = numpy_values(column, np.int64)  # timestamp[us]: int64 microseconds
+    return int(micros.min()) // 1000, int(micros.max()) // 1000
 
 
 def encode_arrow(table: pa.Table, compression: str) -> pa.Buffer:
@@ -374,9 +376,18 @@ def write_data_object(
 ) -> dict[int, SegmentFile]:
     """Layout 3: write the records of several partitions as ONE data object, each partition's
     records a dense arrow segment at its own byte range (PROTOCOL.md 11.7). Returns, per
-    partition, the description of its range (not yet committed)."""
+    partition, the description of its range (not yet committed).
+
+    This runs once per producer flush for every partition the flush touches, so its cost per
+    partition is kept to the encoding itself: a table already in the layout's schema is not
+    conformed again, and no name or description is made per range beyond its own."""
     if not parts:
         raise ValueError("a data object needs at least one partition")
+    if compression not in COMPRESSIONS:
+        raise InvalidRecordError(
+            f"unknown segment compression {compression!r}; use {sorted(COMPRESSIONS)}"
+        )
+    options = ipc.IpcWriteOptions(compression=COMPRESSIONS[compression])
     name = f"{DATA_PREFIX}{int(time.time() * 1000):013d}-{unique_id()}.kdat"
     buffers: list[pa.Buffer] = []
     out: dict[int, SegmentFile] = {}
@@ -386,9 +397,30 @@ def write_data_object(
             raise ValueError(f"partition {partition} appears twice in one data object")
         if "offset" in table.column_names:
             raise ValueError("a data object holds dense records only (no offset column)")
-        buf, _, described = encode_segment(table, compression=compression, layout=layout)
+        if table.num_rows == 0:
+            raise InvalidRecordError("a segment needs at least one record")
+        schema = layout.record_schema
+        if not table.schema.equals(schema):
+            table = conform(table, schema)
+        min_ts, max_ts = _timestamp_range_ms(table)
+        # Each range is a whole IPC file of its own (its footer's offsets count from its
+        # start), so each is written to its own buffer.
+        sink = pa.BufferOutputStream()
+        with ipc.RecordBatchFileWriter(sink, schema, options=options) as writer:
+            writer.write_table(table, max_chunksize=table.num_rows)
+        buf = sink.getvalue()
         buffers.append(buf)
-        out[partition] = dataclasses.replace(described, path=name, byte_range=(position, buf.size))
+        out[partition] = SegmentFile(
+            path=name,
+            record_count=table.num_rows,
+            min_timestamp_ms=min_ts,
+            max_timestamp_ms=max_ts,
+            size_bytes=buf.size,
+            checksum=checksum(memoryview(buf)),
+            format=FORMAT_ARROW,
+            sparse=False,
+            byte_range=(position, buf.size),
+        )
         position += buf.size
     data = b"".join(memoryview(b) for b in buffers) if len(buffers) > 1 else buffers[0]
     view = memoryview(data)
@@ -426,7 +458,9 @@ def decode_segment(
     wanted = [c for c in (columns or READ_SCHEMA.names) if c != "offset"]
     try:
         if fmt == FORMAT_ARROW:
-            reader = ipc.open_file(pa.BufferReader(data))
+            # The reader class over a buffer: ipc.open_file's wrapper costs several times
+            # the decoding of a small range, which a consumer does per partition per flush.
+            reader = ipc.RecordBatchFileReader(pa.py_buffer(data))
             file_schema = reader.schema
             table = reader.read_all()
         elif fmt == FORMAT_PARQUET:
@@ -458,7 +492,12 @@ def decode_segment(
             offsets if isinstance(offsets, pa.ChunkedArray) else pa.chunked_array([offsets])
         )
         names.append("offset")
-    schema = pa.schema([layout.read_schema.field(n) for n in names])
+    read_schema = layout.read_schema
+    schema = (
+        read_schema
+        if names == read_schema.names
+        else pa.schema([read_schema.field(n) for n in names])
+    )
     return pa.Table.from_arrays(out_cols, schema=schema).combine_chunks()
 
 
@@ -494,29 +533,32 @@ class SegmentCache:
 
     def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
         self.max_bytes = max_bytes
-        self._items: OrderedDict[str, pa.Table] = OrderedDict()
+        self._items: OrderedDict[str, tuple[pa.Table, int]] = OrderedDict()  # table, bytes
         self._bytes = 0
         self._lock = threading.Lock()
 
     def get(self, key: str) -> pa.Table | None:
         with self._lock:
-            table = self._items.get(key)
-            if table is not None:
-                self._items.move_to_end(key)
-            return table
+            item = self._items.get(key)
+            if item is None:
+                return None
+            self._items.move_to_end(key)
+            return item[0]
 
     def put(self, key: str, table: pa.Table) -> None:
-        size = table.nbytes
+        # The buffers' size, not Table.nbytes: a decoded segment owns its buffers whole, and
+        # nbytes walks every buffer to add up slices (ten times slower, per cached segment).
+        size = table.get_total_buffer_size()
         if size > self.max_bytes:
             return
         with self._lock:
             if key in self._items:
                 return
-            self._items[key] = table
+            self._items[key] = (table, size)
             self._bytes += size
             while self._bytes > self.max_bytes and self._items:
-                _, old = self._items.popitem(last=False)
-                self._bytes -= old.nbytes
+                _, (_, old) = self._items.popitem(last=False)
+                self._bytes -= old
 
 
 def read_segment_bytes(storage: Storage, path: str, where: str) -> bytes:

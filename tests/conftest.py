@@ -7,6 +7,7 @@ that cannot start makes the tests that need it error, never skip.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,6 +20,19 @@ import pytest
 from tests.servers import MotoServer, SeaweedServer
 
 StoreURL = tuple[str, dict[str, Any]]
+
+# pytest-xdist's workers set COLUMNS=80; the CLI's tables are laid out for piped output (200
+# columns when COLUMNS is unset), which is what the tests read, with or without workers.
+os.environ.pop("COLUMNS", None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """With pytest-xdist (``make test`` runs two workers, ``--dist loadgroup``), every test of
+    the shared Spark session runs on one worker: one JVM, started once, while the other
+    worker takes the rest."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark"):
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 @dataclass(frozen=True)
