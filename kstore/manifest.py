@@ -117,8 +117,27 @@ class Segment:
             max_ts, size = _int(body, "maxTimestamp"), _int(body, "size")
             checksum, fmt = _str(body, "checksum"), _str(body, "format")
         transaction = get("transaction")
-        byte_range = _range(body)
-        seg = cls(
+        value = get("range")
+        if (
+            type(value) is list
+            and len(value) == 2
+            and type(value[0]) is int
+            and type(value[1]) is int
+            and value[0] >= 0
+            and value[1] >= 1
+        ):
+            byte_range: tuple[int, int] | None = (value[0], value[1])
+        else:
+            byte_range = _range(body)  # absent, or an error naming the field
+        horizon = get("deleteHorizon")
+        if horizon is not None and type(horizon) is not int:
+            horizon = _optional_int(body, "deleteHorizon")
+        created = get("createdTime", 0)
+        # The fields set directly: the frozen dataclass's __init__ sets each through
+        # object.__setattr__, which is most of the cost of opening a partition of 10,000
+        # live segments (an add each). Same fields, same values.
+        seg = object.__new__(cls)
+        seg.__dict__.update(
             path=path,
             base_offset=base,
             last_offset=last,
@@ -129,9 +148,9 @@ class Segment:
             checksum=checksum,
             format=fmt,
             sparse=bool(get("sparse", False)),
-            created_ms=int(get("createdTime", 0)),
+            created_ms=created if type(created) is int else int(created),
             transaction=transaction if isinstance(transaction, str) else None,
-            delete_horizon_ms=_optional_int(body, "deleteHorizon"),
+            delete_horizon_ms=horizon,
             byte_range=byte_range,
         )
         prefix = "segments/" if byte_range is None else DATA_PREFIX
