@@ -192,6 +192,9 @@ class Consumer:
         self._positions: dict[TopicPartition, int] = {}
         self._paused: set[TopicPartition] = set()
         self._rotation = 0
+        # The fetch buffer: per partition, the position its run starts at and the run's
+        # batches with their sizes in bytes (what a fetch read and no poll has returned yet).
+        self._buffer: dict[TopicPartition, tuple[int, list[tuple[pa.RecordBatch, int]]]] = {}
         self._closed = False
         self._timestamp_types: dict[str, int] = {}
         # Topic metadata the fetch path reuses for METADATA_RECHECK_S: re-reading it for every
@@ -283,6 +286,7 @@ class Consumer:
         self._assigned = sorted(set(partitions))
         keep = set(self._assigned)
         self._positions = {tp: o for tp, o in self._positions.items() if tp in keep}
+        self._buffer = {tp: e for tp, e in self._buffer.items() if tp in keep}
         self._paused &= keep
 
     def _matching_topics(self) -> set[str]:
@@ -616,22 +620,85 @@ class Consumer:
             )
 
     def _fetch_batches(self, max_records: int) -> dict[TopicPartition, list[pa.RecordBatch]]:
+        """Up to ``max_records`` records: from the fetch buffer while it holds some, else from
+        one fetch of every assigned partition into the buffer (Kafka's fetcher: a poll that is
+        capped by ``max_poll_records`` hands out what an earlier fetch read, so the cost of a
+        fetch, one request per topic log and the decoding of what is new, is paid once for
+        however many polls drain it)."""
+        served = self._serve(max_records)
+        if served:
+            return served
+        self._fill()
+        return self._serve(max_records)
+
+    def _serve(self, max_records: int) -> dict[TopicPartition, list[pa.RecordBatch]]:
+        """Records from the fetch buffer, partitions in turn, each from its position. A buffered
+        run that no longer starts at its partition's position (a seek, a reset, a rebalance)
+        is dropped; a paused partition's is kept for when it resumes."""
         out: dict[TopicPartition, list[pa.RecordBatch]] = {}
-        started: dict[TopicPartition, int] = {}  # positions before this fetch
-        remaining = max_records
-        budget = self.config["fetch_max_bytes"]
-        sizes: dict[TopicPartition, int] = {}  # bytes per partition read, as budgeted
+        buffer = self._buffer
         parts = self._assigned
-        if not parts:
+        if not buffer or not parts:
             return out
         start = self._rotation % len(parts)
         self._rotation += 1
+        remaining = max_records
+        consumed_bytes = 0
+        for tp in parts[start:] + parts[:start]:
+            entry = buffer.get(tp)
+            if entry is None:
+                continue
+            first, sized = entry
+            if self._positions.get(tp, first) != first or not self._owns(tp):
+                del buffer[tp]
+                continue
+            if tp in self._paused or remaining <= 0:
+                continue
+            taken: list[pa.RecordBatch] = []
+            while sized and remaining > 0:
+                batch, size = sized[0]
+                rows = batch.num_rows
+                if rows <= remaining:
+                    sized.pop(0)
+                    taken.append(batch)
+                    consumed_bytes += size
+                    remaining -= rows
+                else:
+                    per_row = size // max(rows, 1)
+                    taken.append(batch.slice(0, remaining))
+                    sized[0] = (batch.slice(remaining), size - per_row * remaining)
+                    consumed_bytes += per_row * remaining
+                    remaining = 0
+            out[tp] = taken
+            position = int(taken[-1].column("offset")[-1].as_py()) + 1
+            self._positions[tp] = position
+            if sized:
+                buffer[tp] = (position, sized)
+            else:
+                del buffer[tp]
+        if out:
+            self._metrics["records-consumed-total"] += sum(
+                b.num_rows for batches in out.values() for b in batches
+            )
+            self._metrics["bytes-consumed-total"] += consumed_bytes
+        return out
+
+    def _fill(self) -> None:
+        """One fetch into the buffer: every assigned partition that has nothing buffered, from
+        its position, within ``fetch_max_bytes`` (and ``max_partition_fetch_bytes`` each)."""
+        budget = self.config["fetch_max_bytes"]
+        parts = self._assigned
+        assigned = set(parts)
+        self._buffer = {tp: e for tp, e in self._buffer.items() if tp in assigned}
+        if not parts:
+            return
+        start = self._rotation % len(parts)
         # Which partitions to read, and from where. In layout 3 the partitions of one topic
         # log share its state: one request per topic log per poll, not one per partition.
         asked: set[int] = set()
         plan: list[tuple[TopicPartition, Partition, PartitionState]] = []
         for tp in parts[start:] + parts[:start]:
-            if not self._fetchable(tp):
+            if not self._fetchable(tp) or tp in self._buffer:
                 continue
             partition = self._partition(tp, cached_metadata=True)
             shared = partition.topic_log
@@ -655,46 +722,31 @@ class Consumer:
             max_bytes=budget,
         )
         for tp, partition, state in plan:
-            if remaining <= 0 or budget <= 0:
+            if budget <= 0:
                 break
+            established = tp in self._positions
             position = self._position_for(tp, state)
             visible_end = self._visible_end(state)
             if position >= visible_end:
                 continue
+            if not established:
+                # A position is set when a poll returns records from it, not by the fetch: a
+                # commit must not record a position for a partition no poll has reached.
+                del self._positions[tp]
             sized = list(
                 partition.read_sized(
                     position,
-                    remaining,
                     state=state,
                     committed_only=self._read_committed,
                     max_bytes=min(budget, self.config["max_partition_fetch_bytes"]),
                 )
             )
-            batches = [batch for batch, _ in sized]
-            count = sum(b.num_rows for b in batches)
-            if count == 0:
+            if not any(batch.num_rows for batch, _ in sized):
                 # Only gaps (compaction, aborted transactions) up to the visible end: skip them.
                 self._positions[tp] = visible_end
                 continue
-            out[tp] = batches
-            started[tp] = position
-            self._positions[tp] = int(batches[-1].column("offset")[-1].as_py()) + 1
-            remaining -= count
-            size = sum(n for _, n in sized)
-            budget -= size
-            sizes[tp] = size
-        # The heartbeat thread may have learnt meanwhile that this member was expelled: the
-        # records of partitions it no longer owns are not returned, nor their positions moved.
-        for tp in [tp for tp in out if not self._owns(tp)]:
-            del out[tp]
-            if tp in self._positions:
-                self._positions[tp] = started[tp]
-        if out:
-            self._metrics["records-consumed-total"] += sum(
-                b.num_rows for batches in out.values() for b in batches
-            )
-            self._metrics["bytes-consumed-total"] += sum(sizes[tp] for tp in out)
-        return out
+            self._buffer[tp] = (position, [(b, n) for b, n in sized if b.num_rows])
+            budget -= sum(n for _, n in sized)
 
     def _visible_end(self, state: PartitionState) -> int:
         return state.last_stable_offset if self._read_committed else state.end_offset

@@ -10,6 +10,7 @@ accumulator (:mod:`kstore.accumulator`) and asks the transaction manager, never 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import os
@@ -292,10 +293,17 @@ class Sender:
         deadline: float,
         transaction: str | None,
     ) -> dict[int, tuple[int, int] | BaseException]:
+        # The data object is written before waiting for the previous delivery to this topic
+        # log: only commits must keep their order, so this delivery's upload overlaps that
+        # delivery's commit (on an object store, one request of latency per flush). Failing
+        # here is not final: the write is retried with the commit below.
+        early: tuple[dict[int, SegmentFile], float] | None = None
         if previous is not None:
+            with contextlib.suppress(KStoreError):
+                early = self._write_data(info, tables)
             concurrent.futures.wait([previous])
         try:
-            results = self._write_shared(info, index, tables, deadline, transaction)
+            results = self._write_shared(info, index, tables, deadline, transaction, early)
         except Exception as exc:
             self._on_partition_failure(exc)
             raise
@@ -312,10 +320,12 @@ class Sender:
         tables: dict[int, pa.Table],
         deadline: float,
         transaction: str | None = None,
+        written: tuple[dict[int, SegmentFile], float] | None = None,
     ) -> dict[int, tuple[int, int] | BaseException]:
         """Write the partitions of one topic log as one data object and commit them in one
         commit; retried as a whole (sequences make a retry of a landed commit a duplicate).
-        A partition the commit refuses (fenced, out of order) fails alone."""
+        A partition the commit refuses (fenced, out of order) fails alone. ``written``: the
+        data object already written, and when its write started."""
         meta = info.metadata
         topic = meta.name
         partitions = {p: self.store.partition(topic, p, meta) for p in tables}
@@ -332,10 +342,7 @@ class Sender:
                         self._producer_id, epoch, first, first + table.num_rows - 1
                     )
         retry = shared.log.retry
-        incarnation = partitions[next(iter(tables))].directory.rsplit("/", 1)[0]
-        layout = partitions[next(iter(tables))].layout
-        files: dict[int, SegmentFile] | None = None
-        written_at = 0.0
+        files, written_at = written if written is not None else (None, 0.0)
         attempt = 0
         while True:
             try:
@@ -347,14 +354,7 @@ class Sender:
                     )
                     files = None
                 if files is None:
-                    written_at = retry.clock()
-                    files = write_data_object(
-                        self.store.storage,
-                        incarnation,
-                        [(p, tables[p], layout) for p in sorted(tables)],
-                        compression=info.compression,
-                        durable=self._durable,
-                    )
+                    files, written_at = self._write_data(info, tables)
                 self._check_not_fenced()
                 outcomes: dict[int, dict[str, Any]] = {p: {} for p in tables}
                 builds = {
@@ -397,6 +397,23 @@ class Sender:
             except KStoreError as exc:
                 rows = sum(t.num_rows for t in tables.values())
                 attempt = self._retry_or_raise(exc, attempt, deadline, rows, f"{topic} log {index}")
+
+    def _write_data(
+        self, info: _TopicInfo, tables: dict[int, pa.Table]
+    ) -> tuple[dict[int, SegmentFile], float]:
+        """One data object holding ``tables`` (PROTOCOL.md 11.7), and when its write started
+        (by the retry policy's clock, which bounds how long it may wait for its commit)."""
+        meta = info.metadata
+        first = self.store.partition(meta.name, next(iter(tables)), meta)
+        written_at = self.store.topic_log(meta.name, meta, first.partition).log.retry.clock()
+        files = write_data_object(
+            self.store.storage,
+            first.directory.rsplit("/", 1)[0],
+            [(p, tables[p], first.layout) for p in sorted(tables)],
+            compression=info.compression,
+            durable=self._durable,
+        )
+        return files, written_at
 
     def _on_written(self, _: concurrent.futures.Future[tuple[int, int]]) -> None:
         with self._lock:
