@@ -26,13 +26,23 @@ StoreURL = tuple[str, dict[str, Any]]
 os.environ.pop("COLUMNS", None)
 
 
+# The longest tests (a minute or more each), started first so that no worker is left running
+# one of them alone at the end.
+LONGEST_FIRST = (
+    "tests/test_torture.py::test_torture_",
+    "tests/test_demo.py::",
+    "tests/test_storage_deadlines.py::test_a_tree_of_several_pages",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """With pytest-xdist (``make test`` runs two workers, ``--dist loadgroup``), every test of
     the shared Spark session runs on one worker: one JVM, started once, while the other
-    worker takes the rest."""
+    worker takes the rest; the longest tests go first."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark"):
             item.add_marker(pytest.mark.xdist_group("spark"))
+    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))
 
 
 @dataclass(frozen=True)
