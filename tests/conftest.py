@@ -38,9 +38,13 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """With pytest-xdist (``make test`` runs two workers, ``--dist loadgroup``), every test of
     the shared Spark session runs on one worker: one JVM, started once, while the other
-    worker takes the rest; the longest tests go first."""
+    worker takes the rest; the torture runs go one after another; the longest tests first."""
     for item in items:
-        if "spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark"):
+        if item.nodeid.startswith("tests/test_torture.py::test_torture_"):
+            # One torture run at a time: each starts a dozen client processes, and two at once
+            # load the machine past the runs' own liveness checks.
+            item.add_marker(pytest.mark.xdist_group("torture"))
+        elif "spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark"):
             item.add_marker(pytest.mark.xdist_group("spark"))
     items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))
 
