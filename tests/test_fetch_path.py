@@ -1,0 +1,252 @@
+"""The read and write paths of layout 3 at their cost per flush: the consumer's fetch buffer
+(polls capped by max_poll_records hand out what one fetch read), the decoding of a dense range
+straight from its IPC stream, and a delivery's data object uploaded while the previous
+delivery's commit lands."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import kstore
+from kstore.consumer import Consumer
+from kstore.errors import CorruptRecordError
+from kstore.layout import topic_data_dir
+from kstore.producer import Producer
+from kstore.records import TopicPartition
+from kstore.segments import (
+    BINARY,
+    COMPRESSIONS,
+    TIMESTAMP_TYPE,
+    _decode_dense_arrow,
+    decode_segment,
+    encode_segment,
+)
+
+BACKENDS = ["memory", "local", "seaweed"]
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest) -> Iterator[kstore.Store]:
+    url, options = request.getfixturevalue(f"{request.param}_store")
+    return kstore.Store(url, options)
+
+
+def _fill(store: kstore.Store, topic: str, partitions: int, per_partition: int) -> None:
+    store.create_topic(topic, partitions=partitions)
+    with Producer(store, linger_ms=5) as producer:
+        for i in range(per_partition):
+            for p in range(partitions):
+                producer.send(topic, value=b"%d-%d" % (p, i), partition=p)
+
+
+class _Reads:
+    """Counts the reads a storage is asked for (every kind a fetch can make)."""
+
+    def __init__(self, storage: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        for name in ("read", "read_if_exists", "read_many", "read_ranges"):
+            original = getattr(storage, name)
+
+            def counted(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                self.count += 1
+                return _original(*args, **kwargs)
+
+            monkeypatch.setattr(storage, name, counted)
+
+
+def test_polls_capped_by_max_poll_records_drain_one_fetch(
+    store: kstore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fill(store, "t", 8, 250)  # 2,000 records
+    consumer = Consumer(
+        "t", store=store, auto_offset_reset="earliest", max_poll_records=300, fetch_max_wait_ms=5
+    )
+    try:
+        first = consumer.poll(timeout_ms=2_000)
+        assert sum(len(v) for v in first.values()) == 300
+        reads = _Reads(store.storage, monkeypatch)
+        got = {tp: [r.offset for r in records] for tp, records in first.items()}
+        for _ in range(5):  # 300 at a time: what the first fetch read, without the storage
+            batch = consumer.poll(timeout_ms=0)
+            assert sum(len(v) for v in batch.values()) == 300
+            for tp, records in batch.items():
+                got.setdefault(tp, []).extend(r.offset for r in records)
+        assert reads.count == 0
+        rest = consumer.poll(timeout_ms=0)
+        assert sum(len(v) for v in rest.values()) == 200
+        assert reads.count == 0
+        for tp, records in rest.items():
+            got.setdefault(tp, []).extend(r.offset for r in records)
+        # Every record once, each partition in order from 0.
+        assert {tp.partition: offsets for tp, offsets in got.items()} == {
+            p: list(range(250)) for p in range(8)
+        }
+        assert consumer.poll(timeout_ms=0) == {}
+        assert reads.count > 0  # an empty buffer fetches again
+    finally:
+        consumer.close()
+
+
+def test_a_seek_drops_what_the_buffer_held_and_a_pause_keeps_it(store: kstore.Store) -> None:
+    _fill(store, "t", 2, 100)
+    tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    consumer = Consumer(store=store, auto_offset_reset="earliest", max_poll_records=10)
+    try:
+        consumer.assign([tp0, tp1])
+        first = consumer.poll(timeout_ms=2_000)
+        assert sum(len(v) for v in first.values()) == 10
+        consumer.seek(tp0, 70)
+        consumer.pause(tp1)
+        after = consumer.poll(timeout_ms=1_000)
+        assert set(after) == {tp0}
+        assert [r.offset for r in after[tp0]] == list(range(70, 80))
+        position1 = consumer.position(tp1)
+        consumer.resume(tp1)
+        seen1: list[int] = []
+        while len(seen1) < 100 - position1:
+            batch = consumer.poll(timeout_ms=1_000)
+            assert batch, "records of the resumed partition never came"
+            seen1.extend(r.offset for r in batch.get(tp1, []))
+        assert seen1 == list(range(position1, 100))
+    finally:
+        consumer.close()
+
+
+def test_a_position_moves_only_with_what_a_poll_returns(store: kstore.Store) -> None:
+    _fill(store, "t", 4, 50)
+    consumer = Consumer(
+        "t", store=store, group_id="g", auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    try:
+        got = consumer.poll(timeout_ms=2_000, max_records=5)
+        assert sum(len(v) for v in got.values()) == 5
+        (tp,) = got  # one partition served; the fetch read all four
+        consumer.commit()
+        committed = {p: consumer.committed(TopicPartition("t", p)) for p in range(4)}
+        assert committed[tp.partition] == 5
+        assert [p for p, offset in committed.items() if offset is not None] == [tp.partition]
+        again = consumer.poll(timeout_ms=0, max_records=1_000, update_offsets=False)
+        assert sum(len(v) for v in again.values()) == 195
+        # Positions stayed, so the next poll returns the same records again.
+        same = consumer.poll(timeout_ms=1_000, max_records=1_000)
+        assert {t: [r.offset for r in v] for t, v in same.items()} == {
+            t: [r.offset for r in v] for t, v in again.items()
+        }
+    finally:
+        consumer.close()
+
+
+def _records(n: int) -> pa.Table:
+    return pa.table(
+        {
+            "key": pa.array([b"k%d" % i for i in range(n)], pa.binary()),
+            "value": pa.array([b"v%d" % i if i % 5 else None for i in range(n)], pa.binary()),
+            "timestamp": pa.array([1_700_000_000_000_000 + i for i in range(n)], TIMESTAMP_TYPE),
+            "headers": pa.array(
+                [[{"key": "h", "value": b"x"}] if i % 3 == 0 else None for i in range(n)],
+                BINARY.record_schema.field("headers").type,
+            ),
+        }
+    )
+
+
+@pytest.mark.parametrize("compression", sorted(COMPRESSIONS))
+def test_a_dense_range_decodes_from_its_stream_as_the_general_path_does(compression: str) -> None:
+    buf, _, described = encode_segment(_records(7), compression=compression)
+    data = buf.to_pybytes()
+    fast = _decode_dense_arrow(data, BINARY, 40, 7)
+    assert fast is not None  # the fast path took it
+    general = decode_segment(
+        data,
+        where="t",
+        expected_checksum=described.checksum,
+        fmt="arrow",
+        sparse=False,
+        base_offset=40,
+        record_count=7,
+        columns=["key", "value", "timestamp", "headers", "offset"],  # forces the general path
+    )
+    assert fast.equals(general)
+    assert fast.column("offset").to_pylist() == list(range(40, 47))
+
+
+def test_the_fast_decode_leaves_anything_unusual_to_the_general_path() -> None:
+    buf, _, described = encode_segment(_records(3))
+    data = buf.to_pybytes()
+    assert _decode_dense_arrow(data, BINARY, 0, 4) is None  # a record count it does not hold
+    other = pa.schema([pa.field("value", pa.binary())])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, other) as writer:
+        writer.write_table(pa.table({"value": pa.array([b"x"], pa.binary())}, schema=other))
+    foreign = sink.getvalue().to_pybytes()
+    assert _decode_dense_arrow(foreign, BINARY, 0, 1) is None
+    with pytest.raises(CorruptRecordError, match="unexpected segment schema"):
+        decode_segment(
+            foreign,
+            where="t-0",
+            expected_checksum=None,
+            fmt="arrow",
+            sparse=False,
+            base_offset=0,
+            record_count=1,
+        )
+    with pytest.raises(CorruptRecordError, match="holds 3 records, the manifest says 4"):
+        decode_segment(
+            data,
+            where="t-0",
+            expected_checksum=described.checksum,
+            fmt="arrow",
+            sparse=False,
+            base_offset=0,
+            record_count=4,
+        )
+
+
+def test_a_delivery_uploads_its_data_while_the_previous_commit_lands(
+    memory_store: tuple[str, dict[str, Any]],
+) -> None:
+    url, options = memory_store
+    store = kstore.Store(url, options)
+    meta = store.create_topic("t", partitions=4)
+    incarnation = topic_data_dir("t", meta.topic_id)
+    storage = store.storage
+    events: list[str] = []
+    lock = threading.Lock()
+    commit_started = threading.Event()
+    original_put_new, original_put_if_absent = storage.put_new, storage.put_if_absent
+
+    def put_new(rel: str, data: Any, **kwargs: Any) -> None:
+        if rel.startswith(f"{incarnation}/_data/"):
+            with lock:
+                events.append("data")
+        original_put_new(rel, data, **kwargs)
+
+    def put_if_absent(rel: str, data: Any, **kwargs: Any) -> None:
+        commit = rel.startswith(f"{incarnation}/_log/") and ".checkpoint." not in rel
+        if commit:
+            with lock:
+                events.append("commit-start")
+            commit_started.set()
+            time.sleep(0.3)  # a slow commit: the next delivery must not wait to upload
+        original_put_if_absent(rel, data, **kwargs)
+        if commit:
+            with lock:
+                events.append("commit-end")
+
+    storage.put_new = put_new  # type: ignore[method-assign]
+    storage.put_if_absent = put_if_absent  # type: ignore[method-assign]
+    with Producer(store, linger_ms=0) as producer:
+        first = producer.send("t", value=b"a", partition=0)
+        assert commit_started.wait(5)
+        second = producer.send("t", value=b"b", partition=1)
+        first.get(timeout=10)
+        second.get(timeout=10)
+    # The second data object was written before the first commit ended.
+    assert events[:4] == ["data", "commit-start", "data", "commit-end"], events
+    assert events.count("data") == 2
