@@ -103,6 +103,13 @@ class ConsumerRebalanceListener(Protocol):
     def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None: ...
 
 
+# A fetch on an object store waits for the next new records until this share of the average
+# gap between arrivals has passed (a gap counts at most ARRIVAL_GAP_MAX_S: an idle spell does
+# not make the reader slow to notice the next record).
+ARRIVAL_EARLY = 0.8
+ARRIVAL_GAP_MAX_S = 1.0
+
+
 def _ms_config(cfg: dict[str, Any], name: str, minimum: int = 0) -> int:
     value = cfg[name]
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
@@ -195,6 +202,11 @@ class Consumer:
         # The fetch buffer: per partition, the position its run starts at and the run's
         # batches with their sizes in bytes (what a fetch read and no poll has returned yet).
         self._buffer: dict[TopicPartition, tuple[int, list[tuple[pa.RecordBatch, int]]]] = {}
+        # Object stores: when fetches last found new records, the average gap between them,
+        # and when (monotonic) the next are expected (_note_arrival).
+        self._last_arrival: float | None = None
+        self._arrival_gap: float | None = None
+        self._next_arrival = 0.0
         self._closed = False
         self._timestamp_types: dict[str, int] = {}
         # Topic metadata the fetch path reuses for METADATA_RECHECK_S: re-reading it for every
@@ -747,6 +759,22 @@ class Consumer:
                 continue
             self._buffer[tp] = (position, [(b, n) for b, n in sized if b.num_rows])
             budget -= sum(n for _, n in sized)
+        if self._buffer and plan and plan[0][1].storage.is_remote:
+            self._note_arrival()
+
+    def _note_arrival(self) -> None:
+        """A fetch found new records: learn how often they come (an average of the gaps
+        between such fetches) and expect the next a little before that. A tailing reader on
+        an object store then asks for the next version about once per producer flush instead
+        of on a backoff from half a millisecond (several GETs that find nothing per flush)."""
+        now = time.monotonic()
+        if self._last_arrival is not None:
+            gap = min(now - self._last_arrival, ARRIVAL_GAP_MAX_S)
+            self._arrival_gap = (
+                gap if self._arrival_gap is None else 0.8 * self._arrival_gap + 0.2 * gap
+            )
+            self._next_arrival = now + ARRIVAL_EARLY * self._arrival_gap
+        self._last_arrival = now
 
     def _visible_end(self, state: PartitionState) -> int:
         return state.last_stable_offset if self._read_committed else state.end_offset
@@ -763,6 +791,13 @@ class Consumer:
         while True:
             self._refresh_group()
             self._maybe_auto_commit()
+            if not self._buffer:
+                # On an object store every look is a GET: none before new data is due, within
+                # what this poll may wait.
+                now = time.monotonic()
+                early = min(self._next_arrival - now, deadline - now, cap)
+                if early > 0:
+                    time.sleep(early)
             result = fetch()
             if result:
                 return result

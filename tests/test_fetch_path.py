@@ -46,16 +46,24 @@ def _fill(store: kstore.Store, topic: str, partitions: int, per_partition: int) 
 
 
 class _Reads:
-    """Counts the reads a storage is asked for (every kind a fetch can make)."""
+    """Counts the reads a storage is asked for (every kind a fetch can make; a read that
+    makes others counts once)."""
 
     def __init__(self, storage: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
+        self._depth = threading.local()
         for name in ("read", "read_if_exists", "read_many", "read_ranges"):
             original = getattr(storage, name)
 
             def counted(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
-                self.count += 1
-                return _original(*args, **kwargs)
+                depth = getattr(self._depth, "value", 0)
+                if depth == 0:
+                    self.count += 1
+                self._depth.value = depth + 1
+                try:
+                    return _original(*args, **kwargs)
+                finally:
+                    self._depth.value = depth
 
             monkeypatch.setattr(storage, name, counted)
 
@@ -250,3 +258,48 @@ def test_a_delivery_uploads_its_data_while_the_previous_commit_lands(
     # The second data object was written before the first commit ended.
     assert events[:4] == ["data", "commit-start", "data", "commit-end"], events
     assert events.count("data") == 2
+
+
+def test_a_tailing_reader_on_an_object_store_looks_about_once_per_flush(
+    moto_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer that flushes every 200 ms, and a consumer whose polls may wait 500 ms between
+    looks: having learnt the gap between flushes, the consumer asks for the next version
+    shortly before it is due, where a backoff from half a millisecond asked about ten times."""
+    url, options = moto_store
+    kstore.Store(url, options).create_topic("t", partitions=4)
+    writer, reader = kstore.Store(url, options), kstore.Store(url, options)
+    consumer = Consumer(
+        "t", store=reader, auto_offset_reset="latest", fetch_max_wait_ms=500, max_poll_records=10
+    )
+    consumer.poll(timeout_ms=0)
+    stop = threading.Event()
+
+    def produce() -> None:
+        with Producer(writer, linger_ms=0) as producer:
+            i = 0
+            while not stop.is_set():
+                producer.send("t", value=b"%d" % i, partition=i % 4)
+                producer.flush()
+                i += 1
+                time.sleep(0.2)
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    try:
+        received = 0
+        while received < 5:  # the reader learns the gap
+            received += sum(len(v) for v in consumer.poll(timeout_ms=1_000).values())
+        reads = _Reads(reader.storage, monkeypatch)
+        received = 0
+        started = time.monotonic()
+        while received < 15:
+            received += sum(len(v) for v in consumer.poll(timeout_ms=1_000).values())
+        flushes = (time.monotonic() - started) / 0.2
+    finally:
+        stop.set()
+        thread.join()
+        consumer.close()
+    # Per flush: the next version, the look that finds none after it, the range; a few more
+    # when a flush comes late.
+    assert reads.count / received < 5, (reads.count, received, flushes)
