@@ -95,9 +95,7 @@ MergeMinOpt = Annotated[
 ]
 TopicsArg = Annotated[
     list[str] | None,
-    typer.Argument(
-        metavar="TOPIC", help="Only these topics (default: all).", show_default=False
-    ),
+    typer.Argument(metavar="TOPIC", help="Only these topics (default: all).", show_default=False),
 ]
 
 
