@@ -10,7 +10,8 @@ at any point after a write thus leaves a file its intent names; an intent may al
 that was never written (deleting it is a no-op). The driver's commit or abort deletes every
 recorded file that no manifest references, then the records. A streaming job is named by (app
 id, batch id), so the replay of a micro-batch also cleans up after the attempt that crashed or
-was aborted. An aborted batch job keeps a flag, so that a cancelled task still writing when the
+was aborted; a streaming abort therefore keeps the records, for a cancelled task that records
+and writes a file after the abort's cleanup (Spark does not wait for it). An aborted batch job keeps a flag, so that a cancelled task still writing when the
 driver cleaned up removes its own files. These files are a writer's private bookkeeping:
 readers never look at them, and losing them costs at most leftover files (vacuum's orphan
 scan removes those).

@@ -505,11 +505,17 @@ def _messages(messages: Sequence[WriterCommitMessage | None]) -> list[KStoreComm
 
 
 def clean_up(
-    store: Store, job: str, messages: Sequence[WriterCommitMessage | None], *, aborted: bool
+    store: Store,
+    job: str,
+    messages: Sequence[WriterCommitMessage | None],
+    *,
+    aborted: bool,
+    keep_intents: bool = False,
 ) -> None:
     """After a commit or an abort: delete every file of the job that no manifest references
     (reported in messages when aborting, and recorded by tasks whose messages were lost or by
-    an earlier attempt of the batch), then the job's write intents."""
+    an earlier attempt of the batch), then the job's write intents (unless ``keep_intents``:
+    an aborted micro-batch leaves them to its replay)."""
     reported = _messages(messages)
     known = {m.marker for m in reported if m.marker is not None}
     files: list[FileLike] = list(pending.recorded(store, job, skip=known))
@@ -518,7 +524,8 @@ def clean_up(
     if files:
         log.info("kstore sink: deleting up to %d uncommitted segment files of %s", len(files), job)
         delete_uncommitted(store, files)
-    pending.clear(store, job)
+    if not keep_intents:
+        pending.clear(store, job)
 
 
 def commit_files(
@@ -763,4 +770,6 @@ class KStoreStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
         if app_id is None:
             delete_uncommitted(store, [f for m in _messages(messages) for f in m.files])
             return
-        clean_up(store, self._job(app_id, batchId), messages, aborted=True)
+        # The intents stay for the replay of this micro-batch: Spark does not wait for the
+        # tasks it cancels, and one still writing records its file after this cleanup.
+        clean_up(store, self._job(app_id, batchId), messages, aborted=True, keep_intents=True)

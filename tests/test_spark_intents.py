@@ -130,3 +130,41 @@ def test_a_segment_is_written_under_the_name_chosen_for_it(local_store_url: Any)
         encode_segment(records([b"v"]), name="../x.arrow")
     with pytest.raises(ValueError, match="is not a new parquet segment's name"):
         encode_segment(records([b"v"]), fmt="parquet", name=name)
+
+
+def test_a_task_cancelled_by_a_streaming_abort_that_writes_late_is_cleaned_up_by_the_replay(
+    local_store_url: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark does not wait for the tasks it cancels: one may record and write its file while the
+    driver's abort cleans up. The abort keeps the micro-batch's intents, so the replay's
+    commit deletes that file (an abort that deleted them left it to the orphan scan)."""
+    from kstore.spark_ext.writer import KStoreStreamWriter
+
+    store = open_store(local_store_url)
+    store.create_topic("t", 1)
+    options = source_options(local_store_url, topic="t")
+    options["txnAppId"] = "query-1"
+    writer = KStoreStreamWriter(
+        parse_write_options(options, streaming=True), {"key": "key", "value": "value"}
+    )
+    real_recorded = pending.recorded
+
+    def late_task(*args: Any, **kwargs: Any) -> list[Any]:
+        found = real_recorded(*args, **kwargs)
+        # Between the abort's reading of the intents and its end, the cancelled task records
+        # and writes its file.
+        sink = task_sink(store, local_store_url)
+        sink.add(batch())
+        sink.finish()
+        return found
+
+    monkeypatch.setattr(pending, "recorded", late_task)
+    writer.abort([], 7)
+    monkeypatch.undo()
+    present, live = segment_files(store, "t")
+    assert len(present) == 1
+    assert live == set()
+    # The replay of micro-batch 7 commits nothing of that attempt and deletes its file.
+    writer.commit([], 7)
+    assert segment_files(store, "t") == (set(), set())
+    assert pending.recorded(store, JOB) == []
