@@ -108,6 +108,10 @@ class ConsumerRebalanceListener(Protocol):
 # not make the reader slow to notice the next record).
 ARRIVAL_EARLY = 0.8
 ARRIVAL_GAP_MAX_S = 1.0
+# On local disk a look for new records is a failed open (microseconds), so a reader that found
+# records within ARRIVAL_GAP_MAX_S looks at least this often instead of backing off to
+# fetch_max_wait_ms; an idle one backs off as before.
+LOCAL_LOOK_MAX_S = 0.001
 
 
 def _ms_config(cfg: dict[str, Any], name: str, minimum: int = 0) -> int:
@@ -715,9 +719,9 @@ class Consumer:
             partition = self._partition(tp, cached_metadata=True)
             shared = partition.topic_log
             if shared is None:
-                state = partition.state()
+                state = partition.state(tail=True)
             else:
-                state = partition.state(refresh=id(shared) not in asked)
+                state = partition.state(refresh=id(shared) not in asked, tail=True)
                 asked.add(id(shared))
             if state.sealed_layout is not None:
                 # Upgraded (PROTOCOL.md 8.29): the topic log is read from the next poll on.
@@ -759,7 +763,7 @@ class Consumer:
                 continue
             self._buffer[tp] = (position, [(b, n) for b, n in sized if b.num_rows])
             budget -= sum(n for _, n in sized)
-        if self._buffer and plan and plan[0][1].storage.is_remote:
+        if self._buffer:
             self._note_arrival()
 
     def _note_arrival(self) -> None:
@@ -788,10 +792,11 @@ class Consumer:
         deadline = time.monotonic() + max(0.0, timeout_ms) / 1000
         backoff = 0.0005
         cap = self.config["fetch_max_wait_ms"] / 1000
+        remote = self.store.storage.is_remote
         while True:
             self._refresh_group()
             self._maybe_auto_commit()
-            if not self._buffer:
+            if not self._buffer and remote:
                 # On an object store every look is a GET: none before new data is due, within
                 # what this poll may wait.
                 now = time.monotonic()
@@ -801,11 +806,14 @@ class Consumer:
             result = fetch()
             if result:
                 return result
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 return {}
             time.sleep(min(backoff, left))
-            backoff = min(cap, backoff * 2)
+            recent = self._last_arrival is not None and now - self._last_arrival < ARRIVAL_GAP_MAX_S
+            limit = min(cap, LOCAL_LOOK_MAX_S) if recent and not remote else cap
+            backoff = min(limit, backoff * 2)
 
     def poll(
         self, timeout_ms: float = 0, max_records: int | None = None, update_offsets: bool = True

@@ -74,6 +74,12 @@ def parse_log_file_name(name: str) -> tuple[int, bool] | None:
     return None
 
 
+# A tailing reader's windows (versions fetched at once), and the longest gap between versions
+# it learns from (a quiet log says nothing about the rate of a busy one).
+_MAX_WINDOW = 64
+_MAX_VERSION_GAP_S = 1.0
+
+
 class LogState:
     """Base of every log's replayed state. Subclasses add fields and handle their actions.
 
@@ -305,6 +311,10 @@ class Log(Generic[S]):
         self.state_factory = state_factory
         self.checkpoint_interval = checkpoint_interval
         self.retry = retry or RetryPolicy()
+        # Tailing (``update(tail=True)``): when versions were last found, and the average gap
+        # between versions, from which a tailing reader sizes its first window.
+        self._found_at: float | None = None
+        self._version_gap: float | None = None
 
     def _path(self, name: str) -> str:
         return f"{self.directory}/{name}"
@@ -332,20 +342,28 @@ class Log(Generic[S]):
             state = self._load_checkpoint()
         return self.update(state)
 
-    def update(self, state: S) -> S:
+    def update(self, state: S, *, tail: bool = False) -> S:
         """``state`` advanced past every commit that exists after it (polls by name, no listing).
 
         Returns ``state`` itself when nothing is new. On an object store, once one new version
         is found the following ones are fetched concurrently, a growing window at a time: a
         reader that fell behind catches up in a few round trips instead of one per commit.
         A state not confirmed as the newest for a day is reloaded instead (17.5).
+
+        ``tail``: for a reader that looks again soon (a consumer's poll). On an object store
+        its first window is the number of versions due since it last found some (from the
+        average gap between them) plus one, all fetched at once: a reader keeping up finds
+        the due ones and misses the one after in a single round trip, where one request after
+        another would cost a round trip of latency per version.
         """
         if state.stale():
             return self.load()
-        confirmed = time.monotonic()
+        now = time.monotonic()
         next_state: S | None = None
         version = state.version
-        window, hits = 1, 0
+        remote = self.storage.is_remote
+        window = self._due_versions(now) + 1 if tail and remote else 1
+        hits = 0
         while True:
             paths = [self._path(version_file(v)) for v in range(version + 1, version + 1 + window)]
             found = self.storage.read_many(paths)
@@ -361,17 +379,34 @@ class Log(Generic[S]):
                 self._apply_commit(next_state, version + 1 + offset, info, actions)
                 applied += 1
             version += applied
+            hits += applied
             if applied < window:
                 break
-            hits += applied
             # A reader that is keeping up finds one new version and then a miss: it stays at
             # one request per version. Only a reader that keeps finding versions (it is behind)
             # widens the window.
-            if hits >= 2 and self.storage.is_remote:
-                window = min(window * 2, 64)
+            if hits >= 2 and remote:
+                window = min(window * 2, _MAX_WINDOW)
+        if hits and tail:
+            self._note_versions(now, hits)
         newest = next_state if next_state is not None else state
-        newest.confirmed_at = confirmed  # bookkeeping only: the state's content is unchanged
+        newest.confirmed_at = now  # bookkeeping only: the state's content is unchanged
         return newest
+
+    def _due_versions(self, now: float) -> int:
+        """How many versions a tailing reader expects since it last found some (at most the
+        widest window less one)."""
+        if self._found_at is None or not self._version_gap:
+            return 0
+        return min(_MAX_WINDOW - 1, round((now - self._found_at) / self._version_gap))
+
+    def _note_versions(self, now: float, count: int) -> None:
+        if self._found_at is not None:
+            gap = min(now - self._found_at, _MAX_VERSION_GAP_S) / count
+            self._version_gap = (
+                gap if self._version_gap is None else 0.8 * self._version_gap + 0.2 * gap
+            )
+        self._found_at = now
 
     def load_version(self, version: int) -> S:
         """The state as of an older ``version`` (time travel), from version 0 or a checkpoint."""

@@ -97,12 +97,15 @@ class Partition:
 
     # -- state ---------------------------------------------------------------------------------
 
-    def state(self, *, refresh: bool = True, max_age_s: float = 0.0) -> PartitionState:
+    def state(
+        self, *, refresh: bool = True, max_age_s: float = 0.0, tail: bool = False
+    ) -> PartitionState:
         """The newest state (polls the next log version by name unless ``refresh`` is False).
         ``max_age_s``: in layout 3, a topic log state confirmed newest less than that long
-        ago is used as it is (the partitions of one topic log share one request per poll)."""
+        ago is used as it is (the partitions of one topic log share one request per poll).
+        ``tail``: a poll of a reader that looks again soon (``Log.update``)."""
         if self.topic_log is not None:
-            shared = self.topic_log.state(refresh=refresh, max_age_s=max_age_s)
+            shared = self.topic_log.state(refresh=refresh, max_age_s=max_age_s, tail=tail)
             return shared.partition(self.partition)
         with self._lock:
             current = self._state
@@ -112,7 +115,7 @@ class Partition:
             current = self.log.load()
             self._remember(current, confirmed=True)
         elif refresh:
-            current = self.log.update(current)
+            current = self.log.update(current, tail=tail)
             self._remember(current, confirmed=True)
         return current
 

@@ -324,9 +324,12 @@ class TopicLog:
     def __repr__(self) -> str:
         return f"TopicLog({self.topic!r}, {self.index})"
 
-    def state(self, *, refresh: bool = True, max_age_s: float = 0.0) -> TopicLogState:
+    def state(
+        self, *, refresh: bool = True, max_age_s: float = 0.0, tail: bool = False
+    ) -> TopicLogState:
         """The newest state. ``max_age_s``: a state confirmed newest less than that long ago is
-        returned as it is (readers of many partitions share one request per poll)."""
+        returned as it is (readers of many partitions share one request per poll). ``tail``:
+        a poll of a reader that looks again soon (``Log.update``)."""
         with self._lock:
             current, confirmed = self._state, self._confirmed
         now = time.monotonic()
@@ -335,7 +338,7 @@ class TopicLog:
             current = self.log.load()
             self._remember(current, confirmed=True)
         elif refresh and now - confirmed >= max_age_s:
-            current = self.log.update(current)
+            current = self.log.update(current, tail=tail)
             self._remember(current, confirmed=True)
         return current
 

@@ -17,6 +17,7 @@ import kstore
 from kstore.consumer import Consumer
 from kstore.errors import CorruptRecordError
 from kstore.layout import topic_data_dir
+from kstore.log import encode_commit
 from kstore.producer import Producer
 from kstore.records import TopicPartition
 from kstore.segments import (
@@ -303,3 +304,78 @@ def test_a_tailing_reader_on_an_object_store_looks_about_once_per_flush(
     # Per flush: the next version, the look that finds none after it, the range; a few more
     # when a flush comes late.
     assert reads.count / received < 5, (reads.count, received, flushes)
+
+
+class _Clock:
+    """kstore.log's ``time`` with a monotonic clock the test moves (the rest is the real one)."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def test_a_tailing_reader_fetches_the_versions_due_and_the_next_in_one_round(
+    moto_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that has seen a version every 50 ms and looks 150 ms later asks for the three
+    versions due and the one after them at once: one round trip that finds what is new and
+    confirms it is the newest. Asked one by one, that was four round trips (three finds, one
+    miss), a round trip of latency per version."""
+    import kstore.log as log_module
+    from kstore.log import Log, LogState
+
+    url, options = moto_store
+    storage = kstore.Store(url, options).storage
+    clock = _Clock()
+    monkeypatch.setattr(log_module, "time", clock)
+    directory = "tail-test/_log"
+    reader = Log(storage, directory, LogState)
+    rounds: list[int] = []
+    original = storage.read_many
+
+    def counted(rels: list[str]) -> dict[str, bytes]:
+        rounds.append(len(rels))
+        return original(rels)
+
+    monkeypatch.setattr(storage, "read_many", counted)
+    newest = -1
+
+    def commit(count: int) -> None:
+        nonlocal newest
+        for _ in range(count):
+            newest += 1
+            storage.put_if_absent(
+                f"{directory}/{newest:020d}.json",
+                encode_commit([{"test": {"n": newest}}], {"timestamp": 1, "operation": "TEST"}),
+            )
+
+    state = reader.update(LogState(), tail=True)
+    for _ in range(4):  # the reader learns a version every 50 ms
+        commit(1)
+        clock.now += 0.05
+        state = reader.update(state, tail=True)
+    assert state.version == newest
+    commit(3)  # three land while the reader is away
+    clock.now += 0.15
+    rounds.clear()
+    state = reader.update(state, tail=True)
+    assert state.version == newest
+    assert rounds == [4], rounds  # the three due and the next, in one round trip
+    # Far behind: it widens until it finds the end, and takes everything.
+    commit(40)
+    clock.now += 0.05
+    rounds.clear()
+    state = reader.update(state, tail=True)
+    assert state.version == newest
+    assert len(rounds) <= 6, rounds
+    assert sum(rounds) < 40 + 32, rounds
+    # A reader that is not tailing (a writer about to commit) starts with one version.
+    commit(1)
+    rounds.clear()
+    assert Log(storage, directory, LogState).update(state).version == newest
+    assert rounds == [1, 1], rounds
