@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from kstore.errors import (
     DurabilityUnknownError,
@@ -51,6 +51,9 @@ from kstore.errors import (
     StorageTimeoutError,
     UnsafeStorageError,
 )
+
+if TYPE_CHECKING:
+    from kstore.s3direct import DirectS3
 
 _T = TypeVar("_T")
 
@@ -68,6 +71,9 @@ _SECRET_WORDS = ("secret", "password", "token", "key", "credential", "session")
 # the next bytes of an answer before it is given up and retried.
 TIMEOUT_OPTION = "timeout_ms"
 ATTEMPT_TIMEOUT_OPTION = "attempt_timeout_ms"
+# ``s3_direct_requests``: false sends every S3 request through s3fs (kstore.s3direct says
+# which requests go straight over HTTP otherwise, and when).
+DIRECT_OPTION = "s3_direct_requests"
 DEFAULT_TIMEOUT_MS = 30_000
 DEFAULT_ATTEMPT_TIMEOUT_MS = 10_000
 _MAX_TIMEOUT_MS = 24 * 3600 * 1000
@@ -76,6 +82,8 @@ _MAX_TIMEOUT_MS = 24 * 3600 * 1000
 _UPLOAD_BYTES_PER_S = 1 << 20
 # A GET whose body breaks off is sent again, at most this many times in all.
 _GET_ATTEMPTS = 3
+# A body larger than this goes through s3fs, which uploads it in parts.
+_DIRECT_PUT_MAX = 16 << 20
 # Concurrent GETs of one read_many or read_ranges.
 _READ_CONCURRENCY = 32
 # read_ranges fetches ranges this close together in one request: below this, a second
@@ -175,6 +183,17 @@ def _timeout_option(options: Mapping[str, Any], name: str, default: int) -> int:
     return value
 
 
+def _flag_option(options: Mapping[str, Any], name: str, *, default: bool) -> bool:
+    """A yes/no option: a boolean, or the strings true/false (as Spark and the environment
+    give them)."""
+    value = options.get(name, default)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        value = value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        raise InvalidStoreError(f"storage option {name!r} must be true or false, got {value!r}")
+    return value
+
+
 # What a store on the local disk reads of its storage options; any other is a mistake (an S3
 # option given to a local path, a typo) that would otherwise be ignored without a word.
 LOCAL_STORAGE_OPTIONS = (TIMEOUT_OPTION, ATTEMPT_TIMEOUT_OPTION, "auto_mkdir")
@@ -266,6 +285,9 @@ class Storage:
             if self.protocol in _S3_PROTOCOLS and not self.root:
                 raise InvalidStoreError(f"store URL {redact_url(url)!r} names no bucket")
         self._fs: Any = None
+        self._direct_allowed = self.protocol in _S3_PROTOCOLS and _flag_option(
+            self.storage_options, DIRECT_OPTION, default=True
+        )
         self._known_dirs: set[str] = set()
         self._durable_dirs: set[str] = set()
 
@@ -349,7 +371,7 @@ class Storage:
             options = {
                 k: v
                 for k, v in self.storage_options.items()
-                if k not in (TIMEOUT_OPTION, ATTEMPT_TIMEOUT_OPTION)
+                if k not in (TIMEOUT_OPTION, ATTEMPT_TIMEOUT_OPTION, DIRECT_OPTION)
             }
             if self.is_s3:
                 # No listings cache: s3fs answers reads and existence checks of files in a
@@ -451,6 +473,15 @@ class Storage:
 
         fs = self.fs
         bucket, key, version = fs.split_path(path)
+        direct = None if version else await self._direct(bucket)
+        if direct is not None:
+            try:
+                async with asyncio.timeout(self.timeout_s) as scope:
+                    return await direct.get(bucket, key, start, end)
+            except TimeoutError:
+                if scope.expired():
+                    raise _NoAnswerError from None
+                raise
         extra: dict[str, Any] = {}
         if start is not None and end is not None:
             extra["Range"] = f"bytes={start}-{end - 1}"
@@ -487,6 +518,41 @@ class Storage:
         fs = self.fs
         return sync(fs.loop, fs.set_session)
 
+    def direct_requests(self) -> DirectS3 | None:
+        """The direct requests (``kstore.s3direct``) of this store's bucket, or None when every
+        request goes through s3fs (tests hook them to count requests or inject failures)."""
+        if not self._direct_allowed:
+            return None
+        from fsspec.asyn import sync
+
+        return sync(self.fs.loop, self._direct, self.fs.split_path(self.full_path("x"))[0])
+
+    async def _direct(self, bucket: str) -> DirectS3 | None:
+        """The direct requests (``kstore.s3direct``) for ``bucket``, or None: through s3fs."""
+        if not self._direct_allowed:
+            return None
+        from kstore.s3direct import direct_for
+
+        fs = self.fs
+        client = await fs.set_session()
+        direct = direct_for(fs, client, self.attempt_timeout_s)
+        return direct if direct is not None and direct.serves(bucket) else None
+
+    async def _s3_put(self, path: str, data: bytes | memoryview, *, create: bool) -> None:
+        """One PUT of a whole object (with ``If-None-Match: *`` when ``create``): direct when it
+        can be, else s3fs's (which uploads a large body in parts)."""
+        fs = self.fs
+        bucket, key, version = fs.split_path(path)
+        direct = None if version or len(data) > _DIRECT_PUT_MAX else await self._direct(bucket)
+        if direct is None:
+            if create:
+                await fs._pipe_file(path, data, mode="create")
+            else:
+                await fs._pipe_file(path, data)
+            return
+        await direct.put(bucket, key, bytes(data), if_absent=create)
+        fs.invalidate_cache(path)
+
     @contextlib.contextmanager
     def count_requests(self) -> Iterator[collections.Counter[str]]:
         """Count the requests sent to S3 while the block runs, by kind (``GET``, ``PUT``,
@@ -501,12 +567,21 @@ class Storage:
             with lock:
                 counts[_REQUEST_KINDS.get(operation, operation)] += 1
 
+        def count_direct(kind: str, _key: str) -> None:
+            with lock:
+                counts[kind] += 1
+
         events = self.s3_client().meta.events
+        direct = self.direct_requests()
         events.register("before-send.s3", count)
+        if direct is not None:
+            direct.before_send.append(count_direct)
         try:
             yield counts
         finally:
             events.unregister("before-send.s3", count)
+            if direct is not None:
+                direct.before_send.remove(count_direct)
 
     def full_path(self, rel: str) -> str:
         if self.is_local:
@@ -784,7 +859,7 @@ class Storage:
                     self._s3_call(
                         "writing",
                         rel,
-                        lambda: self.fs._pipe_file(path, data, mode="create"),
+                        lambda: self._s3_put(path, data, create=True),
                         deadline_s=self._write_deadline(len(data)),
                     )
                 else:
@@ -857,7 +932,7 @@ class Storage:
                 self._s3_call(
                     "writing",
                     rel,
-                    lambda: self.fs._pipe_file(path, data),
+                    lambda: self._s3_put(path, data, create=False),
                     deadline_s=self._write_deadline(len(data)),
                 )
             else:

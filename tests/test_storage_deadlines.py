@@ -206,11 +206,24 @@ def s3_store(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     return url, options
 
 
-def test_read_many_raises_when_a_read_fails_on_s3(s3_store: tuple[str, dict[str, Any]]) -> None:
-    st = Storage(*s3_store)
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "s3fs"])
+def test_read_many_raises_when_a_read_fails_on_s3(
+    s3_store: tuple[str, dict[str, Any]], direct: bool
+) -> None:
+    url, options = s3_store
+    st = Storage(url, {**options, "s3_direct_requests": direct})
     st.put_if_absent("d/a", b"A")
     st.put_if_absent("d/b", b"B")
     assert st.read_many(["d/a", "d/b", "d/absent"]) == {"d/a": b"A", "d/b": b"B"}
+    sender = st.direct_requests()
+    assert (sender is not None) == direct
+
+    def refuse_b_directly(method: str, key: str) -> None:
+        if method == "GET" and key.endswith("/d/b"):
+            raise PermissionError("GET refused (HTTP 403 AccessDenied)")
+
+    if sender is not None:
+        sender.before_send.append(refuse_b_directly)
 
     def refuse_b(params: dict[str, Any], **_: Any) -> None:
         if str(params.get("url_path", "")).endswith("/d/b"):  # the request, serialised
@@ -234,6 +247,8 @@ def test_read_many_raises_when_a_read_fails_on_s3(s3_store: tuple[str, dict[str,
         assert st.read_many(["d/a", "d/absent"]) == {"d/a": b"A"}
     finally:
         events.unregister("before-call.s3.GetObject", refuse_b)
+        if sender is not None:
+            sender.before_send.remove(refuse_b_directly)
 
 
 def test_read_many_raises_when_a_read_fails_on_a_wrapped_filesystem(tmp_path: Path) -> None:
@@ -334,16 +349,30 @@ def test_count_requests_is_for_s3_only(tmp_path: Path) -> None:
 # --- a segment PUT sent again after its answer was lost ------------------------------------------
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "s3fs"])
 @pytest.mark.parametrize("layout", [2, 3])
 def test_send_succeeds_when_a_segment_put_is_sent_again_after_its_answer_was_lost(
-    s3_store: tuple[str, dict[str, Any]], layout: int
+    s3_store: tuple[str, dict[str, Any]], layout: int, direct: bool
 ) -> None:
     """Layout 2: the segment file; layout 3: the data object (written as a segment is)."""
     url, options = s3_store
+    options = {**options, "s3_direct_requests": direct}
     Store(url, options).create_topic("t", 1, layout=layout)
     written = "/segments/" if layout == 2 else "/_data/"
     producer = Producer(url, storage_options=options, acks=1, linger_ms=0, retries=5)
     lost: list[str] = []
+
+    def lose_first_direct_answer(method: str, key: str, status: int) -> bool:
+        # As below, on the direct path: the PUT landed, its answer is lost, it is sent again.
+        if method == "PUT" and written in f"/{key}" and status == 200 and not lost:
+            lost.append(key)
+            return True
+        return False
+
+    sender = producer.store.storage.direct_requests()
+    assert (sender is not None) == direct
+    if sender is not None:
+        sender.after_answer.append(lose_first_direct_answer)
 
     def lose_first_segment_answer(
         response: Any, request_dict: dict[str, Any], **_: Any
@@ -364,6 +393,8 @@ def test_send_succeeds_when_a_segment_put_is_sent_again_after_its_answer_was_los
         producer.flush()
     finally:
         events.unregister("needs-retry.s3.PutObject", lose_first_segment_answer)
+        if sender is not None:
+            sender.after_answer.remove(lose_first_direct_answer)
         producer.close()
     assert len(lost) == 1  # the lost answer was injected (and the retry got "exists")
     assert metadata.offset == 0
