@@ -11,11 +11,13 @@ cut falls on a line boundary.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import gc
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -315,6 +317,7 @@ class Log(Generic[S]):
         # between versions, from which a tailing reader sizes its first window.
         self._found_at: float | None = None
         self._version_gap: float | None = None
+        self._checkpointing: concurrent.futures.Future[None] | None = None
 
     def _path(self, name: str) -> str:
         return f"{self.directory}/{name}"
@@ -535,6 +538,7 @@ class Log(Generic[S]):
         durable: bool = True,
         info: dict[str, Any] | None = None,
         written_at: float | None = None,
+        background_checkpoint: bool = False,
     ) -> CommitResult[S] | None:
         """Build a commit from the newest state and publish it as the next version.
 
@@ -547,6 +551,10 @@ class Log(Generic[S]):
         references started: right before every attempt to publish, a file that old is refused
         with :class:`StaleWriteError` (nothing written) or, when an earlier attempt's outcome
         is unknown, :class:`CommitStateUnknownError` (PROTOCOL.md 23.1).
+
+        ``background_checkpoint``: a checkpoint due at the new version is written by a
+        background thread (:func:`wait_for_checkpoints`), so the commit returns as soon as it
+        has landed: a producer's acknowledgement does not wait for a checkpoint's writes.
         """
         self.storage.check_writable()
         if state.stale():
@@ -595,7 +603,10 @@ class Log(Generic[S]):
                 version, payload, commit_id, durable=durable, written_at=written_at
             )
             if landed:
-                self._maybe_checkpoint(new_state)
+                if background_checkpoint:
+                    self._checkpoint_later(new_state)
+                else:
+                    self._maybe_checkpoint(new_state)
                 return CommitResult(version, new_state, actions, attempt)
             # Lost the race for this version: reload and rebuild on the newer state.
             if attempt >= self.retry.max_attempts or time.monotonic() > deadline:
@@ -689,6 +700,24 @@ class Log(Generic[S]):
                 )
             return True
 
+    def _checkpoint_later(self, state: S) -> None:
+        """Write a checkpoint due at ``state`` on the background thread; skipped when this
+        log's previous one is still being written (any version may have one or none, 13.1)."""
+        if state.version <= 0 or state.version % self.checkpoint_interval:
+            return
+        with _BACKGROUND_LOCK:
+            if self._checkpointing is not None and not self._checkpointing.done():
+                return
+            global _BACKGROUND
+            if _BACKGROUND is None:
+                _BACKGROUND = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="kstore-checkpoint"
+                )
+            future = _BACKGROUND.submit(self._maybe_checkpoint, state)
+            self._checkpointing = future
+            _PENDING.add(future)
+            future.add_done_callback(_PENDING.discard)
+
     def _maybe_checkpoint(self, state: S) -> None:
         if state.version <= 0 or state.version % self.checkpoint_interval:
             return
@@ -716,6 +745,22 @@ class Log(Generic[S]):
         self.storage.put(
             self._path(LAST_CHECKPOINT), json.dumps({"version": state.version}).encode()
         )
+
+
+# Checkpoints written in the background (Log.commit's ``background_checkpoint``): one thread
+# for the process, and the checkpoints it has yet to finish.
+_BACKGROUND: concurrent.futures.ThreadPoolExecutor | None = None
+_BACKGROUND_LOCK = threading.Lock()
+_PENDING: set[concurrent.futures.Future[None]] = set()
+
+
+def wait_for_checkpoints(timeout: float | None = None) -> bool:
+    """Wait until the checkpoints this process is writing in the background are written (or
+    have failed, which only costs readers some replay). False if ``timeout`` passed first."""
+    with _BACKGROUND_LOCK:
+        pending = list(_PENDING)
+    _, not_done = concurrent.futures.wait(pending, timeout=timeout)
+    return not not_done
 
 
 def check_writer_version(state: LogState) -> None:
