@@ -731,7 +731,7 @@ def _layout3_versions(topic: str, report: Any, *, dry_run: bool) -> None:
     elif report.changed:
         note(f"Topic {topic!r} is in layout 3; its logs now take incremental checkpoints.")
     else:
-        note(f"Topic {topic!r} is in layout 3 at version 4 already; nothing to do.")
+        note(f"Topic {topic!r} is in layout 3 already, at version 4; nothing to do.")
 
 
 def _offsets_json(path: str) -> list[tuple[str, int, int]]:

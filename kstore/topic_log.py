@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import logging
 import threading
 import time
 import zlib
@@ -30,7 +29,6 @@ from kstore.log import (
     RetryPolicy,
     checkpoint_file,
     decode_commit,
-    parse_log_file_name,
     protocol_action,
 )
 from kstore.manifest import PartitionState
@@ -57,8 +55,6 @@ SIDECAR_GZIP_LEVEL = 6
 
 # A partition build: receives the partition's state as of the commit's base version and
 # returns its actions (None: nothing to commit for it) or raises to refuse the commit.
-log = logging.getLogger(__name__)
-
 PartitionBuild = Callable[[PartitionState], "list[Action] | None"]
 
 
@@ -386,42 +382,6 @@ class TopicLogFiles(Log[TopicLogState]):
             "actions": count,
             "size": len(payload),
         }
-
-    def _load_checkpoint(self) -> TopicLogState:
-        try:
-            return super()._load_checkpoint()
-        except CorruptLogError as exc:
-            state = self._fall_back(exc)
-            if state is None:
-                raise
-            return state
-
-    def _fall_back(self, exc: CorruptLogError) -> TopicLogState | None:
-        """When a checkpoint is corrupt (14.1): the newest state from the newest checkpoint that
-        loads, or from version 0, provided every commit after that start still exists, so
-        that replay reaches past every checkpoint found corrupt. None otherwise."""
-        log.warning("%s; loading from an older checkpoint or version 0 instead", exc)
-        found = [
-            parsed
-            for info in self.storage.list_dir(self.directory)
-            if (parsed := parse_log_file_name(info.name)) is not None
-        ]
-        failed = -1
-        start: TopicLogState | None = None
-        for version in sorted((v for v, is_cp in found if is_cp), reverse=True):
-            try:
-                start = self._read_checkpoint(version)
-            except CorruptLogError:
-                failed = max(failed, version)
-                continue
-            if start is not None:
-                break
-        if start is None:
-            if (0, False) not in found:
-                return None
-            start = self.state_factory()
-        newest = self.update(start)
-        return newest if newest.version >= failed else None
 
     def _read_checkpoint(self, version: int) -> TopicLogState | None:
         where = f"{self.storage.display_url}/{self._path(checkpoint_file(version))}"

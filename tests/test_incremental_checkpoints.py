@@ -157,7 +157,8 @@ class Workload:
         chosen = self.rng.sample(self.partitions, self.rng.randint(1, len(self.partitions)))
         builds = {p: (lambda state, p=p: self.actions(p, state)) for p in chosen}
         result, refused = self.shared.commit(builds, operation="TEST")
-        assert not refused and result is not None
+        assert not refused
+        assert result is not None
         return result.version
 
     def run(self, commits: int) -> int:
@@ -236,7 +237,8 @@ def test_replay_through_chains_equals_replay_of_every_commit(local_store: StoreU
         lengths += [len(c) for c in chains.values()]
         for chain in chains.values():
             base, deltas = chain[0], chain[1:]
-            assert "delta" not in base and base["path"].endswith(".json.gz")
+            assert "delta" not in base
+            assert base["path"].endswith(".json.gz")
             assert all("delta" in d for d in deltas)
             # The bound (13.4): deltas add up to no more than the base, and are few.
             assert sum(d["size"] for d in deltas) <= base["size"]
@@ -327,7 +329,8 @@ def test_chains_are_consolidated_at_their_bounds(
         chain = _chains(small, v)[0]
         lengths.append(len(chain))
         assert sum(d["size"] for d in chain[1:]) <= chain[0]["size"]
-    assert 1 in lengths[1:] and 2 in lengths, lengths
+    assert 1 in lengths[1:], lengths  # a new base before the count bound
+    assert 2 in lengths, lengths
 
 
 # -- corruption --------------------------------------------------------------------------------------
@@ -351,14 +354,17 @@ def _chained(local_store: StoreURL) -> tuple[TopicLog, int, int, dict[str, Any]]
     raise AssertionError("no chain with two deltas")
 
 
-def _load_falls_back(shared: TopicLog, version: int, newest: int, match: str) -> None:
+def _refused(shared: TopicLog, version: int, match: str) -> None:
+    """The checkpoint is corrupt, and so is the log for a reader that starts from it (9.3,
+    14.1): it is reported, naming the checkpoint, never replaced by a partial state."""
     with pytest.raises(CorruptLogError, match=match):
         _files(shared)._read_checkpoint(version)
-    # The log still loads, from an older checkpoint or version 0, to the right state.
-    _same(_files(shared).load(), _replayed(shared, newest))
+    with pytest.raises(CorruptLogError, match=match) as refused:
+        _files(shared).load()
+    assert checkpoint_file(version) in str(refused.value)
 
 
-def test_a_missing_or_truncated_delta_makes_the_checkpoint_corrupt_and_loading_falls_back(
+def test_a_missing_or_truncated_delta_makes_the_checkpoint_corrupt(
     local_store: StoreURL,
 ) -> None:
     shared, version, newest, delta = _chained(local_store)
@@ -366,25 +372,22 @@ def test_a_missing_or_truncated_delta_makes_the_checkpoint_corrupt_and_loading_f
     path = f"{_incarnation(shared)}/{delta['path']}"
     content = storage.read(path)
     storage.put(path, content[:-9])
-    _load_falls_back(shared, version, newest, "bytes, the checkpoint records")
-    storage.put(path, content)
+    _refused(shared, version, "bytes, the checkpoint records")
     storage.delete([path])
-    _load_falls_back(shared, version, newest, "is missing")
+    _refused(shared, version, "is missing")
     # Truncated and the recorded size changed to match: the gzip stream does not end.
     storage.put(path, content[:-9])
-    actions = _checkpoint(shared, version)
+    original = _checkpoint(shared, version)
+    actions = json.loads(json.dumps(original))
     for _, body in actions:
         if body.get("path") == delta["path"]:
             body["size"] -= 9
     _put_checkpoint(shared, version, actions)
-    _load_falls_back(shared, version, newest, "truncated")
-    # Without the commits the fallback needs, the checkpoint's corruption is reported.
-    for v in range(0, version + 1):
-        storage.delete([f"{shared.directory}/{version_file(v)}"])
-    for v in range(10, version, 10):
-        storage.delete([f"{shared.directory}/{checkpoint_file(v)}"])
-    with pytest.raises(CorruptLogError, match="truncated"):
-        _files(shared).load()
+    _refused(shared, version, "truncated")
+    # Repaired: the same log loads, to the state a replay of every commit builds.
+    storage.put(path, content)
+    _put_checkpoint(shared, version, original)
+    _same(_files(shared).load(), _replayed(shared, newest))
 
 
 def test_a_chain_with_a_foreign_partition_another_count_or_a_gap_is_corrupt(
@@ -404,9 +407,9 @@ def test_a_chain_with_a_foreign_partition_another_count_or_a_gap_is_corrupt(
     # The delta of partition 1 named as partition 0's: its header names partition 1.
     swapped = altered(lambda b: b.update(partition=0))
     _put_checkpoint(shared, version, swapped)
-    _load_falls_back(shared, version, newest, "holds partition 1, not 0|first sidecar")
+    _refused(shared, version, "holds partition 1, not 0|first sidecar")
     _put_checkpoint(shared, version, altered(lambda b: b.update(actions=b["actions"] + 1)))
-    _load_falls_back(shared, version, newest, "action count differs")
+    _refused(shared, version, "action count differs")
     # A range that leaves a gap after the base: rewritten in the checkpoint and the header
     # alike, so only the chain's contiguity catches it.
     first, last = delta["delta"]
@@ -419,10 +422,18 @@ def test_a_chain_with_a_foreign_partition_another_count_or_a_gap_is_corrupt(
     storage.put(path, payload)
     gap = altered(lambda b: b.update(delta=[first + 1, last], size=len(payload)))
     _put_checkpoint(shared, version, gap)
-    _load_falls_back(shared, version, newest, "but the chain before it ends at")
+    _refused(shared, version, "but the chain before it ends at")
     # Two bases for one partition.
     _put_checkpoint(shared, version, altered(lambda b: b.pop("delta")))
-    _load_falls_back(shared, version, newest, "two base sidecars")
+    _refused(shared, version, "two base sidecars")
+    # A chain in a checkpoint of a log below version 4.
+    below = [
+        (n, {"minReaderVersion": 3, "minWriterVersion": 3} if n == "protocol" else b)
+        for n, b in original
+    ]
+    _put_checkpoint(shared, version, below)
+    _refused(shared, version, "below version 4")
+    assert newest > version
 
 
 # -- versions ----------------------------------------------------------------------------------------
@@ -442,22 +453,26 @@ def test_a_version_3_log_keeps_whole_sidecars_until_the_upgrade_raises_it(
     work.run(20)  # written by this version, still at version 3
     for v in range(5, 50, 5):
         for chain in _chains(shared, v).values():
-            assert len(chain) == 1 and chain[0]["path"].endswith(".json")
+            assert len(chain) == 1
+            assert chain[0]["path"].endswith(".json")
             assert "version" not in chain[0]
     # The dry run reports, and changes nothing.
     report = upgrade_topic(store, "t", dry_run=True)
-    assert [s for _, s in report.topic_logs] == ["planned"] and report.metadata == "planned"
+    assert [s for _, s in report.topic_logs] == ["planned"]
+    assert report.metadata == "planned"
     assert _files(shared).load().min_reader_version == 3
     assert store._topic_log("t").load().min_reader_version == 3
     report = upgrade_topic(store, "t")
-    assert [s for _, s in report.topic_logs] == ["done"] and report.metadata == "done"
+    assert [s for _, s in report.topic_logs] == ["done"]
+    assert report.metadata == "done"
     assert report.changed
     fresh = Store(*local_store)
     assert fresh._topic_log("t").load().min_reader_version == CHAIN_VERSION
     loaded = _files(shared).load()
     assert (loaded.min_reader_version, loaded.min_writer_version) == (4, 4)
     again = upgrade_topic(fresh, "t")
-    assert not again.changed and again.metadata == "already"
+    assert not again.changed
+    assert again.metadata == "already"
     # From now on: the upgrade's commit (version 50) is checkpointed with new bases for the
     # changed partitions (a version-3 base does not record its version), the next checkpoints
     # extend them with deltas; all of it reads back as the replay of every commit.
@@ -480,14 +495,16 @@ def test_new_layout_3_topics_are_at_version_4_and_a_version_3_reader_is_refused(
     with pytest.raises(UnsupportedFormatVersionError) as refused:
         Store(*local_store).topic("t")
     message = str(refused.value)
-    assert "reader version 4" in message and "reads up to 3" in message
+    assert "reader version 4" in message
+    assert "reads up to 3" in message
     assert "topics/t/_log" in message or "/t/" in message
     # So does the topic log itself, from its checkpoint or from its version 0.
     with pytest.raises(UnsupportedFormatVersionError) as refused:
         _files(shared).load()
     message = str(refused.value)
     assert shared.directory in message
-    assert "reader version 4" in message and "reads up to 3" in message
+    assert "reader version 4" in message
+    assert "reads up to 3" in message
 
 
 # -- vacuum ------------------------------------------------------------------------------------------
