@@ -8,15 +8,18 @@ again (docs/PROTOCOL.md 27):
    then on writers of this version refuse it with :class:`~kstore.errors.TopicUpgradedError`
    and older writers refuse it by its version, so its state is final.
 2. :func:`adopt_partitions`: version 0 of every topic log (put-if-absent) holds ``protocol``
-   3/3 and the whole final state of each of its partitions, as that partition's checkpoint
-   actions naming the partition. Segments are adopted by reference: their ``segments/`` paths
-   stay relative to the partition directory, nothing is copied.
+   4/4 (3/3 before version 4) and the whole final state of each of its partitions, as that
+   partition's checkpoint actions naming the partition. Segments are adopted by reference:
+   their ``segments/`` paths stay relative to the partition directory, nothing is copied.
 3. :func:`switch_layout`: the topic's metadata log gets ``metaData`` with ``layout: 3`` (every
-   other field carried, schemas included) and ``protocol`` 3/3, so that readers that predate
+   other field carried, schemas included) and ``protocol`` 4/4, so that readers that predate
    layout 3 refuse the topic instead of reading partition logs nobody writes any more.
 
 Between steps 1 and 3 the topic is readable as before but not writable: writers are told to
 run the upgrade again. Administration only: reads manifests, never segment data (no pyarrow).
+
+A topic already in layout 3 whose logs are at version 3 (written before incremental
+checkpoints) gets them raised to version 4 instead: :func:`raise_topic_logs` (27.4).
 """
 
 from __future__ import annotations
