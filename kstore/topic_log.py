@@ -431,7 +431,7 @@ class TopicLogFiles(Log[TopicLogState]):
         self, state: TopicLogState, chains: dict[int, list[Action]], version: int
     ) -> None:
         """Every partition's chain checked (7.4, 13.4) and applied: its base, then its deltas."""
-        v4 = state.min_reader_version >= CHAIN_VERSION
+        v4 = min(state.min_reader_version, state.min_writer_version) >= CHAIN_VERSION
         for partition, chain in chains.items():
             for position, body in enumerate(chain):
                 if not _nonneg_int(body.get("actions")) or not _nonneg_int(body.get("size")):
@@ -477,6 +477,10 @@ class TopicLogFiles(Log[TopicLogState]):
                     )
                 span = body.get("delta")
                 if span is None:
+                    if "delta" in header:
+                        raise CorruptLogError(
+                            f"sidecar {path}: a delta, named by the checkpoint as a base"
+                        )
                     end = header.get("version")  # type: ignore[assignment]
                     if not _nonneg_int(end) or end > version:
                         raise CorruptLogError(f"sidecar {path}: illegal version {end!r}")
