@@ -541,3 +541,36 @@ def test_vacuum_keeps_every_chain_member_of_the_kept_checkpoint(
     assert store.storage.read_if_exists(f"{shared.directory}/{version_file(0)}") is None
     fresh = Store(*local_store)
     _same(fresh.topic_log("t", fresh.topic("t"), 0).log.load(), expected)
+
+
+def test_the_upgrade_command_raises_a_version_3_topic_with_a_dry_run(
+    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kstore.cli.app import app
+    from typer.testing import CliRunner
+
+    with monkeypatch.context() as old:
+        old.setattr("kstore.topic_log.TOPIC_LOG_VERSION", 3)
+        old.setattr("kstore.store.TOPIC_LOG_VERSION", 3)
+        _, shared = _topic(local_store, partitions=2, interval=5)
+        Workload(shared, [0, 1], seed=6).run(12)
+    runner = CliRunner()
+
+    def cli(*args: str) -> Any:
+        result = runner.invoke(app, ["topics", "upgrade", "t", *args, "--store", local_store[0]])
+        assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+        return result
+
+    dry = cli("--dry-run")
+    assert "Topic log 0 (_log): would be raised to version 4." in dry.stderr
+    assert "Metadata: would be raised to version 4." in dry.stderr
+    assert "would get incremental checkpoints; nothing was changed" in dry.stderr
+    assert _files(shared).load().min_reader_version == 3
+    done = cli()
+    assert "Topic log 0 (_log): raised to version 4." in done.stderr
+    assert "its logs now take incremental checkpoints" in done.stderr
+    assert Store(*local_store)._topic_log("t").load().min_writer_version == CHAIN_VERSION
+    out = json.loads(cli("-o", "json").stdout)
+    assert out["changed"] is False
+    assert out["topic_logs"] == [{"index": 0, "version4": "already"}]
+    assert "in layout 3 already, at version 4" in cli().stderr
