@@ -18,7 +18,9 @@ log itself (manifest actions only, no data is written; pyarrow is not used):
 
 Reported per version: the data bytes the adds name, the checkpoint bytes written during the
 deliveries (checkpoint files and the sidecars they wrote; ``_last_checkpoint`` is ~16 bytes a
-checkpoint, left out), their ratio, and bytes per checkpoint. Version 3 runs fewer deliveries
+checkpoint, left out), their ratio, bytes per checkpoint, and the time a new reader takes to
+open the log at the end (the newest checkpoint, its sidecars, the commits after it) with the
+number of sidecar files it reads. Version 3 runs fewer deliveries
 (its checkpoints are all alike: the whole state of every partition); version 4 runs enough to
 go through chains of the full length at least twice (a new base every 33 checkpoints at most).
 
@@ -195,6 +197,18 @@ def run(args: argparse.Namespace, version: int, deliveries: int) -> dict[str, An
         sidecars = sum(v for k, v in written.items() if "/_sidecars/" in k)
         total = sum(written.values())
         state = model.shared.state()
+        # Opening the log as a new reader does: the newest checkpoint with its sidecars (every
+        # member of every chain), then the commits after it; the median of three.
+        top = model.shared.log._read_checkpoint(state.version // args.interval * args.interval)
+        assert top is not None
+        members = sum(len(chain) for chain in top.sidecars.values())
+        opens = []
+        for _ in range(3):
+            fresh = Store(f"file://{root}")
+            shared = fresh.topic_log("t", fresh.topic("t"), 0)
+            began = time.perf_counter()
+            shared.log.load()
+            opens.append(time.perf_counter() - began)
         return {
             "version": version,
             "deliveries": deliveries,
@@ -207,6 +221,8 @@ def run(args: argparse.Namespace, version: int, deliveries: int) -> dict[str, An
             "live_per_partition": len(state.partition(0).segments),
             "removed_per_partition": len(state.partition(0).removed),
             "seconds": round(elapsed, 1),
+            "sidecars_read_on_open": members,
+            "open_s": round(sorted(opens)[1], 3),
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -229,14 +245,16 @@ def main() -> None:
     results = [run(args, 3, args.v3_deliveries), run(args, 4, args.v4_deliveries)]
     print(
         f"{'version':>7} {'deliveries':>10} {'checkpoints':>11} {'data MB':>10} "
-        f"{'checkpoint MB':>13} {'per data byte':>13} {'KB/checkpoint':>13} {'s':>6}"
+        f"{'checkpoint MB':>13} {'per data byte':>13} {'KB/checkpoint':>13} {'s':>6} "
+        f"{'open s':>7} {'sidecars':>8}"
     )
     for r in results:
         print(
             f"{r['version']:>7} {r['deliveries']:>10} {r['checkpoints']:>11} "
             f"{r['data_bytes'] / 1e6:>10.1f} {r['checkpoint_bytes'] / 1e6:>13.2f} "
             f"{r['checkpoint_bytes_per_data_byte']:>13.4%} "
-            f"{r['bytes_per_checkpoint'] / 1e3:>13.1f} {r['seconds']:>6}"
+            f"{r['bytes_per_checkpoint'] / 1e3:>13.1f} {r['seconds']:>6} "
+            f"{r['open_s']:>7} {r['sidecars_read_on_open']:>8}"
         )
     print(json.dumps({"args": vars(args), "results": results}, indent=1))
 
