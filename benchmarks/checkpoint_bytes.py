@@ -22,10 +22,10 @@ checkpoint, left out), their ratio, bytes per checkpoint, and the time a new rea
 open the log at the end (the newest checkpoint, its sidecars, the commits after it) with the
 number of sidecar files it reads. Version 3 runs fewer deliveries
 (its checkpoints are all alike: the whole state of every partition); version 4 runs enough to
-go through chains of the full length at least twice (a new base every 33 checkpoints at most).
+go through chains of the full length twice (a new base every 65 checkpoints at most).
 
 Run: ``.venv/bin/python benchmarks/checkpoint_bytes.py [--v3-deliveries 500]
-[--v4-deliveries 6700]``
+[--v4-deliveries 13100] [--max-deltas 64]``
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ def main() -> None:
     parser.add_argument("--merge-every", type=int, default=600)
     parser.add_argument("--vacuum-every", type=int, default=3600)
     parser.add_argument("--v3-deliveries", type=int, default=500)
-    parser.add_argument("--v4-deliveries", type=int, default=6700)
+    parser.add_argument("--v4-deliveries", type=int, default=13100)
     parser.add_argument(
         "--max-deltas",
         type=int,

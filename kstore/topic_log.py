@@ -47,8 +47,9 @@ TOPIC_LOG_VERSION = CHAIN_VERSION
 # The bounds of a chain (PROTOCOL.md 13.4): a writer starts a new base rather than name more
 # deltas than this, or deltas whose sizes add up to more than the base's: so loading a
 # checkpoint reads at most twice the bytes of the partition's whole state, in at most
-# MAX_DELTAS + 1 files read concurrently.
-MAX_DELTAS = 32
+# MAX_DELTAS + 1 files read concurrently. A partition changed by every commit writes its base
+# once per MAX_DELTAS + 1 checkpoints: 64 keeps that share near the deltas' own (13.4).
+MAX_DELTAS = 64
 # gzip level of compressed sidecars: JSON lines of paths, ids and numbers shrink ~4x at level 1
 # and ~4.8x at 6, at ~5x the time; a checkpoint is written once and read by every reader.
 SIDECAR_GZIP_LEVEL = 6
