@@ -574,3 +574,15 @@ def test_the_upgrade_command_raises_a_version_3_topic_with_a_dry_run(
     assert out["changed"] is False
     assert out["topic_logs"] == [{"index": 0, "version4": "already"}]
     assert "in layout 3 already, at version 4" in cli().stderr
+
+
+@pytest.mark.s3
+def test_chains_on_an_object_store(seaweed_store: StoreURL) -> None:
+    """The same through S3 (SeaweedFS): sidecars are written with put-if-absent and a chain's
+    members read in one concurrent batch."""
+    _, shared = _topic(seaweed_store, partitions=2, interval=5)
+    _bulk(shared, 0, 100)
+    newest = Workload(shared, [0, 1], seed=12).run(60)
+    assert any(len(c) >= 3 for c in _chains(shared, 60).values())
+    fresh = Store(*seaweed_store)
+    _same(fresh.topic_log("t", fresh.topic("t"), 0).log.load(), _replayed(shared, newest))
