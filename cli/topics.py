@@ -644,9 +644,10 @@ _STEP_WORDS = {
     "upgrade",
     epilog="Examples:\n\n  kstore topics upgrade orders --dry-run\n\n"
     "  kstore topics upgrade orders\n\n"
-    "Safe to run again: a run that stopped half-way is finished by the next one, and a topic "
-    "already in layout 3 is left alone. Readers older than layout 3 cannot read the topic "
-    "afterwards.",
+    "Safe to run again: a run that stopped half-way is finished by the next one. A topic "
+    "already in layout 3 whose logs are at version 3 has them raised to version 4 (incremental "
+    "checkpoints); one at version 4 is left alone. Readers older than version 4 cannot read the "
+    "topic afterwards.",
 )
 def upgrade(
     ctx: typer.Context,
@@ -664,7 +665,8 @@ def upgrade(
 
     Seals every partition log, adopts each partition's state (segments by reference, nothing
     copied; open transactions and producer sequences carried) into the topic logs, then
-    switches the topic's metadata to layout 3.
+    switches the topic's metadata to layout 3. A layout-3 topic whose logs are at version 3
+    gets them raised to version 4, whose checkpoints are incremental.
     """
     from kstore.upgrade import upgrade_topic
 
@@ -674,7 +676,7 @@ def upgrade(
         print_json(report.to_json())
         return
     if report.layout_before == 3:
-        note(f"Topic {topic!r} is in layout 3 already; nothing to do.")
+        _layout3_versions(topic, report, dry_run=dry_run)
         return
     # LOG: the topic log that adopts the partition.
     numeric = ["PARTITION", "LOG", "LOG-END", "SEGMENTS", "OPEN-TXN", "PRODUCERS"]
@@ -712,6 +714,24 @@ def upgrade(
         note(f"Upgraded topic {topic!r} to layout 3.")
     else:
         note(f"Topic {topic!r} was upgraded to layout 3 already; nothing changed.")
+
+
+def _layout3_versions(topic: str, report: Any, *, dry_run: bool) -> None:
+    """A layout-3 topic: its topic logs and metadata log raised to version 4 (incremental
+    checkpoints), or found there."""
+    words = {"done": "raised to", "already": "already at", "planned": "would be raised to"}
+    for index, step in report.topic_logs:
+        name = "_log" if index == 0 else f"_log.{index}"
+        note(f"Topic log {index} ({name}): {words[step]} version 4.")
+    note(f"Metadata: {words[report.metadata]} version 4.")
+    if dry_run:
+        pending = "planned" in (report.metadata, *(step for _, step in report.topic_logs))
+        what = "would get incremental checkpoints" if pending else "needs no change"
+        note(f"Dry run: topic {topic!r} {what}; nothing was changed.")
+    elif report.changed:
+        note(f"Topic {topic!r} is in layout 3; its logs now take incremental checkpoints.")
+    else:
+        note(f"Topic {topic!r} is in layout 3 already, at version 4; nothing to do.")
 
 
 def _offsets_json(path: str) -> list[tuple[str, int, int]]:

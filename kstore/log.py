@@ -41,12 +41,13 @@ from kstore.storage import Storage, unique_id
 
 log = logging.getLogger(__name__)
 
-READER_VERSION = 3  # highest minReaderVersion this code can read
-WRITER_VERSION = 3  # highest minWriterVersion this code can write
+READER_VERSION = 4  # highest minReaderVersion this code can read
+WRITER_VERSION = 4  # highest minWriterVersion this code can write
 # Version 2 adds typed topics (PROTOCOL.md 25); only the logs of typed topics require it, so
 # every other log stays readable by version-1 readers.
 TYPED_TOPICS_VERSION = 2
 # Version 3 adds layout 3 (PROTOCOL.md 26): topic logs shared by partitions, data objects.
+# Version 4 adds incremental checkpoints of topic logs (13.4): chains of compressed sidecars.
 LAST_CHECKPOINT = "_last_checkpoint"
 MAX_LOG_FILE_BYTES = 256 * 1024 * 1024  # a limit on everything: refuse absurd files early
 # A state not confirmed as the newest for this long is reloaded from a checkpoint before it is

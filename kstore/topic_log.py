@@ -11,14 +11,17 @@ Pure data and replay rules, like :mod:`kstore.manifest`: no pyarrow.
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from kstore.errors import CorruptLogError, UnsupportedFormatVersionError
 from kstore.log import (
+    MAX_LOG_FILE_BYTES,
     Action,
     CommitResult,
     Log,
@@ -33,8 +36,23 @@ from kstore.storage import unique_id
 
 LAYOUT_V2 = 2
 LAYOUT_V3 = 3
-# The log protocol version layout 3 requires of readers and writers (PROTOCOL.md 3.2).
-TOPIC_LOG_VERSION = 3
+# The log protocol version that introduced layout 3 (PROTOCOL.md 3.2): topic logs written
+# before version 4 are at it, and an upgrade seals partition logs with it.
+LAYOUT3_VERSION = 3
+# Version 4: a partition's state in a checkpoint may be a chain of sidecars, base and deltas,
+# compressed (PROTOCOL.md 13.4). New topic logs, and the metadata logs of their topics, start at
+# it; a topic log at version 3 keeps whole uncompressed sidecars until it is upgraded (27.4).
+CHAIN_VERSION = 4
+TOPIC_LOG_VERSION = CHAIN_VERSION
+# The bounds of a chain (PROTOCOL.md 13.4): a writer starts a new base rather than name more
+# deltas than this, or deltas whose sizes add up to more than the base's: so loading a
+# checkpoint reads at most twice the bytes of the partition's whole state, in at most
+# MAX_DELTAS + 1 files read concurrently. A partition changed by every commit writes its base
+# once per MAX_DELTAS + 1 checkpoints: 64 keeps that share near the deltas' own (13.4).
+MAX_DELTAS = 64
+# gzip level of compressed sidecars: JSON lines of paths, ids and numbers shrink ~4x at level 1
+# and ~4.8x at 6, at ~5x the time; a checkpoint is written once and read by every reader.
+SIDECAR_GZIP_LEVEL = 6
 
 # A partition build: receives the partition's state as of the commit's base version and
 # returns its actions (None: nothing to commit for it) or raises to refuse the commit.
@@ -67,11 +85,19 @@ class TopicLogState(LogState):
         # Partition -> the topic log version that last changed it (checkpoint sidecars).
         self.changed: dict[int, int] = {}
         self._views: dict[int, PartitionState] = {}
-        # The checkpoint this state descends from: its version and sidecar per partition
-        # (a partition unchanged since keeps its sidecar in the next checkpoint).
+        # The checkpoint this state descends from: its version and, per partition, the chain
+        # of sidecars (a base, then deltas) that names its state there (a partition unchanged
+        # since keeps its chain in the next checkpoint; a changed one may extend it).
         self.sidecar_version = -1
-        self.sidecars: dict[int, Action] = {}
+        self.sidecars: dict[int, list[Action]] = {}
         self.sidecars_seen = 0.0  # when that checkpoint was read or written (monotonic)
+        # Per partition with a chain: its actions since that checkpoint, newest first, as an
+        # immutable linked list (node: previous node, action name, body) shared by copies.
+        self.pending: dict[int, _Pending] = {}
+        # False once the actions since that checkpoint were dropped (see stamp): a changed
+        # partition then gets a new base.
+        self.pending_complete = True
+        self.pending_limit = 1000  # versions past that checkpoint to keep actions for
 
     def copy(self) -> TopicLogState:
         clone: TopicLogState = super().copy()  # type: ignore[assignment]
@@ -80,6 +106,7 @@ class TopicLogState(LogState):
         clone.changed = dict(self.changed)
         clone._views = {}
         clone.sidecars = dict(self.sidecars)
+        clone.pending = dict(self.pending)
         return clone
 
     def apply(self, name: str, body: dict[str, Any]) -> None:
@@ -101,6 +128,21 @@ class TopicLogState(LogState):
         assert state is not None
         state.apply(name, body)
         self._views.pop(partition, None)
+        if partition in self.sidecars and name in PARTITION_ACTIONS and self.pending_complete:
+            # Kept for the delta of the next checkpoint (13.4): the bodies are not changed
+            # once applied, so a reference is enough.
+            self.pending[partition] = (self.pending.get(partition), name, body)
+
+    def pending_actions(self, partition: int) -> list[Action]:
+        """The partition's actions since the checkpoint this state descends from, in log
+        order, without ``partition`` (a delta sidecar's content)."""
+        out: list[Action] = []
+        node = self.pending.get(partition)
+        while node is not None:
+            node, name, body = node
+            out.append({name: {k: v for k, v in body.items() if k != "partition"}})
+        out.reverse()
+        return out
 
     def stamp(self, version: int) -> None:
         super().stamp(version)
@@ -108,6 +150,9 @@ class TopicLogState(LogState):
         for partition in self._own:
             self.changed[partition] = version
         self._views = {}
+        if self.pending_complete and version - self.sidecar_version > self.pending_limit:
+            # A state that no checkpoint follows (a reader's) keeps no more than this.
+            self.pending, self.pending_complete = {}, False
 
     def partition(self, partition: int) -> PartitionState:
         """The state of one partition as of this topic log version (a read-only view whose
@@ -149,6 +194,8 @@ def tag_actions(actions: list[Action], partition: int) -> list[Action]:
 
 
 SIDECARS = "_sidecars"
+# A pending action list node: (the previous node or None, action name, action body).
+_Pending = tuple[Any, str, dict[str, Any]]
 # Actions that belong to one partition (PROTOCOL.md 8.27): in a topic log each names it.
 PARTITION_ACTIONS = frozenset(
     {
@@ -167,16 +214,33 @@ PARTITION_ACTIONS = frozenset(
 )
 
 
-def encode_sidecar(partition: int, version: int, actions: list[Action]) -> bytes:
-    """A sidecar file (PROTOCOL.md 7.4): a header line, then one partition's actions."""
-    header = {"sidecar": {"partition": partition, "version": version, "actions": len(actions)}}
-    lines = [json.dumps(header, separators=(",", ":"))]
+def encode_sidecar(
+    partition: int,
+    version: int,
+    actions: list[Action],
+    *,
+    delta: tuple[int, int] | None = None,
+    compress: bool = False,
+) -> bytes:
+    """A sidecar file (PROTOCOL.md 7.4): a header line, then one partition's actions: its whole
+    state (a base) or, with ``delta``, its actions of that range of versions (13.4);
+    ``compress``: gzip (version 4)."""
+    header: dict[str, Any] = {"partition": partition, "version": version, "actions": len(actions)}
+    if delta is not None:
+        header["delta"] = list(delta)
+    lines = [json.dumps({"sidecar": header}, separators=(",", ":"))]
     lines.extend(json.dumps(a, separators=(",", ":")) for a in actions)
-    return ("\n".join(lines) + "\n").encode()
+    text = ("\n".join(lines) + "\n").encode()
+    return gzip.compress(text, SIDECAR_GZIP_LEVEL, mtime=0) if compress else text
 
 
-def decode_sidecar(data: bytes, where: str, partition: int) -> list[tuple[str, dict[str, Any]]]:
-    """A sidecar's actions; CorruptLogError when it is damaged or holds another partition."""
+def decode_sidecar(
+    data: bytes, where: str, partition: int, *, compressed: bool = False
+) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
+    """A sidecar's header and actions; CorruptLogError when it is damaged, truncated or holds
+    another partition."""
+    if compressed:
+        data = _gunzip(data, where)
     # The same line syntax and truncation checks as a commit, with its own header line.
     if not data.startswith(b'{"sidecar":'):
         raise CorruptLogError(f"{where}: the first line must be the sidecar header")
@@ -185,47 +249,140 @@ def decode_sidecar(data: bytes, where: str, partition: int) -> list[tuple[str, d
         raise CorruptLogError(
             f"{where}: holds partition {info.get('partition')!r}, not {partition}"
         )
-    return actions
+    return info, actions
+
+
+def _gunzip(data: bytes, where: str) -> bytes:
+    """One gzip member, whole: its CRC-32 and length checked (zlib), nothing after it, and no
+    more than the limit on a log file once inflated."""
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        text = inflater.decompress(data, MAX_LOG_FILE_BYTES + 1)
+    except zlib.error as exc:
+        raise CorruptLogError(f"{where}: not a valid gzip stream ({exc})") from None
+    if len(text) > MAX_LOG_FILE_BYTES:
+        raise CorruptLogError(f"{where}: inflates beyond the {MAX_LOG_FILE_BYTES}-byte limit")
+    if not inflater.eof:
+        raise CorruptLogError(f"{where}: truncated (the gzip stream does not end)")
+    if inflater.unused_data:
+        raise CorruptLogError(f"{where}: bytes after the end of the gzip stream")
+    return text
+
+
+def _is_compressed(path: str) -> bool:
+    return path.endswith(".json.gz")
+
+
+def _chain_end(chain: list[Action]) -> int | None:
+    """The last version a chain covers: its last delta's, or its base's ``version`` (None for
+    a base written before version 4, which does not record it)."""
+    last = chain[-1]
+    if "delta" in last:
+        return int(last["delta"][1])
+    version = last.get("version")
+    return version if type(version) is int else None
+
+
+def _nonneg_int(value: Any) -> bool:
+    return type(value) is int and value >= 0
 
 
 class TopicLogFiles(Log[TopicLogState]):
-    """A topic log's files: checkpoints keep each partition's state in a sidecar file, and
-    a partition that did not change since the previous checkpoint keeps its sidecar by
-    reference (Delta's v2 checkpoints): a checkpoint writes what changed, not the whole
-    topic (PROTOCOL.md 7.4, 13.2)."""
+    """A topic log's files: checkpoints keep each partition's state in sidecar files, and a
+    partition that did not change since the previous checkpoint keeps its sidecars by
+    reference (Delta's v2 checkpoints): a checkpoint writes what changed, not the whole topic
+    (PROTOCOL.md 7.4, 13.2). From version 4 a changed partition's state is a chain, its
+    previous sidecars and one delta of its actions since (13.4): a checkpoint writes what the
+    commits since the previous one wrote, not the partitions' whole states."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Actions are kept for deltas while a state is at most this far past its checkpoint:
+        # a writer that missed a few of the checkpoints other writers wrote still extends.
+        self.pending_limit = 10 * max(1, self.checkpoint_interval)
 
     def _sidecar_dir(self) -> str:
         return f"{self.directory.rsplit('/', 1)[0]}/{SIDECARS}"
 
     def write_checkpoint(self, state: TopicLogState) -> None:
-        sidecars: dict[int, Action] = {}
+        chains: dict[int, list[Action]] = {}
         # A sidecar is reused only from a checkpoint this writer read or wrote recently:
         # vacuum may delete sidecars that no checkpoint newer than the log retention names.
         fresh = time.monotonic() - state.sidecars_seen < STALE_STATE_S
+        # Chains and compression are version 4: a log at version 3 keeps whole sidecars that
+        # readers of version 3 can read.
+        v4 = min(state.min_reader_version, state.min_writer_version) >= CHAIN_VERSION
         for partition in sorted(state.partitions):
             known = state.sidecars.get(partition) if fresh else None
             if known is not None and state.changed.get(partition, 0) <= state.sidecar_version:
-                sidecars[partition] = known
+                chains[partition] = known
                 continue
-            actions = [
-                a for a in state.partition(partition).checkpoint_actions() if "protocol" not in a
-            ]
-            name = f"{partition}-{state.version:020d}-{unique_id()}.json"
-            payload = encode_sidecar(partition, state.version, actions)
-            self.storage.put_new(f"{self._sidecar_dir()}/{name}", payload)
-            sidecars[partition] = {
-                "partition": partition,
-                "path": f"{SIDECARS}/{name}",
-                "actions": len(actions),
-                "size": len(payload),
-            }
-        top: list[Action] = [
-            *LogState.checkpoint_actions(state),
-            *({"sidecar": sidecars[p]} for p in sorted(sidecars)),
-        ]
+            chain = self._extended(state, partition, known) if v4 and known else None
+            if chain is None:
+                actions = [
+                    a
+                    for a in state.partition(partition).checkpoint_actions()
+                    if "protocol" not in a
+                ]
+                body = self._put_sidecar(partition, state.version, actions, None, compress=v4)
+                if v4:
+                    body["version"] = state.version
+                chain = [body]
+            chains[partition] = chain
+        top: list[Action] = [*LogState.checkpoint_actions(state)]
+        for partition in sorted(chains):
+            top.extend({"sidecar": body} for body in chains[partition])
         self._publish_checkpoint(state, top)
-        state.sidecars, state.sidecar_version = sidecars, state.version
+        state.sidecars, state.sidecar_version = chains, state.version
         state.sidecars_seen = time.monotonic()
+        state.pending, state.pending_complete = {}, True
+        state.pending_limit = self.pending_limit
+
+    def _extended(
+        self, state: TopicLogState, partition: int, chain: list[Action]
+    ) -> list[Action] | None:
+        """``chain`` and a new delta of the partition's actions since it (13.4), or None when
+        the chain cannot be extended or would exceed its bounds (then a new base is due)."""
+        end = _chain_end(chain)
+        if end is None or not state.pending_complete or end >= state.version:
+            return None
+        deltas = chain[1:]
+        if len(deltas) >= MAX_DELTAS:
+            return None
+        actions = state.pending_actions(partition)
+        if not actions:
+            return None
+        span = (end + 1, state.version)
+        payload = encode_sidecar(partition, state.version, actions, delta=span, compress=True)
+        if sum(int(d["size"]) for d in deltas) + len(payload) > int(chain[0]["size"]):
+            return None  # reading the chain would cost more than twice the state: a new base
+        body = self._put_payload(partition, state.version, payload, len(actions))
+        body["delta"] = list(span)
+        return [*chain, body]
+
+    def _put_sidecar(
+        self,
+        partition: int,
+        version: int,
+        actions: list[Action],
+        delta: tuple[int, int] | None,
+        *,
+        compress: bool,
+    ) -> Action:
+        payload = encode_sidecar(partition, version, actions, delta=delta, compress=compress)
+        return self._put_payload(partition, version, payload, len(actions), compress=compress)
+
+    def _put_payload(
+        self, partition: int, version: int, payload: bytes, count: int, *, compress: bool = True
+    ) -> Action:
+        name = f"{partition}-{version:020d}-{unique_id()}.json" + (".gz" if compress else "")
+        self.storage.put_new(f"{self._sidecar_dir()}/{name}", payload)
+        return {
+            "partition": partition,
+            "path": f"{SIDECARS}/{name}",
+            "actions": count,
+            "size": len(payload),
+        }
 
     def _read_checkpoint(self, version: int) -> TopicLogState | None:
         where = f"{self.storage.display_url}/{self._path(checkpoint_file(version))}"
@@ -239,42 +396,23 @@ class TopicLogFiles(Log[TopicLogState]):
                 f"{where}: checkpoint header names version {info.get('checkpointVersion')!r}"
             )
         state = self.state_factory()
-        sidecars: dict[int, Action] = {}
+        chains: dict[int, list[Action]] = {}
         try:
             for name, body in actions:
                 if name == "sidecar":
                     partition, path = body["partition"], body["path"]
                     if (
-                        type(partition) is not int
-                        or partition < 0
+                        not _nonneg_int(partition)
                         or not isinstance(path, str)
                         or not path.startswith(f"{SIDECARS}/")
                         or ".." in path
+                        or "\\" in path
                     ):
                         raise CorruptLogError(f"sidecar: illegal partition or path in {body!r}")
-                    sidecars[partition] = body
+                    chains.setdefault(partition, []).append(body)
                 else:
                     state.apply(name, body)
-            incarnation = self.directory.rsplit("/", 1)[0]
-            paths = {p: f"{incarnation}/{body['path']}" for p, body in sidecars.items()}
-            found = self.storage.read_many(list(paths.values()))
-            for partition, path in paths.items():
-                content = found.get(path)
-                if content is None:
-                    raise CorruptLogError(f"sidecar {path} of partition {partition} is missing")
-                expected = sidecars[partition]
-                if len(content) != expected.get("size"):
-                    raise CorruptLogError(
-                        f"sidecar {path} has {len(content)} bytes, the checkpoint records "
-                        f"{expected.get('size')!r}"
-                    )
-                partition_actions = decode_sidecar(content, path, partition)
-                if len(partition_actions) != expected.get("actions"):
-                    raise CorruptLogError(
-                        f"sidecar {path}: action count differs from the checkpoint's"
-                    )
-                for name, body in partition_actions:
-                    state.apply(name, {**body, "partition": partition})
+            self._load_chains(state, chains, version)
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptLogError(f"{where}: malformed checkpoint ({exc})") from None
         except CorruptLogError as exc:
@@ -282,12 +420,90 @@ class TopicLogFiles(Log[TopicLogState]):
         except UnsupportedFormatVersionError as exc:
             raise UnsupportedFormatVersionError(f"{where}: {exc}") from None
         state.stamp(version)
-        state.sidecars, state.sidecar_version = sidecars, version
+        state.sidecars, state.sidecar_version = chains, version
         state.sidecars_seen = time.monotonic()
+        state.pending_limit = self.pending_limit
         ts = info.get("timestamp")
         if isinstance(ts, int):
             state.last_commit_ms = ts
         return state
+
+    def _load_chains(
+        self, state: TopicLogState, chains: dict[int, list[Action]], version: int
+    ) -> None:
+        """Every partition's chain checked (7.4, 13.4) and applied: its base, then its deltas."""
+        v4 = min(state.min_reader_version, state.min_writer_version) >= CHAIN_VERSION
+        for partition, chain in chains.items():
+            for position, body in enumerate(chain):
+                if not _nonneg_int(body.get("actions")) or not _nonneg_int(body.get("size")):
+                    raise CorruptLogError(f"sidecar: illegal actions or size in {body!r}")
+                if not v4 and (position or _is_compressed(body["path"]) or "delta" in body):
+                    raise CorruptLogError(
+                        f"partition {partition}: a chain of sidecars or a compressed one in a "
+                        "checkpoint of a log below version 4"
+                    )
+                if position == 0 and "delta" in body:
+                    raise CorruptLogError(f"partition {partition}: the first sidecar is a delta")
+                if position and "delta" not in body:
+                    raise CorruptLogError(f"partition {partition}: names two base sidecars")
+                span = body.get("delta")
+                if span is not None and not (
+                    type(span) is list
+                    and len(span) == 2
+                    and all(_nonneg_int(v) for v in span)
+                    and span[0] <= span[1] <= version
+                ):
+                    raise CorruptLogError(f"sidecar: illegal delta range in {body!r}")
+        incarnation = self.directory.rsplit("/", 1)[0]
+        paths = [f"{incarnation}/{body['path']}" for chain in chains.values() for body in chain]
+        found = self.storage.read_many(paths)
+        for partition, chain in chains.items():
+            end = -1
+            for body in chain:
+                path = f"{incarnation}/{body['path']}"
+                content = found.get(path)
+                if content is None:
+                    raise CorruptLogError(f"sidecar {path} of partition {partition} is missing")
+                if len(content) != body["size"]:
+                    raise CorruptLogError(
+                        f"sidecar {path} has {len(content)} bytes, the checkpoint records "
+                        f"{body['size']!r}"
+                    )
+                header, partition_actions = decode_sidecar(
+                    content, path, partition, compressed=_is_compressed(path)
+                )
+                if len(partition_actions) != body["actions"]:
+                    raise CorruptLogError(
+                        f"sidecar {path}: action count differs from the checkpoint's"
+                    )
+                span = body.get("delta")
+                if span is None:
+                    if "delta" in header:
+                        raise CorruptLogError(
+                            f"sidecar {path}: a delta, named by the checkpoint as a base"
+                        )
+                    end = header.get("version")  # type: ignore[assignment]
+                    if not _nonneg_int(end) or end > version:
+                        raise CorruptLogError(f"sidecar {path}: illegal version {end!r}")
+                    if "version" in body and body["version"] != end:
+                        raise CorruptLogError(
+                            f"sidecar {path}: holds version {end}, the checkpoint records "
+                            f"{body['version']!r}"
+                        )
+                else:
+                    if header.get("delta") != span:
+                        raise CorruptLogError(
+                            f"sidecar {path}: covers versions {header.get('delta')!r}, the "
+                            f"checkpoint records {span!r}"
+                        )
+                    if span[0] != end + 1:
+                        raise CorruptLogError(
+                            f"sidecar {path}: covers versions from {span[0]}, but the chain "
+                            f"before it ends at {end}"
+                        )
+                    end = span[1]
+                for name, action in partition_actions:
+                    state.apply(name, {**action, "partition": partition})
 
 
 class TopicLog:

@@ -8,15 +8,18 @@ again (docs/PROTOCOL.md 27):
    then on writers of this version refuse it with :class:`~kstore.errors.TopicUpgradedError`
    and older writers refuse it by its version, so its state is final.
 2. :func:`adopt_partitions`: version 0 of every topic log (put-if-absent) holds ``protocol``
-   3/3 and the whole final state of each of its partitions, as that partition's checkpoint
-   actions naming the partition. Segments are adopted by reference: their ``segments/`` paths
-   stay relative to the partition directory, nothing is copied.
+   4/4 (3/3 before version 4) and the whole final state of each of its partitions, as that
+   partition's checkpoint actions naming the partition. Segments are adopted by reference:
+   their ``segments/`` paths stay relative to the partition directory, nothing is copied.
 3. :func:`switch_layout`: the topic's metadata log gets ``metaData`` with ``layout: 3`` (every
-   other field carried, schemas included) and ``protocol`` 3/3, so that readers that predate
+   other field carried, schemas included) and ``protocol`` 4/4, so that readers that predate
    layout 3 refuse the topic instead of reading partition logs nobody writes any more.
 
 Between steps 1 and 3 the topic is readable as before but not writable: writers are told to
 run the upgrade again. Administration only: reads manifests, never segment data (no pyarrow).
+
+A topic already in layout 3 whose logs are at version 3 (written before incremental
+checkpoints) gets them raised to version 4 instead: :func:`raise_topic_logs` (27.4).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from kstore.layout import partition_dir, topic_data_dir
 from kstore.log import Action, Log, protocol_action
 from kstore.manifest import PartitionState
 from kstore.topic_log import (
+    LAYOUT3_VERSION,
     LAYOUT_V2,
     LAYOUT_V3,
     TOPIC_LOG_VERSION,
@@ -95,16 +99,18 @@ class UpgradeReport:
     topic: str
     topic_id: str
     dry_run: bool
-    layout_before: int  # 3: the topic was already upgraded, nothing was done
+    layout_before: int  # 3: the topic was in layout 3 already: only versions were raised
     partitions: tuple[PartitionUpgrade, ...]
-    topic_logs: tuple[tuple[int, Step], ...]  # (index, what step 2 did to its version 0)
-    metadata: Step
+    # (index, what step 2 did to its version 0; layout 3 before: what raising it to 4 did)
+    topic_logs: tuple[tuple[int, Step], ...]
+    metadata: Step  # layout 3 before: what raising the metadata log to version 4 did
 
     @property
     def changed(self) -> bool:
         """True when this run wrote anything."""
         steps = [self.metadata, *(p.sealed for p in self.partitions)]
         steps += [p.adopted for p in self.partitions]
+        steps += [step for _, step in self.topic_logs]
         return Step.done in steps
 
     def to_json(self) -> dict[str, Any]:
@@ -116,7 +122,15 @@ class UpgradeReport:
             "layout": LAYOUT_V3 if not self.dry_run else self.layout_before,
             "changed": self.changed,
             "metadata": str(self.metadata),
-            "topic_logs": [{"index": i, "version0": str(s)} for i, s in self.topic_logs],
+            # Layout 2 before: what step 2 did to each topic log's version 0; layout 3 before:
+            # what raising each topic log to version 4 did (27.4).
+            "topic_logs": [
+                {
+                    "index": i,
+                    ("version4" if self.layout_before == LAYOUT_V3 else "version0"): str(s),
+                }
+                for i, s in self.topic_logs
+            ],
             "partitions": [p.to_json() for p in self.partitions],
         }
 
@@ -126,13 +140,23 @@ class UpgradeReport:
 
 def upgrade_topic(store: Store, topic: str, *, dry_run: bool = False) -> UpgradeReport:
     """Upgrade ``topic`` from layout 2 to layout 3 (all three steps; see the module). A topic
-    already in layout 3 is left alone. ``dry_run``: report what would be done, write nothing.
+    already in layout 3 gets its topic logs and metadata log raised to version 4 (incremental
+    checkpoints) if they are below. ``dry_run``: report what would be done, write nothing.
 
     Partitions added while the upgrade runs are sealed and adopted too before the layout
     switches (PROTOCOL.md 27.1)."""
     first = meta = store.topic(topic)
     if meta.layout == LAYOUT_V3:
-        return UpgradeReport(topic, meta.topic_id, dry_run, LAYOUT_V3, (), (), Step.already)
+        logs_raised, metadata = raise_topic_logs(store, meta, dry_run=dry_run)
+        return UpgradeReport(
+            topic,
+            meta.topic_id,
+            dry_run,
+            LAYOUT_V3,
+            (),
+            tuple(sorted(logs_raised.items())),
+            metadata,
+        )
     _check_layout(meta)
     states: dict[int, PartitionState] = {}
     sealed: dict[int, Step] = {}
@@ -250,7 +274,7 @@ def _seal(
                     "protocol": {
                         # Readers are not affected: the log stays readable as it was.
                         "minReaderVersion": current.min_reader_version,
-                        "minWriterVersion": max(current.min_writer_version, TOPIC_LOG_VERSION),
+                        "minWriterVersion": max(current.min_writer_version, LAYOUT3_VERSION),
                     }
                 },
                 {SEALED: {"layout": LAYOUT_V3}},
@@ -284,7 +308,7 @@ def _is_sealed(state: PartitionState, log: Log[PartitionState]) -> bool:
             f"{log.storage.display_url}/{log.directory}: sealed for layout "
             f"{state.sealed_layout}, not {LAYOUT_V3}"
         )
-    return state.min_writer_version >= TOPIC_LOG_VERSION
+    return state.min_writer_version >= LAYOUT3_VERSION
 
 
 # -- step 2 ----------------------------------------------------------------------------------------
@@ -382,6 +406,77 @@ def _check_adopted(
                 f"{held.end_offset}) but its sealed partition log holds [{sealed.log_start_offset}, "
                 f"{sealed.end_offset}); the topic log was not made from it"
             )
+
+
+# -- layout 3: topic logs from version 3 to version 4 ------------------------------------------------
+
+
+def raise_topic_logs(
+    store: Store, meta: TopicMetadata, *, dry_run: bool = False
+) -> tuple[dict[int, Step], Step]:
+    """A layout-3 topic's topic logs, then its metadata log, raised to version 4 (incremental
+    checkpoints, PROTOCOL.md 27.4): what was done to each topic log and to the metadata. A log
+    not created yet is left alone (its first commit creates it at version 4)."""
+    new = Step.planned if dry_run else Step.done
+    steps: dict[int, Step] = {}
+    for topic_log in store.topic_logs(meta.name, meta):
+        index = topic_log.index
+        state = topic_log.log.load()
+        if state.version < 0 or _at_least(state, TOPIC_LOG_VERSION):
+            steps[index] = Step.already
+            continue
+        if dry_run:
+            steps[index] = Step.planned
+            continue
+        result = topic_log.log.commit(
+            state,
+            lambda current: (
+                None
+                if _at_least(current, TOPIC_LOG_VERSION)
+                else [_raised(current, TOPIC_LOG_VERSION)]
+            ),
+            operation=OPERATION,
+            info={"topic": meta.name, "log": index, "upgradeStep": 4},
+        )
+        if result is not None:
+            topic_log._remember(result.state, confirmed=True)
+        steps[index] = new if result is not None else Step.already
+    metadata_log = store._topic_log(meta.name)
+    metadata_state = store._topic_state(meta.name)
+
+    def build(current: TopicState) -> list[Action] | None:
+        found = current.to_metadata()
+        if found is None or found.topic_id != meta.topic_id:
+            raise UnknownTopicOrPartitionError(
+                f"topic {meta.name!r} (id {meta.topic_id}) was deleted during the upgrade"
+            )
+        return (
+            None if _at_least(current, TOPIC_LOG_VERSION) else [_raised(current, TOPIC_LOG_VERSION)]
+        )
+
+    if dry_run:
+        return steps, Step.planned if build(metadata_state) is not None else Step.already
+    switched = metadata_log.commit(
+        metadata_state, build, operation=OPERATION, info={"upgradeStep": 4}
+    )
+    with store._lock:
+        store._topic_logs[meta.name] = (
+            switched.state if switched is not None else metadata_log.update(metadata_state)
+        )
+    return steps, new if switched is not None else Step.already
+
+
+def _at_least(state: Any, version: int) -> bool:
+    return bool(state.min_reader_version >= version and state.min_writer_version >= version)
+
+
+def _raised(state: Any, version: int) -> Action:
+    return {
+        "protocol": {
+            "minReaderVersion": max(state.min_reader_version, version),
+            "minWriterVersion": max(state.min_writer_version, version),
+        }
+    }
 
 
 # -- step 3 ----------------------------------------------------------------------------------------
@@ -526,6 +621,7 @@ __all__ = [
     "UpgradeReport",
     "adopt_partitions",
     "partition_actions",
+    "raise_topic_logs",
     "seal_partitions",
     "switch_layout",
     "upgrade_topic",

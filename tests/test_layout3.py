@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from typing import Any
 
@@ -255,7 +256,8 @@ def test_a_layout_3_topic_is_refused_by_older_readers(
     first = store.storage.read(f"topics/t/_log/{version_file(0)}")
     protocol = [json.loads(line) for line in first.decode().splitlines() if '"protocol"' in line]
     assert protocol
-    assert protocol[-1]["protocol"]["minReaderVersion"] == 3
+    # Version 4: layout 3 with incremental checkpoints (PROTOCOL.md 3.2).
+    assert protocol[-1]["protocol"]["minReaderVersion"] == 4
 
 
 @pytest.mark.s3
@@ -306,7 +308,7 @@ def test_a_sidecar_whose_size_differs_or_an_unnamed_partition_action_is_corrupt(
     top = store.storage.read(f"{incarnation}/_log/{1:020d}.checkpoint.json")
     path = next(b["path"] for n, b in decode_commit(top, "c")[1] if n == "sidecar")
     content = store.storage.read(f"{incarnation}/{path}")
-    assert content.startswith(b'{"sidecar":{"partition":0,"version":1,')
+    assert gzip.decompress(content).startswith(b'{"sidecar":{"partition":0,"version":1,')
     store.storage.put(f"{incarnation}/{path}", content + b"\n")
     with pytest.raises(CorruptLogError, match="bytes, the checkpoint records"):
         Store(*local_store).partition("t", 0).state()
@@ -331,5 +333,5 @@ def test_sidecars_of_a_checkpoint_seen_long_ago_are_written_again(
     assert state.sidecars == first  # reused while fresh
     state.sidecars_seen -= 25 * 3600  # as if read a day ago: vacuum may have taken them
     shared.log.write_checkpoint(state)
-    assert {p: s["path"] for p, s in state.sidecars.items()}.keys() == first.keys()
-    assert all(state.sidecars[p]["path"] != first[p]["path"] for p in first)
+    assert state.sidecars.keys() == first.keys()
+    assert all(state.sidecars[p][0]["path"] != first[p][0]["path"] for p in first)

@@ -6,6 +6,8 @@ against the storage's modification times, as in tests/test_jobs_retention.py."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import uuid
 
 import pytest
@@ -275,19 +277,36 @@ def test_verify_replays_topic_logs_against_checkpoints_and_their_sidecars(
         _, actions = decode_commit(
             store.storage.read(f"{log_dir}/{version:020d}.checkpoint.json"), "checkpoint"
         )
-        (body,) = [b for n, b in actions if n == "sidecar" and b["partition"] == partition]
+        # The first of the partition's chain: its base (13.4).
+        body = next(b for n, b in actions if n == "sidecar" and b["partition"] == partition)
         return f"{topic_data_dir('t', store.topic('t').topic_id)}/{body['path']}"
 
     # A sidecar that disagrees with the commits: the checkpoint is at fault, for partition 1.
+    # (Compressed, version 4: rewritten with the size the checkpoint records kept right.)
     sidecar = sidecar_of(3, 1)
-    text = store.storage.read(sidecar).decode()
+    text = gzip.decompress(store.storage.read(sidecar)).decode()
     assert '"endOffset":{"offset":4}' in text  # one record per flush, versions 0..3
-    store.storage.put(
-        sidecar,
-        text.replace('"endOffset":{"offset":4}', '"endOffset":{"offset":9}').encode(),
+    payload = gzip.compress(
+        text.replace('"endOffset":{"offset":4}', '"endOffset":{"offset":9}').encode()
     )
+    store.storage.put(sidecar, payload)
+    for version in (3, 6):  # checkpoint 6 names it too when it extends that chain (13.4)
+        top = f"{log_dir}/{version:020d}.checkpoint.json"
+        info, actions = decode_commit(store.storage.read(top), "checkpoint")
+        lines = [json.dumps({"commitInfo": info})]
+        for name, body in actions:
+            if name == "sidecar" and sidecar.endswith(body["path"]):
+                body = {**body, "size": len(payload)}
+            lines.append(json.dumps({name: body}))
+        store.storage.put(top, ("\n".join(lines) + "\n").encode())
     report = verify_topic(Store(*local_store), "t")
-    (problem,) = report.problems
+    # When checkpoint 6 extends checkpoint 3's chain for partition 1 with a delta (13.4), it
+    # names the same base: the same fault, also in the state readers load from it.
+    problem, *later = report.problems
+    assert all(
+        "checkpoint 6 disagrees" in p.message or "the state readers load" in p.message
+        for p in later
+    ), later
     assert "checkpoint 3 disagrees" in problem.message
     assert "partition 1: endOffset differs" in problem.message
     # A sidecar gone: the checkpoint cannot be loaded.

@@ -14,7 +14,7 @@ from kstore import Store
 from kstore.consumer import Consumer
 from kstore.errors import TopicDeletedError, UnknownTopicOrPartitionError
 from kstore.layout import topic_data_dir, topic_log_dir
-from kstore.log import checkpoint_file
+from kstore.log import READER_VERSION, checkpoint_file
 from kstore.producer import Producer
 from kstore.records import TopicPartition
 from kstore.store import DELETED_WRITER_VERSION
@@ -110,7 +110,7 @@ def test_the_deleted_incarnation_is_sealed_for_writers_of_any_version(
         assert state.topic_deleted is not None
         assert state.topic_deleted["id"] == topic_id
         assert state.min_writer_version == DELETED_WRITER_VERSION
-        assert state.min_reader_version <= 3  # still readable
+        assert state.min_reader_version <= READER_VERSION  # still readable
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

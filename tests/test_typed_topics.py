@@ -664,12 +664,13 @@ def test_typed_topic_logs_need_reader_version_2_and_binary_ones_stay_at_1(
     assert old.topic("raw").partitions == 1
 
 
-@pytest.mark.parametrize("reader", [1, 2])
-def test_layout_3_topics_need_reader_version_3_typed_or_not(
+@pytest.mark.parametrize("reader", [1, 2, 3])
+def test_layout_3_topics_need_reader_version_4_typed_or_not(
     local: tuple[Store, Path], monkeypatch: pytest.MonkeyPatch, reader: int
 ) -> None:
-    """Layout 3: the topic metadata log and the topic log need version 3, typed or not; a
-    reader of version 1 or 2 refuses both topics and still reads the layout-2 ones."""
+    """Layout 3: the topic metadata log and the topic log of a topic created now need version
+    4 (incremental checkpoints), typed or not; a reader of version 1, 2 or 3 refuses both
+    topics and still reads the layout-2 ones."""
     store, root = local
     store.create_topic("typed", 1, value_schema="v INT")
     store.create_topic("raw", 1)
@@ -682,13 +683,13 @@ def test_layout_3_topics_need_reader_version_3_typed_or_not(
         metadata_log = store._topic_log(topic).load()
         topic_log = store.partition(topic, 0).log.load()
         for state in (metadata_log, topic_log):
-            assert (state.min_reader_version, state.min_writer_version) == (3, 3), topic
+            assert (state.min_reader_version, state.min_writer_version) == (4, 4), topic
     monkeypatch.setattr(kstore_log, "READER_VERSION", reader)
     old = Store(root.as_uri())
     for topic in ("typed", "raw"):
-        with pytest.raises(UnsupportedFormatVersionError, match="reader version 3"):
+        with pytest.raises(UnsupportedFormatVersionError, match="reader version 4"):
             old.topic(topic)
-    readable = {"typed2": [{"v": 2}], "raw2": [b"r2"]} if reader == 2 else {"raw2": [b"r2"]}
+    readable = {"typed2": [{"v": 2}], "raw2": [b"r2"]} if reader >= 2 else {"raw2": [b"r2"]}
     for topic, values in readable.items():
         assert [r.value for r in read_all(old, topic)] == values
 

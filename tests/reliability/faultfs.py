@@ -72,7 +72,8 @@ CRASH_POINTS = ("segment-written", "commit-landed", "checkpoint-write", "before-
 # Layout 2 and 3 paths: partition logs and topic logs (``_log``, ``_log.<k>``), checkpoints
 # and their sidecars, segment files and data objects.
 _COMMIT = re.compile(r"/_log(\.\d+)?/\d{20}\.json$")
-_CHECKPOINT = re.compile(r"(/_log(\.\d+)?/\d{20}\.checkpoint|/_sidecars/[^/]+)\.json$")
+# Sidecars of topic logs at version 4 are compressed: ``.json.gz``.
+_CHECKPOINT = re.compile(r"(/_log(\.\d+)?/\d{20}\.checkpoint\.json|/_sidecars/[^/]+\.json(\.gz)?)$")
 _SEGMENT = re.compile(r"(/segments/[^/]+\.(arrow|parquet)|/_data/[^/]+\.kdat)$")
 _MEMORY_LOCK = threading.Lock()
 

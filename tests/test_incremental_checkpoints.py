@@ -1,0 +1,588 @@
+"""Incremental checkpoints of topic logs (PROTOCOL.md 13.4, version 4): a partition's state in
+a checkpoint is a chain of sidecars, a base and deltas of its actions since, so that a
+checkpoint writes what the commits since the previous one wrote, not the partitions' states.
+
+The workload is driven through the topic log itself with synthetic manifest actions (appends
+into data objects, merges replacing them, retention, compaction's cleaned point, vacuumed
+files, producer entries and their expiry, transactions and their markers), so that the
+replay through chains is compared with a replay of every commit at every checkpoint."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from kstore import CorruptLogError, Store
+from kstore.errors import UnsupportedFormatVersionError
+from kstore.layout import topic_data_dir
+from kstore.log import Action, checkpoint_file, decode_commit, version_file
+from kstore.manifest import PartitionState
+from kstore.topic_log import (
+    CHAIN_VERSION,
+    SIDECARS,
+    TopicLog,
+    TopicLogFiles,
+    TopicLogState,
+)
+from kstore.upgrade import upgrade_topic
+
+StoreURL = tuple[str, dict[str, Any]]
+DAY_MS = 24 * 3600 * 1000
+
+
+# -- a synthetic workload ---------------------------------------------------------------------------
+
+
+class Workload:
+    """Deterministic commits to one topic log: each picks some partitions and, for each, one
+    of: an append (a ranged add and its producer entry, sometimes inside a transaction),
+    a transaction marker, a merge of its oldest ranges into one segment, retention of its
+    first segment, compaction's cleaned point, or forgetting removed files (vacuumed)."""
+
+    def __init__(self, shared: TopicLog, partitions: list[int], seed: int = 7) -> None:
+        self.shared = shared
+        self.partitions = partitions
+        self.rng = random.Random(seed)
+        self.now = int(time.time() * 1000)
+        self.open_txn: dict[int, tuple[str, int]] = {}
+        self.txn_version = 0
+
+    def _add(self, state: PartitionState, count: int, transaction: str | None = None) -> Action:
+        self.now += 7
+        body: dict[str, Any] = {
+            "path": f"_data/{self.now:013d}-{uuid.UUID(int=self.rng.getrandbits(128)).hex}.kdat",
+            "baseOffset": state.end_offset,
+            "lastOffset": state.end_offset + count - 1,
+            "records": count,
+            "minTimestamp": self.now - 40,
+            "maxTimestamp": self.now - 3,
+            "size": 900 + count,
+            "checksum": f"crc32c:{self.rng.getrandbits(32):08x}",
+            "format": "arrow",
+            "sparse": False,
+            "createdTime": self.now,
+            "range": [self.rng.randrange(100_000), 900 + count],
+        }
+        if transaction is not None:
+            body["transaction"] = transaction
+        return {"add": body}
+
+    def _producer(self, state: PartitionState, pid: str, count: int, ts: int) -> Action:
+        return {
+            "producer": {
+                "id": pid,
+                "epoch": 0,
+                "firstSequence": state.end_offset,
+                "lastSequence": state.end_offset + count - 1,
+                "baseOffset": state.end_offset,
+                "lastOffset": state.end_offset + count - 1,
+                "timestamp": ts,
+            }
+        }
+
+    def actions(self, partition: int, state: PartitionState) -> list[Action]:
+        rng = self.rng
+        live = state.segments
+        roll = rng.random()
+        if partition in self.open_txn and roll < 0.3:
+            pid, version = self.open_txn.pop(partition)
+            return [
+                {
+                    "txnMarker": {
+                        "producerId": pid,
+                        "epoch": 0,
+                        "version": version,
+                        "commit": True,
+                        "timestamp": self.now,
+                    }
+                },
+                {"txn": {"appId": f"app-{partition}", "version": version}},
+            ]
+        if roll < 0.08 and len(live) >= 4:  # a merge: the oldest ranges into one segment
+            run = live[:3]
+            records = sum(s.record_count for s in run)
+            if any(s.transaction is not None for s in run):
+                return self.actions(partition, state)
+            out: list[Action] = [
+                {"remove": {"path": s.path, "deletionTimestamp": self.now}} for s in run
+            ]
+            out.append(
+                {
+                    "add": {
+                        "path": f"segments/{self.now:013d}-{uuid.UUID(int=rng.getrandbits(128)).hex}.parquet",
+                        "baseOffset": run[0].base_offset,
+                        "lastOffset": run[-1].last_offset,
+                        "records": records,
+                        "minTimestamp": run[0].min_timestamp_ms,
+                        "maxTimestamp": run[-1].max_timestamp_ms,
+                        "size": 5000,
+                        "checksum": "crc32c:00000000",
+                        "format": "parquet",
+                        "sparse": False,
+                        "createdTime": self.now,
+                    }
+                }
+            )
+            return out
+        if roll < 0.11 and len(live) >= 2 and live[0].transaction is None:  # retention
+            first = live[0]
+            return [
+                {"logStart": {"offset": first.last_offset + 1}},
+                {"remove": {"path": first.path, "deletionTimestamp": self.now}},
+            ]
+        if roll < 0.13 and state.end_offset > state.cleaned_offset:
+            return [{"cleaned": {"offset": state.end_offset}}]
+        if roll < 0.16 and state.removed:
+            gone = sorted(state.removed)[: rng.randint(1, len(state.removed))]
+            return [{"vacuumed": {"paths": gone}}]
+        count = rng.randint(1, 50)
+        if roll < 0.2 and partition not in self.open_txn:
+            self.txn_version += 1
+            pid = f"{partition:08x}" + "t" * 24
+            self.open_txn[partition] = (pid, self.txn_version)
+            key = f"{pid}:{self.txn_version}"
+            return [self._add(state, count, key), self._producer(state, pid, count, self.now)]
+        # Producers come and go; one wrote long ago, so that its entry has expired.
+        pid = f"{rng.randrange(6):032x}"
+        stamp = self.now - 8 * DAY_MS if pid == f"{0:032x}" else self.now
+        return [self._add(state, count), self._producer(state, pid, count, stamp)]
+
+    def commit(self) -> int:
+        chosen = self.rng.sample(self.partitions, self.rng.randint(1, len(self.partitions)))
+        builds = {p: (lambda state, p=p: self.actions(p, state)) for p in chosen}
+        result, refused = self.shared.commit(builds, operation="TEST")
+        assert not refused
+        assert result is not None
+        return result.version
+
+    def run(self, commits: int) -> int:
+        version = -1
+        for _ in range(commits):
+            version = self.commit()
+        return version
+
+
+def _topic(url: StoreURL, *, partitions: int = 3, interval: int = 10) -> tuple[Store, TopicLog]:
+    store = Store(*url)
+    store.create_topic("t", partitions, config={"checkpoint.interval": interval})
+    return store, store.topic_log("t", store.topic("t"), 0)
+
+
+def _files(shared: TopicLog) -> TopicLogFiles:
+    log = shared.log
+    assert isinstance(log, TopicLogFiles)
+    return TopicLogFiles(log.storage, log.directory, TopicLogState, checkpoint_interval=10**9)
+
+
+def _replayed(shared: TopicLog, version: int) -> TopicLogState:
+    """The state at ``version`` from every commit, no checkpoint."""
+    files = _files(shared)
+    state = TopicLogState()
+    for v in range(version + 1):
+        commit = files.read_commit(v)
+        assert commit is not None, v
+        files._apply_commit(state, v, *commit)
+    return state
+
+
+def _same(a: TopicLogState, b: TopicLogState) -> None:
+    assert a.version == b.version
+    assert set(a.partitions) == set(b.partitions)
+    for p in a.partitions:
+        assert a.partition(p).checkpoint_actions() == b.partition(p).checkpoint_actions(), p
+
+
+def _checkpoint(shared: TopicLog, version: int) -> list[tuple[str, dict[str, Any]]]:
+    storage = shared.log.storage
+    return decode_commit(storage.read(f"{shared.directory}/{checkpoint_file(version)}"), "c")[1]
+
+
+def _chains(shared: TopicLog, version: int) -> dict[int, list[dict[str, Any]]]:
+    chains: dict[int, list[dict[str, Any]]] = {}
+    for name, body in _checkpoint(shared, version):
+        if name == "sidecar":
+            chains.setdefault(body["partition"], []).append(body)
+    return chains
+
+
+def _incarnation(shared: TopicLog) -> str:
+    return shared.directory.rsplit("/", 1)[0]
+
+
+def _put_checkpoint(shared: TopicLog, version: int, actions: list[tuple[str, Any]]) -> None:
+    storage = shared.log.storage
+    path = f"{shared.directory}/{checkpoint_file(version)}"
+    info = decode_commit(storage.read(path), "c")[0]
+    lines = [json.dumps({"commitInfo": info})]
+    lines += [json.dumps({name: body}) for name, body in actions]
+    storage.put(path, ("\n".join(lines) + "\n").encode())
+
+
+# -- replay ------------------------------------------------------------------------------------------
+
+
+def test_replay_through_chains_equals_replay_of_every_commit(local_store: StoreURL) -> None:
+    _, shared = _topic(local_store, partitions=3, interval=10)
+    newest = Workload(shared, [0, 1, 2]).run(400)
+    files = _files(shared)
+    lengths: list[int] = []
+    for version in range(10, newest + 1, 10):
+        chains = _chains(shared, version)
+        lengths += [len(c) for c in chains.values()]
+        for chain in chains.values():
+            base, deltas = chain[0], chain[1:]
+            assert "delta" not in base
+            assert base["path"].endswith(".json.gz")
+            assert all("delta" in d for d in deltas)
+            # The bound (13.4): deltas add up to no more than the base, and are few.
+            assert sum(d["size"] for d in deltas) <= base["size"]
+        loaded = files._read_checkpoint(version)
+        assert loaded is not None
+        _same(loaded, _replayed(shared, version))
+    # Chains did grow, and were consolidated into new bases.
+    assert max(lengths) >= 4
+    assert lengths.count(1) > 3
+    # A reader that opens the log now: the newest checkpoint's chains plus later commits.
+    _same(
+        Store(*local_store).topic_log("t", Store(*local_store).topic("t"), 0).log.load(),
+        _replayed(shared, newest),
+    )
+
+
+def test_bytes_a_checkpoint_writes_follow_the_commits_since_not_the_live_state(
+    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends only, so that the live state grows all along: the sidecar bytes each checkpoint
+    writes stay flat in version 4 (deltas) and grow with the state in version 3 (whole
+    sidecars); with twice the commits between checkpoints, a delta is about twice as big."""
+
+    def written(interval: int, version: int, commits: int) -> list[int]:
+        monkeypatch.setattr("kstore.topic_log.TOPIC_LOG_VERSION", version)
+        monkeypatch.setattr("kstore.store.TOPIC_LOG_VERSION", version)
+        url = (f"{local_store[0]}-{interval}-{version}", local_store[1])
+        _, shared = _topic(url, partitions=1, interval=interval)
+        work = Workload(shared, [0], seed=3)
+        work.rng.random = lambda: 0.99  # type: ignore[method-assign]  # appends only
+        work.run(commits)
+        seen: set[str] = set()
+        out = []
+        for v in range(interval, commits, interval):
+            chain = _chains(shared, v)[0]
+            out.append(sum(b["size"] for b in chain if b["path"] not in seen))
+            seen |= {b["path"] for b in chain}
+        return out
+
+    v4 = written(10, CHAIN_VERSION, 400)
+    deltas = [b for i, b in enumerate(v4) if i and b < v4[0] * 2]  # not new bases
+    assert len(deltas) >= 20
+    assert max(deltas[-5:]) < 1.5 * min(deltas[:5])  # flat while the state grew 40-fold
+    v3 = written(10, 3, 400)
+    assert v3[-1] > 10 * v3[1]  # whole states: grow with the live state
+    assert sum(v4) * 5 < sum(v3)
+    double = written(20, CHAIN_VERSION, 400)
+    wide = [b for i, b in enumerate(double) if i and b < double[0] * 2]
+    assert 1.5 < (sum(wide) / len(wide)) / (sum(deltas) / len(deltas)) < 2.5
+
+
+def _bulk(shared: TopicLog, partition: int, appends: int) -> None:
+    """One commit of many appends to one partition: a large state in few commits."""
+    work = Workload(shared, [partition], seed=9)
+
+    def build(state: PartitionState) -> list[Action]:
+        out: list[Action] = []
+        end = state.end_offset
+        for _ in range(appends):
+            add = work._add(state, 10)
+            add["add"]["baseOffset"], add["add"]["lastOffset"] = end, end + 9
+            out.append(add)
+            end += 10
+        return out
+
+    shared.commit({partition: build}, operation="TEST")
+
+
+def test_chains_are_consolidated_at_their_bounds(
+    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("kstore.topic_log.MAX_DELTAS", 3)
+    _, shared = _topic(local_store, partitions=1, interval=2)
+    _bulk(shared, 0, 300)  # version 0: a large state, so that deltas stay small beside it
+    work = Workload(shared, [0], seed=5)
+    work.rng.random = lambda: 0.99  # type: ignore[method-assign]  # appends only
+    work.run(20)
+    lengths = [len(_chains(shared, v)[0]) for v in range(2, 21, 2)]
+    assert lengths == [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]  # at most 3 deltas, then a new base
+    # The size bound alone: a small base and deltas as large, so new bases come early.
+    monkeypatch.setattr("kstore.topic_log.MAX_DELTAS", 100)
+    _, small = _topic((f"{local_store[0]}-small", {}), partitions=1, interval=5)
+    work = Workload(small, [0], seed=5)
+    work.rng.random = lambda: 0.99  # type: ignore[method-assign]
+    work.run(50)
+    lengths = []
+    for v in range(5, 50, 5):
+        chain = _chains(small, v)[0]
+        lengths.append(len(chain))
+        assert sum(d["size"] for d in chain[1:]) <= chain[0]["size"]
+    assert 1 in lengths[1:], lengths  # a new base before the count bound
+    assert 2 in lengths, lengths
+
+
+# -- corruption --------------------------------------------------------------------------------------
+
+
+def _chained(local_store: StoreURL) -> tuple[TopicLog, int, int, dict[str, Any]]:
+    """A log whose newest checkpoint names a chain with deltas for partition 1: (the log, the
+    checkpoint's version, the newest version, one delta of that chain)."""
+    _, shared = _topic(local_store, partitions=2, interval=10)
+    work = Workload(shared, [0, 1], seed=11)
+    newest = work.run(95)
+    for version in range(90, 0, -10):
+        chain = _chains(shared, version)[1]
+        if len(chain) >= 3:
+            # Made the newest checkpoint, the one readers start from.
+            storage = shared.log.storage
+            for later in range(version + 10, newest + 1, 10):
+                storage.delete([f"{shared.directory}/{checkpoint_file(later)}"])
+            storage.put(f"{shared.directory}/_last_checkpoint", b'{"version": %d}' % version)
+            return shared, version, newest, chain[1]
+    raise AssertionError("no chain with two deltas")
+
+
+def _refused(shared: TopicLog, version: int, match: str) -> None:
+    """The checkpoint is corrupt, and so is the log for a reader that starts from it (9.3,
+    14.1): it is reported, naming the checkpoint, never replaced by a partial state."""
+    with pytest.raises(CorruptLogError, match=match):
+        _files(shared)._read_checkpoint(version)
+    with pytest.raises(CorruptLogError, match=match) as refused:
+        _files(shared).load()
+    assert checkpoint_file(version) in str(refused.value)
+
+
+def test_a_missing_or_truncated_delta_makes_the_checkpoint_corrupt(
+    local_store: StoreURL,
+) -> None:
+    shared, version, newest, delta = _chained(local_store)
+    storage = shared.log.storage
+    path = f"{_incarnation(shared)}/{delta['path']}"
+    content = storage.read(path)
+    storage.put(path, content[:-9])
+    _refused(shared, version, "bytes, the checkpoint records")
+    storage.delete([path])
+    _refused(shared, version, "is missing")
+    # Truncated and the recorded size changed to match: the gzip stream does not end.
+    storage.put(path, content[:-9])
+    original = _checkpoint(shared, version)
+    actions = json.loads(json.dumps(original))
+    for _, body in actions:
+        if body.get("path") == delta["path"]:
+            body["size"] -= 9
+    _put_checkpoint(shared, version, actions)
+    _refused(shared, version, "truncated")
+    # Repaired: the same log loads, to the state a replay of every commit builds.
+    storage.put(path, content)
+    _put_checkpoint(shared, version, original)
+    _same(_files(shared).load(), _replayed(shared, newest))
+
+
+def test_a_chain_with_a_foreign_partition_another_count_or_a_gap_is_corrupt(
+    local_store: StoreURL,
+) -> None:
+    shared, version, newest, delta = _chained(local_store)
+    storage = shared.log.storage
+    original = _checkpoint(shared, version)
+
+    def altered(change: Any) -> list[tuple[str, Any]]:
+        actions = json.loads(json.dumps(original))
+        for _, body in actions:
+            if body.get("path") == delta["path"]:
+                change(body)
+        return [tuple(a) for a in actions]
+
+    # The delta of partition 1 named as partition 0's: its header names partition 1.
+    swapped = altered(lambda b: b.update(partition=0))
+    _put_checkpoint(shared, version, swapped)
+    _refused(shared, version, "holds partition 1, not 0|first sidecar")
+    _put_checkpoint(shared, version, altered(lambda b: b.update(actions=b["actions"] + 1)))
+    _refused(shared, version, "action count differs")
+    # A range that leaves a gap after the base: rewritten in the checkpoint and the header
+    # alike, so only the chain's contiguity catches it.
+    first, last = delta["delta"]
+    path = f"{_incarnation(shared)}/{delta['path']}"
+    text = gzip.decompress(storage.read(path)).decode()
+    header, rest = text.split("\n", 1)
+    head = json.loads(header)
+    head["sidecar"]["delta"] = [first + 1, last]
+    payload = gzip.compress((json.dumps(head, separators=(",", ":")) + "\n" + rest).encode())
+    storage.put(path, payload)
+    gap = altered(lambda b: b.update(delta=[first + 1, last], size=len(payload)))
+    _put_checkpoint(shared, version, gap)
+    _refused(shared, version, "but the chain before it ends at")
+    # Two bases for one partition.
+    _put_checkpoint(shared, version, altered(lambda b: b.pop("delta")))
+    _refused(shared, version, "two base sidecars")
+    # A chain in a checkpoint of a log below version 4.
+    below = [
+        (n, {"minReaderVersion": 3, "minWriterVersion": 3} if n == "protocol" else b)
+        for n, b in original
+    ]
+    _put_checkpoint(shared, version, below)
+    _refused(shared, version, "below version 4")
+    assert newest > version
+
+
+# -- versions ----------------------------------------------------------------------------------------
+
+
+def test_a_version_3_log_keeps_whole_sidecars_until_the_upgrade_raises_it(
+    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as old:
+        old.setattr("kstore.topic_log.TOPIC_LOG_VERSION", 3)
+        old.setattr("kstore.store.TOPIC_LOG_VERSION", 3)
+        store, shared = _topic(local_store, partitions=2, interval=5)
+        work = Workload(shared, [0, 1], seed=2)
+        work.run(30)
+    state = shared.state()
+    assert (state.min_reader_version, state.min_writer_version) == (3, 3)
+    work.run(20)  # written by this version, still at version 3
+    for v in range(5, 50, 5):
+        for chain in _chains(shared, v).values():
+            assert len(chain) == 1
+            assert chain[0]["path"].endswith(".json")
+            assert "version" not in chain[0]
+    # The dry run reports, and changes nothing.
+    report = upgrade_topic(store, "t", dry_run=True)
+    assert [s for _, s in report.topic_logs] == ["planned"]
+    assert report.metadata == "planned"
+    assert _files(shared).load().min_reader_version == 3
+    assert store._topic_log("t").load().min_reader_version == 3
+    report = upgrade_topic(store, "t")
+    assert [s for _, s in report.topic_logs] == ["done"]
+    assert report.metadata == "done"
+    assert report.changed
+    fresh = Store(*local_store)
+    assert fresh._topic_log("t").load().min_reader_version == CHAIN_VERSION
+    loaded = _files(shared).load()
+    assert (loaded.min_reader_version, loaded.min_writer_version) == (4, 4)
+    again = upgrade_topic(fresh, "t")
+    assert not again.changed
+    assert again.metadata == "already"
+    # From now on: the upgrade's commit (version 50) is checkpointed with new bases for the
+    # changed partitions (a version-3 base does not record its version), the next checkpoints
+    # extend them with deltas; all of it reads back as the replay of every commit.
+    newest = work.run(30)
+    assert all(len(c) == 1 for c in _chains(shared, 50).values())
+    assert any(len(c) > 1 for c in _chains(shared, 60).values())
+    _same(_files(shared).load(), _replayed(shared, newest))
+    _same(_files(shared)._read_checkpoint(45) or TopicLogState(), _replayed(shared, 45))
+
+
+def test_new_layout_3_topics_are_at_version_4_and_a_version_3_reader_is_refused(
+    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, shared = _topic(local_store, partitions=2, interval=5)
+    Workload(shared, [0, 1]).run(7)
+    assert shared.state().min_reader_version == CHAIN_VERSION
+    assert store._topic_log("t").load().min_reader_version == CHAIN_VERSION
+    monkeypatch.setattr("kstore.log.READER_VERSION", 3)
+    # The topic's metadata refuses it first, naming the log and both versions.
+    with pytest.raises(UnsupportedFormatVersionError) as refused:
+        Store(*local_store).topic("t")
+    message = str(refused.value)
+    assert "reader version 4" in message
+    assert "reads up to 3" in message
+    assert "topics/t/_log/00000000000000000000.json" in message  # the metadata log's file
+    # So does the topic log itself, from its checkpoint or from its version 0.
+    with pytest.raises(UnsupportedFormatVersionError) as refused:
+        _files(shared).load()
+    message = str(refused.value)
+    assert shared.directory in message
+    assert "reader version 4" in message
+    assert "reads up to 3" in message
+
+
+# -- vacuum ------------------------------------------------------------------------------------------
+
+
+def test_vacuum_keeps_every_chain_member_of_the_kept_checkpoint(
+    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kstore.retention import vacuum
+
+    monkeypatch.setattr("kstore.topic_log.MAX_DELTAS", 3)  # new bases leave old sidecars
+    store, shared = _topic(local_store, partitions=2, interval=5)
+    _bulk(shared, 0, 200)
+    _bulk(shared, 1, 200)
+    work = Workload(shared, [0, 1], seed=4)
+    work.rng.random = lambda: 0.99  # type: ignore[method-assign]  # appends: chains grow
+    # Versions 2..44: bases at checkpoints 5, 25; the newest, 40, names a base and 3 deltas.
+    newest = work.run(43)
+    kept = 40
+    chains = _chains(shared, kept)
+    assert all(len(c) == 4 for c in chains.values()), chains
+    named = {b["path"] for c in chains.values() for b in c}
+    sidecar_dir = f"{topic_data_dir('t', store.topic('t').topic_id)}/{SIDECARS}"
+    before = {f"{SIDECARS}/{i.name}" for i in store.storage.list_dir(sidecar_dir)}
+    assert named < before  # older checkpoints' sidecars no kept checkpoint names
+    expected = _replayed(shared, newest)
+    summary = vacuum(
+        None, *local_store, verbose=False, now_ms=int(time.time() * 1000) + 31 * DAY_MS
+    )
+    assert summary.errors == []
+    after = {f"{SIDECARS}/{i.name}" for i in store.storage.list_dir(sidecar_dir)}
+    assert after == named
+    # The older commits are gone with their checkpoints: the kept chains carry the state.
+    assert store.storage.read_if_exists(f"{shared.directory}/{version_file(0)}") is None
+    fresh = Store(*local_store)
+    _same(fresh.topic_log("t", fresh.topic("t"), 0).log.load(), expected)
+
+
+def test_the_upgrade_command_raises_a_version_3_topic_with_a_dry_run(
+    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kstore.cli.app import app
+    from typer.testing import CliRunner
+
+    with monkeypatch.context() as old:
+        old.setattr("kstore.topic_log.TOPIC_LOG_VERSION", 3)
+        old.setattr("kstore.store.TOPIC_LOG_VERSION", 3)
+        _, shared = _topic(local_store, partitions=2, interval=5)
+        Workload(shared, [0, 1], seed=6).run(12)
+    runner = CliRunner()
+
+    def cli(*args: str) -> Any:
+        result = runner.invoke(app, ["topics", "upgrade", "t", *args, "--store", local_store[0]])
+        assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+        return result
+
+    dry = cli("--dry-run")
+    assert "Topic log 0 (_log): would be raised to version 4." in dry.stderr
+    assert "Metadata: would be raised to version 4." in dry.stderr
+    assert "would get incremental checkpoints; nothing was changed" in dry.stderr
+    assert _files(shared).load().min_reader_version == 3
+    done = cli()
+    assert "Topic log 0 (_log): raised to version 4." in done.stderr
+    assert "its logs now take incremental checkpoints" in done.stderr
+    assert Store(*local_store)._topic_log("t").load().min_writer_version == CHAIN_VERSION
+    out = json.loads(cli("-o", "json").stdout)
+    assert out["changed"] is False
+    assert out["topic_logs"] == [{"index": 0, "version4": "already"}]
+    assert "in layout 3 already, at version 4" in cli().stderr
+
+
+@pytest.mark.s3
+def test_chains_on_an_object_store(seaweed_store: StoreURL) -> None:
+    """The same through S3 (SeaweedFS): sidecars are written with put-if-absent and a chain's
+    members read in one concurrent batch."""
+    _, shared = _topic(seaweed_store, partitions=2, interval=5)
+    _bulk(shared, 0, 100)
+    newest = Workload(shared, [0, 1], seed=12).run(60)
+    assert any(len(c) >= 3 for c in _chains(shared, 60).values())
+    fresh = Store(*seaweed_store)
+    _same(fresh.topic_log("t", fresh.topic("t"), 0).log.load(), _replayed(shared, newest))
