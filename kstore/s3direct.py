@@ -191,7 +191,7 @@ class DirectS3:
                     method, URL(url, encoded=True), headers=dict(request.headers.items()), data=body
                 ) as response:
                     status = response.status
-                    payload = await response.read()
+                    payload: bytes = await response.read()
             except aiohttp.ClientConnectorError as exc:
                 refused += 1
                 if refused == _ATTEMPTS:

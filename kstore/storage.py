@@ -525,7 +525,10 @@ class Storage:
             return None
         from fsspec.asyn import sync
 
-        return sync(self.fs.loop, self._direct, self.fs.split_path(self.full_path("x"))[0])
+        found: DirectS3 | None = sync(
+            self.fs.loop, self._direct, self.fs.split_path(self.full_path("x"))[0]
+        )
+        return found
 
     async def _direct(self, bucket: str) -> DirectS3 | None:
         """The direct requests (``kstore.s3direct``) for ``bucket``, or None: through s3fs."""
