@@ -26,8 +26,25 @@ which writes nothing, too), never a time another machine wrote into a file.
    confirmed as the newest for a day (``kstore.partition.STALE_STATE_S``), and vacuum refuses
    a log retention below two days.
 
-The directory is listed *before* the newest state is read, and that state is refreshed again
-just before deleting, so a file committed while vacuum runs is seen as referenced.
+The directories are listed *before* the newest state is read, and that state is refreshed
+again just before deleting, so a file committed while vacuum runs is seen as referenced.
+
+**How much of ``_log/`` is listed** (:class:`LogScan`; PROTOCOL.md 22.5). Not the whole
+directory, which holds every version of the log retention (30 days at 20 commits/s: 52 million
+files): the listing goes in name order (version order: names are 20-digit versions) from the
+log's start, a page (one S3 LIST) at a time, and stops after the first page that shows a
+commit the storage recorded within the log retention. Earlier runs deleted everything below
+their K, so the files this run may delete, and K, are in that listing; so are the ``.tmp-*``
+files, which sort before every version, and vacuum's clock probe (``.probe-*``, layout 3).
+A commit is written only after the one before it landed, and a checkpoint after the commit of
+its version, so no checkpoint past the stop is older than the log retention; if the storage's
+times were out of order, K would be an older checkpoint (more kept), never a newer one.
+The times of the commits that removed files still pending (1.) come from that listing when it
+reached them, else from a HEAD of each such commit file (its checkpoint's when the commit is
+gone), or from one listing from the oldest of them past the newest when that costs fewer
+requests (a LIST is priced as ten HEADs); a version below the log's first file is long due.
+So a run lists about (files it deletes + 1) / 1000 pages, however long the log is. Local disk
+and memory, which are not billed per request, hand out their sorted listing the same way.
 
 Per topic incarnation of layout 3 (PROTOCOL.md 22.5), in partition 0's task: the partitions
 share topic logs, data objects (``_data/``) and checkpoint sidecars (``_sidecars/``), so they
@@ -39,8 +56,11 @@ are judged together. The steps are the ones above, with every partition of every
 - an object no partition names, live or removed, is an orphan (the orphan age);
 - a sidecar no kept checkpoint (at or above K) names goes once older than the log retention;
   the kept checkpoints are read only when such an old sidecar exists;
-- old versions of each topic log go as 3. says. Each topic log's directory is listed whole
-  (the removal times are its commit files' modification times): one listing per log per run.
+- old versions of each topic log go as 3. says, each topic log's start listed as above (the
+  removal times of its partitions' removed files, as above, from its commit files). Only when
+  a sidecar older than the log retention exists is the rest of each topic log listed, to find
+  the kept checkpoints (reading them all costs more than that listing). On a topic whose
+  partitions keep changing that is most runs: K's own sidecars are that old.
 
 Per store (on the driver, one listing per topic): data directories of deleted topic
 incarnations once their ``file.delete.delay.ms`` has passed (``purge.py``), and of other
