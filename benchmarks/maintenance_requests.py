@@ -189,26 +189,47 @@ def vacuum_lengths(lengths: list[int], old: int, layout: int) -> None:
             _pad(store.storage, log, retained)
             built = time.monotonic() - began
             files = len(store.storage.list_dir(log.directory))
-            measured = Store(url, options, create=False)
             result: dict[str, Any] = {"retained": retained, "files": files}
+            log_prefix = f"{store.storage.root.split('/', 1)[1]}/{log.directory}/"
             for label, mode in (("start", contextlib.nullcontext()), ("whole", _whole_listing())):
-                with mode, measured.storage.count_requests() as counts:
-                    summary = vacuum(
-                        None,
-                        measured,
-                        verbose=False,
-                        dry_run=True,
-                        now_ms=boundary + RETENTION_MS,
-                    )
+                # A fresh Store each time: both runs start with nothing cached.
+                measured = Store(url, options, create=False)
+                log_lists = [0]
+
+                def on_call(
+                    params: Any = None,
+                    _lists: list[int] = log_lists,
+                    _prefix: str = log_prefix,
+                    **_: Any,
+                ) -> None:
+                    query = (params or {}).get("query_string") or {}
+                    if isinstance(query, dict) and query.get("prefix") == _prefix:
+                        _lists[0] += 1
+
+                events = measured.storage.s3_client().meta.events
+                events.register("before-call.s3.ListObjectsV2", on_call)
+                try:
+                    with mode, measured.storage.count_requests() as counts:
+                        summary = vacuum(
+                            None,
+                            measured,
+                            verbose=False,
+                            dry_run=True,
+                            now_ms=boundary + RETENTION_MS,
+                        )
+                finally:
+                    events.unregister("before-call.s3.ListObjectsV2", on_call)
                 result[label] = dict(counts)
+                result[f"{label}_log"] = log_lists[0]
                 result[f"{label}_files"] = len(summary.files)
             assert result["start_files"] == result["whole_files"], result
             rows.append(result)
             print(
                 f"log of {files} files ({old} + checkpoints to delete, {retained} retained; "
                 f"built in {built:.0f} s): would delete {result['start_files']}; "
-                f"LIST {result['start'].get('LIST', 0)} (start) vs "
-                f"{result['whole'].get('LIST', 0)} (whole); all requests "
+                f"LIST of the log {result['start_log']} (start) vs {result['whole_log']} (whole); "
+                f"LIST in all {result['start'].get('LIST', 0)} vs "
+                f"{result['whole'].get('LIST', 0)}; all requests "
                 f"{sum(result['start'].values())} vs {sum(result['whole'].values())}",
                 flush=True,
             )
@@ -216,14 +237,15 @@ def vacuum_lengths(lengths: list[int], old: int, layout: int) -> None:
         server.stop()
     print(f"layout {layout}, moto, dry runs, page 1,000 names (one LIST each):")
     print(
-        "| log files | would delete | LIST, log's start | LIST, whole log | all requests (start / whole) |"
+        "| log files | would delete | LIST of the log: start / whole | "
+        "LIST in all: start / whole | all requests: start / whole |"
     )
-    print("|---:|---:|---:|---:|---|")
+    print("|---:|---:|---|---|---|")
     for r in rows:
         print(
-            f"| {r['files']:,} | {r['start_files']:,} | {r['start'].get('LIST', 0)} | "
-            f"{r['whole'].get('LIST', 0)} | {sum(r['start'].values())} / "
-            f"{sum(r['whole'].values())} |"
+            f"| {r['files']:,} | {r['start_files']:,} | {r['start_log']} / {r['whole_log']} | "
+            f"{r['start'].get('LIST', 0)} / {r['whole'].get('LIST', 0)} | "
+            f"{sum(r['start'].values())} / {sum(r['whole'].values())} |"
         )
 
 
