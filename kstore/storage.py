@@ -42,7 +42,15 @@ import os
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -768,7 +776,7 @@ class Storage:
 
     def list_pages(
         self, rel: str, *, start_after: str = "", page_size: int = LIST_PAGE_SIZE
-    ) -> Iterator[list[FileInfo]]:
+    ) -> Generator[list[FileInfo], None, None]:
         """The direct children of a directory whose names sort after ``start_after``, in
         ascending name order (by UTF-8 bytes, as S3 lists keys), a page of at most
         ``page_size`` at a time; nothing when the directory is absent.

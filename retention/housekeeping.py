@@ -394,10 +394,10 @@ def _prune(entry: PrunedLog, log: Log[Any], now: int, keep_ms: int, *, dry_run: 
     # checkpoint above them is looked for further on, and only without one is the log's end
     # (its newest commit) listed.
     old_commits = [
-        parsed[0]
+        name[0]
         for info in scan.files
-        if (parsed := parse_log_file_name(info.name)) is not None
-        and not parsed[1]
+        if (name := parse_log_file_name(info.name)) is not None
+        and not name[1]
         and info.mtime_ms is not None
         and now - info.mtime_ms > keep_ms
     ]
