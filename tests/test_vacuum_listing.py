@@ -128,7 +128,7 @@ def pad(storage: Storage, log: Log[Any], count: int, *, checkpoints: bool) -> in
         list(pool.map(lambda p: storage.put_if_absent(p, body, durable=False), paths))
     last = first + count - 1
     if checkpoints:
-        for v in [*range(first, last, EVERY), last]:
+        for v in range(first, last + 1):
             if v % EVERY == 0 or v == last:
                 copy = state.copy()
                 copy.stamp(v)
@@ -456,3 +456,80 @@ def test_list_pages_starts_after_a_name_and_stops_when_asked(
             next(pages)
             pages.close()
         assert counts["LIST"] == 2
+
+
+# -- log pruning (PROTOCOL.md 17.6) lists a log's start the same way ------------------------------
+
+
+def prune_reference(storage: Storage, log_dir: str, now: int) -> tuple[set[str], bool]:
+    """(the files pruning deletes, whether it writes a checkpoint) from the whole listing."""
+    listing = storage.list_dir(log_dir)
+    parsed = [(p, i) for i in listing if (p := parse_log_file_name(i.name)) is not None]
+    old_checkpoints = [
+        v for (v, cp), i in parsed if cp and i.mtime_ms is not None and now - i.mtime_ms > RETENTION
+    ]
+    keep_from = max(old_checkpoints) if old_checkpoints else None
+    doomed = {
+        f"{log_dir}/{i.name}" for (v, _), i in parsed if keep_from is not None and v < keep_from
+    }
+    doomed |= {
+        f"{log_dir}/{i.name}"
+        for i in listing
+        if i.name.startswith(".tmp-") and i.mtime_ms is not None and now - i.mtime_ms > RETENTION
+    }
+    newest_checkpoint = max((v for (v, cp), _ in parsed if cp), default=-1)
+    newest_commit = max((v for (v, cp), _ in parsed if not cp), default=-1)
+    checkpoint = any(
+        not cp
+        and newest_checkpoint < v < newest_commit
+        and i.mtime_ms is not None
+        and now - i.mtime_ms > RETENTION
+        for (v, cp), i in parsed
+    )
+    return doomed, checkpoint
+
+
+@pytest.mark.parametrize("retained_checkpoints", [True, False])
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_log_pruning_lists_a_log_as_far_as_its_old_versions(
+    kind: str,
+    retained_checkpoints: bool,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A topic metadata log: old versions with checkpoints, then old commits after the last old
+    checkpoint, then retained versions (with checkpoints: no new checkpoint is needed, and the
+    listing stops at the first retained one; without: the log is listed to its end, and a
+    checkpoint is written, as the whole listing decides)."""
+    from kstore.retention import prune_logs
+
+    pages: list[int] = []
+    for retained in (300, 600) if kind == "moto" else (1000, 2000):
+        where = new_target(kind, request, tmp_path)
+        store = Store(*where)
+        store.create_topic("t", 1, layout=2)
+        log = store._topic_log("t")
+        storage = store.storage
+        pad(storage, log, OLD, checkpoints=True)
+        pad(storage, log, 30, checkpoints=False)  # old commits after the last old checkpoint
+        storage.put(f"{log.directory}/.tmp-{uuid.uuid4().hex}", b"cut short")
+        boundary = wait_past_a_second()
+        pad(storage, log, retained, checkpoints=retained_checkpoints)
+        now = boundary + RETENTION
+        expected, checkpoint = prune_reference(storage, log.directory, now)
+        assert checkpoint is not retained_checkpoints
+        with monkeypatch.context() as patch:
+            counter = ListCounter(patch, log.directory)
+            dry = prune_logs(Store(*where), RETENTION, now_ms=now, dry_run=True)
+        (entry,) = [e for e in dry.logs if e.kind == "topic"]
+        assert set(entry.files) == expected
+        assert (entry.checkpoint is not None) is checkpoint
+        pages.append(counter.pages)
+        done = prune_logs(Store(*where), RETENTION, now_ms=now)
+        assert set(done.files) >= expected
+        assert Store(*where).topic("t").partitions == 1
+    if retained_checkpoints:
+        assert pages[0] == pages[1], pages
+    else:  # listed to its end, as it needs a checkpoint
+        assert pages[1] > pages[0], pages
