@@ -21,7 +21,11 @@ checkpoint every 100 versions; vacuum runs as a dry run (which lists what a run 
 deletes nothing, so both approaches see the same files) with its clock set a log retention
 after the boundary::
 
-    .venv/bin/python -m benchmarks.maintenance_requests --vacuum-lengths 1000,10000,30000
+    .venv/bin/python -m benchmarks.maintenance_requests --vacuum-lengths 1000,4000,16000 --old 1000
+
+(``--layout 2``, or 3, the default; with ``--young-sidecars`` the sidecars are rewritten after
+building, so that the sidecar step, which lists the rest of a topic log when a sidecar older
+than the log retention exists, does not run.)
 """
 
 from __future__ import annotations
@@ -39,9 +43,11 @@ from kstore.maintenance import Settings, run_due
 from kstore.retention import vacuum
 
 from kstore import Store
+from kstore.layout import topic_data_dir
 from kstore.log import encode_commit, version_file
 from kstore.producer import Producer
 from kstore.storage import Storage
+from kstore.topic_log import SIDECARS
 from tests.servers import MotoServer
 
 # The module (the package's ``vacuum`` attribute is the job function).
@@ -62,10 +68,17 @@ def main() -> None:
         help="comma-separated retained log lengths: compare vacuum's listings instead",
     )
     parser.add_argument("--old", type=int, default=1000, help="versions a run may delete")
+    parser.add_argument(
+        "--young-sidecars",
+        action="store_true",
+        help="layout 3: rewrite the checkpoint sidecars after building, so that none is older "
+        "than the log retention (a run that finds one lists the rest of the log for the "
+        "sidecar step, 22.5 step 2.4)",
+    )
     args = parser.parse_args()
     if args.vacuum_lengths:
         lengths = [int(n) for n in args.vacuum_lengths.split(",")]
-        vacuum_lengths(lengths, args.old, args.layout)
+        vacuum_lengths(lengths, args.old, args.layout, young_sidecars=args.young_sidecars)
         return
 
     server = MotoServer()
@@ -164,7 +177,9 @@ def _whole_listing() -> Iterator[None]:
         vacuum_module.LogScan.scan = scan
 
 
-def vacuum_lengths(lengths: list[int], old: int, layout: int) -> None:
+def vacuum_lengths(
+    lengths: list[int], old: int, layout: int, *, young_sidecars: bool = False
+) -> None:
     server = MotoServer()
     server.start()
     rows = []
@@ -187,6 +202,12 @@ def vacuum_lengths(lengths: list[int], old: int, layout: int) -> None:
             boundary = int(time.time() * 1000)
             time.sleep(1.2)
             _pad(store.storage, log, retained)
+            if young_sidecars and layout == 3:
+                meta = store.topic("t")
+                sidecars = f"{topic_data_dir('t', meta.topic_id)}/{SIDECARS}"
+                for info in store.storage.list_dir(sidecars):
+                    path = f"{sidecars}/{info.name}"
+                    store.storage.put(path, store.storage.read(path))
             built = time.monotonic() - began
             files = len(store.storage.list_dir(log.directory))
             result: dict[str, Any] = {"retained": retained, "files": files}
@@ -235,7 +256,8 @@ def vacuum_lengths(lengths: list[int], old: int, layout: int) -> None:
             )
     finally:
         server.stop()
-    print(f"layout {layout}, moto, dry runs, page 1,000 names (one LIST each):")
+    young = ", sidecars rewritten young" if young_sidecars and layout == 3 else ""
+    print(f"layout {layout}{young}, moto, dry runs, page 1,000 names (one LIST each):")
     print(
         "| log files | would delete | LIST of the log: start / whole | "
         "LIST in all: start / whole | all requests: start / whole |"
