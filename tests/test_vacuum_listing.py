@@ -62,7 +62,7 @@ def new_target(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Tar
         return f"memory://kstore-test-{uuid.uuid4().hex}/store", {}
     if kind == "local":
         return (tmp_path / uuid.uuid4().hex).as_uri(), {}
-    server = request.getfixturevalue("moto_server")
+    server = request.getfixturevalue(f"{kind}_server")  # moto or seaweed
     url, options = server.new_store_url()
     return url, options
 
@@ -296,7 +296,7 @@ def test_lists_do_not_grow_with_the_retained_versions_and_delete_what_the_full_l
     pages: list[int] = []
     s3_lists: list[int] = []
     # Fewer on moto, whose every request is an HTTP round trip: the doubling is what counts.
-    for retained in (500, 1000) if kind == "moto" else (1000, 2000):
+    for retained in (300, 600) if kind == "moto" else (1000, 2000):
         fx = build(new_target(kind, request, tmp_path), layout, retained)
         keep_from, expected = reference(fx, RETENTION)
         assert keep_from == fx.last_old_checkpoint
@@ -345,7 +345,7 @@ def test_removal_times_gate_deletion_whether_looked_up_or_listed(
     """The retained phase's removals are due under a shorter file.delete.delay.ms: their times
     are learnt by HEADs (few versions) or, when a listing costs less, by listing from the
     oldest of them; both agree with the full listing."""
-    fx = build(new_target(kind, request, tmp_path), layout, 500 if kind == "moto" else 1000)
+    fx = build(new_target(kind, request, tmp_path), layout, 300 if kind == "moto" else 1000)
     store = fx.store()
     # Due 1 s after the boundary: the retained phase's removals (recorded 1.2 s or more after
     # it) are not, ...
@@ -421,7 +421,7 @@ def test_a_checkpoint_past_the_listing_older_than_the_commits_before_it_only_kee
     assert Store(*fx.where).partition("t", 0).state().version >= state.version  # + vacuumed
 
 
-@pytest.mark.parametrize("kind", BACKENDS)
+@pytest.mark.parametrize("kind", [*BACKENDS, pytest.param("seaweed", marks=pytest.mark.s3)])
 def test_list_pages_starts_after_a_name_and_stops_when_asked(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
@@ -449,7 +449,7 @@ def test_list_pages_starts_after_a_name_and_stops_when_asked(
     found = storage.stat_many([f"d/{version_file(3)}", "d/none.json"])
     assert list(found) == [f"d/{version_file(3)}"]
     assert found[f"d/{version_file(3)}"].size == 1
-    if kind == "moto":
+    if kind in ("moto", "seaweed"):
         with storage.count_requests() as counts:
             pages = storage.list_pages("d", page_size=PAGE)
             next(pages)
