@@ -350,23 +350,26 @@ class LogScan:
     def extend_to_checkpoint_above(self, version: int) -> None:
         """List on, a page at a time, until a checkpoint above ``version`` is listed or the
         directory ends."""
-        own = self.directory.rsplit("/", 1)[-1]
-        while not self.complete and not any(
-            parsed[1] and parsed[0] > version
-            for info in self.files
-            if (parsed := parse_log_file_name(info.name)) is not None
-        ):
-            after = self.files[-1].name if self.files else ""
-            pages = self.storage.list_pages(
-                self.directory, start_after=after, page_size=LOG_PAGE_SIZE
+
+        def above(infos: list[FileInfo]) -> bool:
+            return any(
+                parsed[1] and parsed[0] > version
+                for info in infos
+                if (parsed := parse_log_file_name(info.name)) is not None
             )
-            page = next(pages, None)
-            pages.close()
-            if page is None:
-                self.complete = True
-                break
+
+        if self.complete or above(self.files):
+            return
+        own = self.directory.rsplit("/", 1)[-1]
+        after = self.files[-1].name if self.files else ""
+        pages = self.storage.list_pages(self.directory, start_after=after, page_size=LOG_PAGE_SIZE)
+        for page in pages:
             self.requests += 1
             self.files.extend(i for i in page if not (i.name == own and i.size == 0))
+            if above(page):
+                pages.close()
+                return
+        self.complete = True
 
     def temporary(self) -> list[FileInfo]:
         """The ``.tmp-*`` files: all of them, as they sort before the first version."""
