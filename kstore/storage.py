@@ -6,7 +6,9 @@ failure raised), ``read_ranges`` (byte ranges of one file, near ones fetched by 
 ``put`` (overwrite; only for files with unique names or hints), ``put_if_absent`` (the commit
 primitive), ``put_new`` (a file under a fresh unique name that nothing references yet:
 segments; "exists" there is the write's own earlier attempt), ``exists``, ``list_dir``,
-``delete`` and ``delete_tree``.
+``delete`` and ``delete_tree``; ``list_pages`` (a directory in name order from a given name,
+a page at a time, so that a caller can stop early) and ``stat_many`` (sizes and modification
+times of named files).
 
 On S3 every call runs on s3fs's event loop under a deadline (the storage options
 ``timeout_ms`` and ``attempt_timeout_ms``) and fails with :class:`StorageTimeoutError`
@@ -40,7 +42,15 @@ import os
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -84,8 +94,10 @@ _UPLOAD_BYTES_PER_S = 1 << 20
 _GET_ATTEMPTS = 3
 # A body larger than this goes through s3fs, which uploads it in parts.
 _DIRECT_PUT_MAX = 16 << 20
-# Concurrent GETs of one read_many or read_ranges.
+# Concurrent GETs of one read_many or read_ranges (and HEADs of one stat_many).
 _READ_CONCURRENCY = 32
+# Names per page of list_pages: S3's largest (each page is one LIST request).
+LIST_PAGE_SIZE = 1000
 # read_ranges fetches ranges this close together in one request: below this, a second
 # request costs more (a round trip, and on S3 a GET's price) than the bytes between.
 COALESCE_GAP = 64 << 10
@@ -839,6 +851,128 @@ class Storage:
                     )
         finally:
             await pages.aclose()
+
+    def list_pages(
+        self, rel: str, *, start_after: str = "", page_size: int = LIST_PAGE_SIZE
+    ) -> Generator[list[FileInfo], None, None]:
+        """The direct children of a directory whose names sort after ``start_after``, in
+        ascending name order (by UTF-8 bytes, as S3 lists keys), a page of at most
+        ``page_size`` at a time; nothing when the directory is absent.
+
+        On S3 each page is one LIST request (``list_objects_v2`` with ``StartAfter``, then its
+        continuation token), sent only when the caller asks for the next page: a caller that
+        stops iterating lists no further. The deadline bounds each page. Local disk and memory
+        are not billed per request: their whole listing, sorted and filtered the same way, is
+        handed out in pages. Any other filesystem: the same, from its full listing."""
+        if page_size < 1:
+            raise ValueError(f"page_size must be at least 1, got {page_size}")
+        if not self.is_s3:
+            entries = sorted(
+                (i for i in self.list_dir(rel) if i.name > start_after), key=lambda i: i.name
+            )
+            for begin in range(0, len(entries), page_size):
+                yield entries[begin : begin + page_size]
+            return
+        path = self.full_path(rel)
+        bucket, key, _ = self.fs.split_path(path)
+        prefix = f"{key.rstrip('/')}/" if key else ""
+        request: dict[str, Any] = {
+            "Bucket": bucket,
+            "Prefix": prefix,
+            "Delimiter": "/",
+            "MaxKeys": page_size,
+        }
+        if start_after:
+            request["StartAfter"] = f"{prefix}{start_after}"
+        while True:
+            try:
+                page = self._s3_call("listing", rel, functools.partial(self._s3_page, request))
+            except FileNotFoundError:
+                return  # no bucket: nothing below it
+            except StorageError:
+                raise
+            except Exception as exc:
+                raise StorageError(f"listing {rel!r} failed: {_reason(exc)}") from exc
+            out = [
+                FileInfo(common["Prefix"][len(prefix) :].rstrip("/"), 0, None)
+                for common in page.get("CommonPrefixes", [])
+            ]
+            out.extend(
+                FileInfo(
+                    entry["Key"][len(prefix) :],
+                    int(entry.get("Size") or 0),
+                    _to_ms(entry.get("LastModified")),
+                )
+                for entry in page.get("Contents", [])
+            )
+            out.sort(key=lambda i: i.name)
+            if out:
+                yield out
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+            request.pop("StartAfter", None)
+            request["ContinuationToken"] = token
+
+    async def _s3_page(self, request: dict[str, Any]) -> dict[str, Any]:
+        page: dict[str, Any] = await self.fs._call_s3("list_objects_v2", **request)
+        return page
+
+    def stat_many(self, rels: list[str]) -> dict[str, FileInfo]:
+        """Size and modification time of each existing file of ``rels`` (absent ones left
+        out), by path; on S3 one HEAD per file, concurrently."""
+        out: dict[str, FileInfo] = {}
+        if not rels:
+            return out
+        if self.is_s3:
+            try:
+                heads = self._s3_call(
+                    f"inspecting {len(rels)} file(s)", "", lambda: self._s3_heads(rels)
+                )
+            except StorageError:
+                raise
+            except Exception as exc:
+                raise StorageError(f"inspecting {rels[0]!r} ... failed: {_reason(exc)}") from exc
+            for rel, head in heads.items():
+                out[rel] = FileInfo(
+                    rel.rsplit("/", 1)[-1],
+                    int(head.get("ContentLength") or 0),
+                    _to_ms(head.get("LastModified")),
+                )
+            return out
+        for rel in rels:
+            path = self.full_path(rel)
+            try:
+                if self.is_local:
+                    st = os.stat(path)
+                    out[rel] = FileInfo(rel.rsplit("/", 1)[-1], st.st_size, int(st.st_mtime * 1000))
+                    continue
+                info = self.fs.info(path)
+            except FileNotFoundError:
+                continue
+            except Exception as exc:
+                raise StorageError(f"inspecting {rel!r} failed: {_reason(exc)}") from exc
+            mtime = info.get("LastModified") or info.get("mtime") or info.get("created")
+            out[rel] = FileInfo(rel.rsplit("/", 1)[-1], int(info.get("size") or 0), _to_ms(mtime))
+        return out
+
+    async def _s3_heads(self, rels: list[str]) -> dict[str, dict[str, Any]]:
+        import asyncio
+
+        fs = self.fs
+        gate = asyncio.Semaphore(_READ_CONCURRENCY)
+        found: dict[str, dict[str, Any]] = {}
+
+        async def one(rel: str) -> None:
+            bucket, key, _ = fs.split_path(self.full_path(rel))
+            async with gate:
+                try:
+                    found[rel] = await fs._call_s3("head_object", Bucket=bucket, Key=key)
+                except FileNotFoundError:
+                    return
+
+        await asyncio.gather(*(one(rel) for rel in rels))
+        return found
 
     # -- writes ------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from kstore.transactions import TransactionLogState, finish_transaction, produce
 
 from .vacuum import (
     DEFAULT_LOG_RETENTION_MS,
+    LogScan,
     StorageClock,
     VersionTimes,
     _point_hint_at,
@@ -373,23 +374,36 @@ def _topic_logs(store: Store, listing: list[FileInfo]) -> Iterator[tuple[str, Lo
 
 def _prune(entry: PrunedLog, log: Log[Any], now: int, keep_ms: int, *, dry_run: bool) -> None:
     storage = log.storage
-    listing = storage.list_dir(log.directory)
-    keep_from, old = old_log_files(listing, now, keep_ms)
+    # The log's start, as far as its first commit within keep_ms (PROTOCOL.md 22.5): K, the
+    # files below it and the .tmp- files (they sort before every version) are all there.
+    scan = LogScan(storage, log.directory)
+    scan.scan(now, keep_ms)
+    keep_from, old = old_log_files(scan.files, now, keep_ms)
     entry.kept_from = keep_from
     doomed = [
         info
-        for info in listing
-        if info.name.startswith(".tmp-")  # a local write cut short, long ago
-        and info.mtime_ms is not None
-        and now - info.mtime_ms > keep_ms
+        for info in scan.temporary()  # a local write cut short, long ago
+        if info.mtime_ms is not None and now - info.mtime_ms > keep_ms
     ]
     doomed.extend(old)
     entry.files = [f"{log.directory}/{info.name}" for info in doomed]
     entry.bytes = sum(info.size for info in doomed)
     # Commits older than keep_ms after the newest checkpoint stay for good unless a later
     # checkpoint follows them: write one of the newest state, so that a later run, once that
-    # checkpoint is older than keep_ms, can delete them.
-    parsed = [(p, info) for info in listing if (p := parse_log_file_name(info.name)) is not None]
+    # checkpoint is older than keep_ms, can delete them. The old commits are in the scan; a
+    # checkpoint above them is looked for further on, and only without one is the log's end
+    # (its newest commit) listed.
+    old_commits = [
+        name[0]
+        for info in scan.files
+        if (name := parse_log_file_name(info.name)) is not None
+        and not name[1]
+        and info.mtime_ms is not None
+        and now - info.mtime_ms > keep_ms
+    ]
+    if old_commits:
+        scan.extend_to_checkpoint_above(max(old_commits))
+    parsed = [(p, info) for info in scan.files if (p := parse_log_file_name(info.name)) is not None]
     newest_checkpoint = max((v for (v, is_cp), _ in parsed if is_cp), default=-1)
     newest_commit = max((v for (v, is_cp), _ in parsed if not is_cp), default=-1)
     if any(

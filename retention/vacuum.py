@@ -26,8 +26,25 @@ which writes nothing, too), never a time another machine wrote into a file.
    confirmed as the newest for a day (``kstore.partition.STALE_STATE_S``), and vacuum refuses
    a log retention below two days.
 
-The directory is listed *before* the newest state is read, and that state is refreshed again
-just before deleting, so a file committed while vacuum runs is seen as referenced.
+The directories are listed *before* the newest state is read, and that state is refreshed
+again just before deleting, so a file committed while vacuum runs is seen as referenced.
+
+**How much of ``_log/`` is listed** (:class:`LogScan`; PROTOCOL.md 22.5). Not the whole
+directory, which holds every version of the log retention (30 days at 20 commits/s: 52 million
+files): the listing goes in name order (version order: names are 20-digit versions) from the
+log's start, a page (one S3 LIST) at a time, and stops after the first page that shows a
+commit the storage recorded within the log retention. Earlier runs deleted everything below
+their K, so the files this run may delete, and K, are in that listing; so are the ``.tmp-*``
+files, which sort before every version, and vacuum's clock probe (``.probe-*``, layout 3).
+A commit is written only after the one before it landed, and a checkpoint after the commit of
+its version, so no checkpoint past the stop is older than the log retention; if the storage's
+times were out of order, K would be an older checkpoint (more kept), never a newer one.
+The times of the commits that removed files still pending (1.) come from that listing when it
+reached them, else from a HEAD of each such commit file (its checkpoint's when the commit is
+gone), or from one listing from the oldest of them past the newest when that costs fewer
+requests (a LIST is priced as ten HEADs); a version below the log's first file is long due.
+So a run lists about (files it deletes + 1) / 1000 pages, however long the log is. Local disk
+and memory, which are not billed per request, hand out their sorted listing the same way.
 
 Per topic incarnation of layout 3 (PROTOCOL.md 22.5), in partition 0's task: the partitions
 share topic logs, data objects (``_data/``) and checkpoint sidecars (``_sidecars/``), so they
@@ -39,8 +56,11 @@ are judged together. The steps are the ones above, with every partition of every
 - an object no partition names, live or removed, is an orphan (the orphan age);
 - a sidecar no kept checkpoint (at or above K) names goes once older than the log retention;
   the kept checkpoints are read only when such an old sidecar exists;
-- old versions of each topic log go as 3. says. Each topic log's directory is listed whole
-  (the removal times are its commit files' modification times): one listing per log per run.
+- old versions of each topic log go as 3. says, each topic log's start listed as above (the
+  removal times of its partitions' removed files, as above, from its commit files). Only when
+  a sidecar older than the log retention exists is the rest of each topic log listed, to find
+  the kept checkpoints (reading them all costs more than that listing). On a topic whose
+  partitions keep changing that is most runs: K's own sidecars are that old.
 
 Per store (on the driver, one listing per topic): data directories of deleted topic
 incarnations once their ``file.delete.delay.ms`` has passed (``purge.py``), and of other
@@ -70,11 +90,12 @@ from kstore.log import (
     checkpoint_file,
     decode_commit,
     parse_log_file_name,
+    version_file,
 )
 from kstore.manifest import DATA_PREFIX, segment_location
 from kstore.names import validate_topic_name
 from kstore.partition import STALE_STATE_S, PartitionState
-from kstore.storage import FileInfo, Storage, unique_id
+from kstore.storage import LIST_PAGE_SIZE, FileInfo, Storage, unique_id
 from kstore.store import Store, TopicMetadata, TopicState
 from kstore.topic_log import SIDECARS, TopicLogFiles, TopicLogState
 
@@ -86,6 +107,12 @@ DEFAULT_LOG_RETENTION_MS = 30 * 24 * 60 * 60_000
 # that they never build on, or poll past, log versions vacuum deleted; keep versions longer.
 MIN_LOG_RETENTION_MS = int(2 * STALE_STATE_S * 1000)
 _TOPIC_ID = re.compile(r"[0-9a-f]{32}")
+# Names per page when vacuum and log pruning list a log from its start (PROTOCOL.md 22.5):
+# S3's largest page, one LIST request each.
+LOG_PAGE_SIZE = LIST_PAGE_SIZE
+# A LIST request is priced as about ten GETs or HEADs (AWS S3: $0.005 against $0.0004 per
+# 1,000): removal times are looked up by HEADs unless a listing would cost less.
+HEADS_PER_LIST = 10
 _LISTING_THREADS = 16
 # A data object's name carries the time its writer started it (PROTOCOL.md 5).
 _DATA_NAME_TIME = re.compile(r"^(\d{13})-[0-9a-f]{32}\.kdat$")
@@ -146,6 +173,15 @@ class StorageClock:
             listing = [info for info in listing if info.name != self.probe]
         return (int(time.time() * 1000) if now is None else now), listing
 
+    def scan(self, log: LogScan, log_retention_ms: int) -> int:
+        """now, read while listing the start of the log in this clock's directory: the probe
+        sorts before every version, so it is seen before any version is judged."""
+        now = self.fixed_ms
+        if now is None and self.probe is None:
+            now = int(time.time() * 1000)
+        found = log.scan(now, log_retention_ms, self.probe)
+        return int(time.time() * 1000) if found is None else found
+
 
 class RemovalState(PartitionState):
     """A partition state that also knows which version removed each removed file: the
@@ -183,16 +219,27 @@ class RemovalState(PartitionState):
 
 
 class VersionTimes:
-    """When the storage recorded each version of a log, from one listing of its directory."""
+    """When the storage recorded each version of a log, from a listing of its directory that
+    starts at the log's first file (and, possibly, from further files of the log)."""
 
     def __init__(self, log_files: list[FileInfo]) -> None:
         self.times: dict[tuple[int, bool], int | None] = {}
         self.oldest: int | None = None
+        self.add(log_files)
+
+    def add(self, log_files: list[FileInfo]) -> None:
+        """Learn the times of more files of the log. The oldest version stays the one of the
+        first listing: ``log_files`` must not name versions below it that it lacks."""
         for info in log_files:
             parsed = parse_log_file_name(info.name)
             if parsed is not None:
                 self.times[parsed] = info.mtime_ms
                 self.oldest = parsed[0] if self.oldest is None else min(self.oldest, parsed[0])
+
+    def known(self, version: int) -> bool:
+        """Whether :meth:`at` can answer for ``version`` as the whole listing would: its commit
+        file is known, or it lies below the log's first file."""
+        return (version, False) in self.times or (self.oldest is not None and version < self.oldest)
 
     def at(self, version: int) -> int | None:
         """The storage time of ``version``'s commit (else its checkpoint: a later file, which
@@ -205,17 +252,12 @@ class VersionTimes:
         return None
 
 
-def _removed_at(state: RemovalState, path: str, log_files: list[FileInfo]) -> int | None:
-    """When the storage recorded the commit that removed ``path`` (or a later file, which
-    only keeps it longer); None when unknown (the commit landed after the listing)."""
-    return VersionTimes(log_files).at(state.removal_version(path))
-
-
 def old_log_files(
     listing: list[FileInfo], now: int, log_retention_ms: int
 ) -> tuple[int | None, list[FileInfo]]:
     """(K, the commits and checkpoints below K): K is the newest checkpoint older than the log
-    retention, as 3. above says."""
+    retention, as 3. above says. ``listing`` may be the start of the log only (a
+    :class:`LogScan`): K is then the newest such checkpoint in it, never a later one."""
     parsed = [(p, info) for info in listing if (p := parse_log_file_name(info.name)) is not None]
     old_checkpoints = [
         v
@@ -228,6 +270,146 @@ def old_log_files(
     return keep_from, sorted(
         (info for (v, _), info in parsed if v < keep_from), key=lambda i: i.name
     )
+
+
+class LogScan:
+    """The start of a log directory, listed in name order (PROTOCOL.md 22.5).
+
+    Log file names are 20-digit versions, so name order is version order, and ``.tmp-*``
+    leftovers and the clock's ``.probe-*`` sort before every version (``.`` before digits);
+    ``_last_checkpoint`` sorts after them. Earlier runs deleted everything below their K, so
+    what this run may delete lies at the log's start: the listing goes on, a page at a time,
+    until a page shows a commit the storage recorded within the log retention (or one without
+    a time), and stops there. A commit is written only after the one before it landed, so a
+    later commit is not recorded earlier; a checkpoint of a version is written after its
+    commit. So no checkpoint past that commit is older than the log retention, and
+    :func:`old_log_files` of the scan finds the K the whole listing would. Where storage
+    times are not in version order, a checkpoint past the stop can be missed: K is then an
+    older checkpoint, and more is kept, never less."""
+
+    def __init__(self, storage: Storage, directory: str) -> None:
+        self.storage = storage
+        self.directory = directory
+        self.files: list[FileInfo] = []  # in name order
+        self.complete = False  # the listing reached the directory's end
+        self.requests = 0  # pages listed
+
+    def scan(self, now: int | None, log_retention_ms: int, probe: str | None = None) -> int | None:
+        """List from the start until past the log retention; returns the probe's time when
+        ``probe`` (a file of this directory, deleted here) is seen, else ``now``."""
+        own = self.directory.rsplit("/", 1)[-1]
+        pages = self.storage.list_pages(self.directory, page_size=LOG_PAGE_SIZE)
+        for page in pages:
+            self.requests += 1
+            stop = False
+            for info in page:
+                if info.name == own and info.size == 0:
+                    continue  # a directory marker (see _files)
+                if probe is not None and info.name == probe:
+                    if info.mtime_ms is not None:
+                        now = info.mtime_ms
+                    continue
+                if now is None and parse_log_file_name(info.name) is not None:
+                    # The probe sorts before every version: not listed, so this machine's
+                    # clock stands in, as StorageClock.list does.
+                    now = int(time.time() * 1000)
+                self.files.append(info)
+                parsed = parse_log_file_name(info.name)
+                if (
+                    parsed is not None
+                    and not parsed[1]
+                    and (
+                        info.mtime_ms is None
+                        or now is None
+                        or now - info.mtime_ms <= log_retention_ms
+                    )
+                ):
+                    stop = True
+            if stop:
+                pages.close()
+                break
+        else:
+            self.complete = True
+        if probe is not None:
+            self.storage.delete([f"{self.directory}/{probe}"])
+        return now
+
+    def whole(self) -> list[FileInfo]:
+        """Every file of the directory: the rest is listed once, after the scanned start."""
+        if not self.complete:
+            own = self.directory.rsplit("/", 1)[-1]
+            after = self.files[-1].name if self.files else ""
+            for page in self.storage.list_pages(
+                self.directory, start_after=after, page_size=LOG_PAGE_SIZE
+            ):
+                self.requests += 1
+                self.files.extend(i for i in page if not (i.name == own and i.size == 0))
+            self.complete = True
+        return self.files
+
+    def extend_to_checkpoint_above(self, version: int) -> None:
+        """List on, a page at a time, until a checkpoint above ``version`` is listed or the
+        directory ends."""
+
+        def above(infos: list[FileInfo]) -> bool:
+            return any(
+                parsed[1] and parsed[0] > version
+                for info in infos
+                if (parsed := parse_log_file_name(info.name)) is not None
+            )
+
+        if self.complete or above(self.files):
+            return
+        own = self.directory.rsplit("/", 1)[-1]
+        after = self.files[-1].name if self.files else ""
+        pages = self.storage.list_pages(self.directory, start_after=after, page_size=LOG_PAGE_SIZE)
+        for page in pages:
+            self.requests += 1
+            self.files.extend(i for i in page if not (i.name == own and i.size == 0))
+            if above(page):
+                pages.close()
+                return
+        self.complete = True
+
+    def temporary(self) -> list[FileInfo]:
+        """The ``.tmp-*`` files: all of them, as they sort before the first version."""
+        return [info for info in self.files if info.name.startswith(".tmp-")]
+
+    def removal_times(self, versions: set[int], checkpoint_interval: int) -> VersionTimes:
+        """The storage times of ``versions`` (those that removed files still pending), from
+        the scan, else from the storage: per version a HEAD of its commit file (its
+        checkpoint's if the commit is gone), or, when that would cost more, one listing that
+        starts at the oldest of them and stops past the newest. A version below the log's
+        first file counts as long due (:meth:`VersionTimes.at`)."""
+        times = VersionTimes(self.files)
+        if self.complete:
+            return times
+        missing = sorted(v for v in versions if not times.known(v))
+        if not missing:
+            return times
+        span = missing[-1] - missing[0] + 1
+        pages = -(
+            -span * (checkpoint_interval + 1) // (max(checkpoint_interval, 1) * LOG_PAGE_SIZE)
+        )
+        if len(missing) > HEADS_PER_LIST * pages:
+            after = version_file(missing[0] - 1) if missing[0] > 0 else ""
+            for page in self.storage.list_pages(
+                self.directory, start_after=after, page_size=LOG_PAGE_SIZE
+            ):
+                self.requests += 1
+                times.add(page)
+                last = parse_log_file_name(page[-1].name)
+                if last is None or last[0] > missing[-1]:
+                    break
+            return times
+        commits = [f"{self.directory}/{version_file(v)}" for v in missing]
+        found = self.storage.stat_many(commits)
+        times.add(list(found.values()))
+        gone = [v for v in missing if (v, False) not in times.times]
+        if gone:
+            found = self.storage.stat_many([f"{self.directory}/{checkpoint_file(v)}" for v in gone])
+            times.add(list(found.values()))
+        return times
 
 
 SPARK_PENDING = "spark/pending"  # the Spark sink's write intents (spark_ext/pending.py)
@@ -301,7 +483,10 @@ def vacuum_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> P
     )
     # List first, then read the state: a file committed meanwhile is then seen as live.
     now, segment_files = clock.list()
-    log_files = storage.list_dir(log_dir)
+    log_retention = int(options["log_retention_ms"])
+    scan = LogScan(storage, log_dir)
+    scan.scan(now, log_retention)
+    log_files = scan.files
     removals: Log[RemovalState] = Log(
         storage, log_dir, RemovalState, checkpoint_interval=part.log.checkpoint_interval
     )
@@ -316,10 +501,13 @@ def vacuum_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> P
     doomed: dict[str, int] = {}  # path relative to the partition directory -> size
     # A file a retained version of the topic's Delta table names stays (PROTOCOL.md 29.5).
     held = referenced_paths(storage, item.topic, item.topic_id, now).get(item.partition, set())
+    times = scan.removal_times(
+        {state.removal_version(p) for p in state.removed}, part.log.checkpoint_interval
+    )
     expired = sorted(
         p
         for p in state.removed
-        if (at := _removed_at(state, p, log_files)) is not None
+        if (at := times.at(state.removal_version(p))) is not None
         and now - at >= delay
         and p not in held
     )
@@ -341,11 +529,11 @@ def vacuum_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> P
         written = _age_reference(info)
         if written is not None and now - written > orphan_age:
             doomed[path] = info.size
-    for info in log_files:
+    for info in scan.temporary():
         written = info.mtime_ms
-        if info.name.startswith(".tmp-") and written is not None and now - written > orphan_age:
+        if written is not None and now - written > orphan_age:
             doomed[f"_log/{info.name}"] = info.size
-    keep_from, old = old_log_files(log_files, now, int(options["log_retention_ms"]))
+    keep_from, old = old_log_files(log_files, now, log_retention)
     for info in old:
         doomed[f"_log/{info.name}"] = info.size
     # Refresh: anything a commit made live since is not ours to delete.
@@ -543,8 +731,11 @@ def vacuum_incarnation(
         dry_run=bool(options.get("dry_run")),
     )
     # List everything first, then read the states: a file committed meanwhile is seen as live.
-    now, first_log = clock.list()
-    log_files = [first_log, *(_files(storage, t.directory) for t in logs[1:])]
+    scans = [LogScan(storage, t.directory) for t in logs]
+    now = clock.scan(scans[0], log_retention)
+    for other in scans[1:]:
+        other.scan(now, log_retention)
+    log_files = [s.files for s in scans]
     data_files = _files(storage, data_dir)
     # One listing per partition: concurrently, as a topic's partitions are all in this task.
     with ThreadPoolExecutor(max_workers=_LISTING_THREADS) as pool:
@@ -583,7 +774,14 @@ def vacuum_incarnation(
     # A file a retained version of the topic's Delta table names stays (PROTOCOL.md 29.5).
     held = referenced_paths(storage, item.topic, item.topic_id, now)
     for k, state in enumerate(states):
-        times = VersionTimes(log_files[k])
+        times = scans[k].removal_times(
+            {
+                state.removal_version(p, path)
+                for p, partition_state in state.partitions.items()
+                for path in partition_state.removed
+            },
+            readers[k].checkpoint_interval,
+        )
         for p, partition_state in state.partitions.items():
             by_name = {f.name: f for f in segment_files.get(p, [])}
             for seg in partition_state.segments:
@@ -638,11 +836,11 @@ def vacuum_incarnation(
             ):
                 doomed[full] = info.size
     keep_from: list[int | None] = []
-    for k, listing in enumerate(log_files):
-        for info in listing:
-            if info.name.startswith(".tmp-") and old_enough(info, orphan_age):
+    for k, scan in enumerate(scans):
+        for info in scan.temporary():
+            if old_enough(info, orphan_age):
                 doomed[f"{logs[k].directory}/{info.name}"] = info.size
-        kept, old = old_log_files(listing, now, log_retention)
+        kept, old = old_log_files(scan.files, now, log_retention)
         keep_from.append(kept)
         for info in old:
             doomed[f"{logs[k].directory}/{info.name}"] = info.size
@@ -655,8 +853,10 @@ def vacuum_incarnation(
     ]
     if candidates:
         retained: set[str] | None = set()
-        for k, listing in enumerate(log_files):
-            named_here = _retained_sidecars(storage, logs[k].directory, listing, keep_from[k])
+        # The checkpoints at or above K: the rest of each topic log is listed (reading them
+        # costs more than that listing).
+        for k, scan in enumerate(scans):
+            named_here = _retained_sidecars(storage, logs[k].directory, scan.whole(), keep_from[k])
             retained = None if named_here is None or retained is None else retained | named_here
         if retained is not None:
             for info in candidates:
