@@ -81,6 +81,8 @@ def parse_log_file_name(name: str) -> tuple[int, bool] | None:
 # it learns from (a quiet log says nothing about the rate of a busy one).
 _MAX_WINDOW = 64
 _MAX_VERSION_GAP_S = 1.0
+# A log none of whose versions came for this many average gaps is quiet: a look asks for one.
+_QUIET_GAPS = 4
 
 
 class LogState:
@@ -318,6 +320,7 @@ class Log(Generic[S]):
         # between versions, from which a tailing reader sizes its first window.
         self._found_at: float | None = None
         self._version_gap: float | None = None
+        self._missed_at: float | None = None  # when a tailing look last found nothing new
         self._checkpointing: concurrent.futures.Future[None] | None = None
 
     def _path(self, name: str) -> str:
@@ -358,7 +361,10 @@ class Log(Generic[S]):
         its first window is the number of versions due since it last found some (from the
         average gap between them) plus one, all fetched at once: a reader keeping up finds
         the due ones and misses the one after in a single round trip, where one request after
-        another would cost a round trip of latency per version.
+        another would cost a round trip of latency per version. A look less than a gap after
+        one that found nothing asks for the next version alone and returns it as soon as it
+        is there (the look after confirms it is the newest); a look at a log quiet for several
+        gaps asks for one version.
         """
         if state.stale():
             return self.load()
@@ -366,8 +372,8 @@ class Log(Generic[S]):
         next_state: S | None = None
         version = state.version
         remote = self.storage.is_remote
-        window = self._due_versions(now) + 1 if tail and remote else 1
-        hits = 0
+        window, confirm = self._first_window(now) if tail and remote else (1, True)
+        first, hits, confirmed = window, 0, True
         while True:
             paths = [self._path(version_file(v)) for v in range(version + 1, version + 1 + window)]
             found = self.storage.read_many(paths)
@@ -386,25 +392,41 @@ class Log(Generic[S]):
             hits += applied
             if applied < window:
                 break
+            if not confirm and hits == first:
+                confirmed = False
+                break
             # A reader that is keeping up finds one new version and then a miss: it stays at
             # one request per version. Only a reader that keeps finding versions (it is behind)
             # widens the window.
             if hits >= 2 and remote:
                 window = min(window * 2, _MAX_WINDOW)
-        if hits and tail:
+        if tail:
             self._note_versions(now, hits)
         newest = next_state if next_state is not None else state
-        newest.confirmed_at = now  # bookkeeping only: the state's content is unchanged
+        # Bookkeeping only (the state's content is unchanged): when it was last known newest.
+        newest.confirmed_at = now if confirmed else state.confirmed_at
         return newest
 
-    def _due_versions(self, now: float) -> int:
-        """How many versions a tailing reader expects since it last found some (at most the
-        widest window less one)."""
-        if self._found_at is None or not self._version_gap:
-            return 0
-        return min(_MAX_WINDOW - 1, round((now - self._found_at) / self._version_gap))
+    def _first_window(self, now: float) -> tuple[int, bool]:
+        """A tailing reader's first window, and whether it must confirm the newest when it
+        finds every version it asked for (else its last look, moments ago, confirmed it)."""
+        gap = self._version_gap
+        if self._found_at is None or not gap:
+            return 1, True
+        if self._missed_at is not None and now - self._missed_at < gap:
+            # It looked less than a gap ago and found nothing: the version due is the next
+            # one. Found, it is returned at once; the look after it confirms.
+            return 1, False
+        elapsed = now - self._found_at
+        if elapsed > _QUIET_GAPS * gap:
+            return 1, True  # a quiet log: a look is one GET, not a window's worth
+        return min(_MAX_WINDOW, round(elapsed / gap) + 1), True
 
     def _note_versions(self, now: float, count: int) -> None:
+        if count == 0:
+            self._missed_at = now
+            return
+        self._missed_at = None
         if self._found_at is not None:
             gap = min(now - self._found_at, _MAX_VERSION_GAP_S) / count
             self._version_gap = (

@@ -374,6 +374,22 @@ def test_a_tailing_reader_fetches_the_versions_due_and_the_next_in_one_round(
     assert state.version == newest
     assert len(rounds) <= 6, rounds
     assert sum(rounds) < 40 + 32, rounds
+    # A look that finds nothing; the next, moments later, asks for the next version alone
+    # and returns it without a second round trip.
+    clock.now += 0.04
+    rounds.clear()
+    assert reader.update(state, tail=True) is state
+    commit(1)
+    clock.now += 0.005
+    state = reader.update(state, tail=True)
+    assert state.version == newest
+    assert rounds == [2, 1], rounds
+    # An idle topic: every look is one GET, however long it has been quiet.
+    rounds.clear()
+    for _ in range(5):
+        clock.now += 0.5
+        assert reader.update(state, tail=True) is state
+    assert rounds == [1] * 5, rounds
     # A reader that is not tailing (a writer about to commit) starts with one version.
     commit(1)
     rounds.clear()
