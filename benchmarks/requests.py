@@ -316,9 +316,15 @@ def run_cost_case(url: str, options: dict[str, Any], layout: int, args: Any) -> 
     def classify(request: Any, **_: Any) -> None:
         kinds[request_kind(str(request.url))] += 1
 
+    def classify_direct(method: str, key: str) -> None:
+        kinds[request_kind(key)] += 1
+
     events = store.storage.s3_client().meta.events if store.storage.is_s3 else None
+    direct = store.storage.direct_requests() if store.storage.is_s3 else None
     if events is not None:
         events.register("before-send.s3", classify)
+    if direct is not None:
+        direct.before_send.append(classify_direct)
     with counting(store) as counts:
         started = time.perf_counter()
         for proc in procs:
@@ -333,6 +339,8 @@ def run_cost_case(url: str, options: dict[str, Any], layout: int, args: Any) -> 
         member_requests = dict(counts)
     if events is not None:
         events.unregister("before-send.s3", classify)
+    if direct is not None:
+        direct.before_send.remove(classify_direct)
     produced = []
     for proc in procs:
         assert proc.stdout is not None

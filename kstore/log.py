@@ -321,6 +321,7 @@ class Log(Generic[S]):
         self._found_at: float | None = None
         self._version_gap: float | None = None
         self._missed_at: float | None = None  # when a tailing look last found nothing new
+        self._unconfirmed = False  # the last tailing look returned without asking past its find
         self._checkpointing: concurrent.futures.Future[None] | None = None
 
     def _path(self, name: str) -> str:
@@ -359,12 +360,12 @@ class Log(Generic[S]):
 
         ``tail``: for a reader that looks again soon (a consumer's poll). On an object store
         its first window is the number of versions due since it last found some (from the
-        average gap between them) plus one, all fetched at once: a reader keeping up finds
-        the due ones and misses the one after in a single round trip, where one request after
-        another would cost a round trip of latency per version. A look less than a gap after
-        one that found nothing asks for the next version alone and returns it as soon as it
-        is there (the look after confirms it is the newest); a look at a log quiet for several
-        gaps asks for one version.
+        average gap between them). A reader keeping up (one due, or none yet) asks for the
+        next version alone and returns it as soon as it is there; its next look asks for the
+        version due and the one after, which confirms the newest (about 1.5 GETs per version
+        instead of 2). A reader with several due asks for them and the one after at once,
+        where one request after another would cost a round trip of latency per version, and
+        widens while it finds them all. A look at a log quiet for several gaps asks for one.
         """
         if state.stale():
             return self.load()
@@ -394,6 +395,7 @@ class Log(Generic[S]):
                 break
             if not confirm and hits == first:
                 confirmed = False
+                self._unconfirmed = True
                 break
             # A reader that is keeping up finds one new version and then a miss: it stays at
             # one request per version. Only a reader that keeps finding versions (it is behind)
@@ -405,6 +407,8 @@ class Log(Generic[S]):
         newest = next_state if next_state is not None else state
         # Bookkeeping only (the state's content is unchanged): when it was last known newest.
         newest.confirmed_at = now if confirmed else state.confirmed_at
+        if confirmed:
+            self._unconfirmed = False
         return newest
 
     def _first_window(self, now: float) -> tuple[int, bool]:
@@ -420,7 +424,15 @@ class Log(Generic[S]):
         elapsed = now - self._found_at
         if elapsed > _QUIET_GAPS * gap:
             return 1, True  # a quiet log: a look is one GET, not a window's worth
-        return min(_MAX_WINDOW, round(elapsed / gap) + 1), True
+        due = round(elapsed / gap)
+        if due == 0 or (due == 1 and not self._unconfirmed):
+            # Keeping up: the one version due (or a look ahead of it), returned as soon as it
+            # is there; the next look when one is due confirms (asking for the one after it
+            # every time costs a GET that finds nothing, two when the look is early).
+            return 1, False
+        # What is due (at least one) and the one after, at once: this confirms the newest, and
+        # a reader that turns out to be behind widens from here.
+        return min(_MAX_WINDOW, max(due, 1) + 1), True
 
     def _note_versions(self, now: float, count: int) -> None:
         if count == 0:

@@ -366,16 +366,32 @@ def test_a_tailing_reader_fetches_the_versions_due_and_the_next_in_one_round(
     state = reader.update(state, tail=True)
     assert state.version == newest
     assert rounds == [4], rounds  # the three due and the next, in one round trip
-    # Far behind: it widens until it finds the end, and takes everything.
-    commit(40)
+    # Keeping up, one version due: it is returned at once (one GET); the next look asks for the
+    # version due and the one after, which confirms the newest.
+    commit(1)
     clock.now += 0.05
     rounds.clear()
     state = reader.update(state, tail=True)
     assert state.version == newest
-    assert len(rounds) <= 6, rounds
+    commit(1)
+    clock.now += 0.05
+    state = reader.update(state, tail=True)
+    assert state.version == newest
+    assert rounds == [1, 2], rounds
+    # Far behind without knowing it: the look takes the version due; the next one asks past
+    # it, finds everything it asks for and widens until it finds the end.
+    commit(40)
+    clock.now += 0.05
+    rounds.clear()
+    state = reader.update(state, tail=True)
+    assert state.version == newest - 39
+    clock.now += 0.04  # its next look, when the next version is due
+    state = reader.update(state, tail=True)
+    assert state.version == newest
+    assert len(rounds) <= 7, rounds
     assert sum(rounds) < 40 + 32, rounds
     # A look that finds nothing; the next, moments later, asks for the next version alone
-    # and returns it without a second round trip.
+    # and returns it without a second round trip: one GET each.
     clock.now += 0.04
     rounds.clear()
     assert reader.update(state, tail=True) is state
@@ -383,7 +399,7 @@ def test_a_tailing_reader_fetches_the_versions_due_and_the_next_in_one_round(
     clock.now += 0.005
     state = reader.update(state, tail=True)
     assert state.version == newest
-    assert rounds == [2, 1], rounds
+    assert rounds == [1, 1], rounds
     # An idle topic: every look is one GET, however long it has been quiet.
     rounds.clear()
     for _ in range(5):
