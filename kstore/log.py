@@ -16,6 +16,7 @@ import contextlib
 import gc
 import json
 import logging
+import os
 import random
 import threading
 import time
@@ -741,8 +742,9 @@ class Log(Generic[S]):
         if state.version <= 0 or state.version % self.checkpoint_interval:
             return
         with _BACKGROUND_LOCK:
-            if self._checkpointing is not None and not self._checkpointing.done():
-                return
+            pending = self._checkpointing
+            if pending is not None and pending in _PENDING:
+                return  # this log's previous checkpoint is still being written
             global _BACKGROUND
             if _BACKGROUND is None:
                 _BACKGROUND = concurrent.futures.ThreadPoolExecutor(
@@ -787,6 +789,17 @@ class Log(Generic[S]):
 _BACKGROUND: concurrent.futures.ThreadPoolExecutor | None = None
 _BACKGROUND_LOCK = threading.Lock()
 _PENDING: set[concurrent.futures.Future[None]] = set()
+
+
+def _forget_background_after_fork() -> None:
+    # A forked child has none of its parent's threads: it starts its own, and does not wait
+    # for checkpoints its parent is writing.
+    global _BACKGROUND, _BACKGROUND_LOCK
+    _BACKGROUND, _BACKGROUND_LOCK = None, threading.Lock()
+    _PENDING.clear()
+
+
+os.register_at_fork(after_in_child=_forget_background_after_fork)
 
 
 def wait_for_checkpoints(timeout: float | None = None) -> bool:
