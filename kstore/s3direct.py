@@ -33,6 +33,7 @@ import atexit
 import contextlib
 import hashlib
 import logging
+import os
 import random
 import re
 import threading
@@ -254,6 +255,17 @@ def direct_for(fs: Any, client: Any, attempt_timeout_s: float) -> DirectS3 | Non
         direct = None
     with _BY_FS_LOCK:
         return _BY_FS.setdefault(fs, direct)
+
+
+def _forget_after_fork() -> None:
+    # A forked child cannot use its parent's sessions (their event loop is the parent's).
+    global _BY_FS_LOCK
+    _BY_FS.clear()
+    _SESSIONS.clear()
+    _BY_FS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 @atexit.register
