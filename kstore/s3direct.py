@@ -52,6 +52,20 @@ _DNS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
 _CODE = re.compile(rb"<Code>([^<]{1,100})</Code>")
 
 
+class _WriteOfALostRequest(logging.Filter):
+    """Drops asyncio's report of aiohttp's body-writing task failing on a connection the server
+    closed (a storage restart, a dropped connection): the request itself failed and was
+    retried or raised, and the report only repeats that as a stray traceback on stderr."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (
+            exc is not None
+            and type(exc).__name__ == "ClientConnectionResetError"
+            and "write_bytes" in record.getMessage()
+        )
+
+
 class DirectS3:
     """The direct requests of one s3fs filesystem instance (shared by every Storage that uses
     it). Its coroutines run on that filesystem's event loop."""
@@ -132,6 +146,9 @@ class DirectS3:
                 auto_decompress=False,
             )
             _SESSIONS.add(self)
+            asyncio_log = logging.getLogger("asyncio")
+            if not any(isinstance(f, _WriteOfALostRequest) for f in asyncio_log.filters):
+                asyncio_log.addFilter(_WriteOfALostRequest())
         return self._session
 
     async def close(self) -> None:

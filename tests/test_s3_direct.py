@@ -187,3 +187,25 @@ def test_a_conditional_put_sends_if_none_match_and_reads_412_as_exists(
     for method, path, headers in scripted.requests:
         assert (method, path, headers.get("if-none-match")) == ("PUT", "/bucket/ks/c", "*")
         assert headers["x-amz-content-sha256"] != "UNSIGNED-PAYLOAD"  # the body is signed
+
+
+def test_a_stray_report_of_a_lost_body_write_is_dropped_and_nothing_else() -> None:
+    """asyncio reports aiohttp's body-writing task that failed on a connection the server closed
+    (the request itself was retried or raised): that report alone is dropped."""
+    import logging
+
+    from aiohttp.client_exceptions import ClientConnectionResetError
+
+    from kstore.s3direct import _WriteOfALostRequest
+
+    def record(message: str, exc: BaseException | None) -> logging.LogRecord:
+        info = (type(exc), exc, None) if exc is not None else None
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, message, (), info)
+
+    drop = _WriteOfALostRequest()
+    lost = ClientConnectionResetError("Cannot write to closing transport")
+    stray = "Task exception was never retrieved\\nfuture: <Task finished coro=<ClientRequest.write_bytes() done>"
+    assert not drop.filter(record(stray, lost))
+    assert drop.filter(record("Task exception was never retrieved", ValueError("other")))
+    assert drop.filter(record("write_bytes", None))
+    assert drop.filter(record("Task exception was never retrieved coro=<other()>", lost))
