@@ -11,14 +11,11 @@ cut falls on a line boundary.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import gc
 import json
 import logging
-import os
 import random
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -323,7 +320,6 @@ class Log(Generic[S]):
         self._version_gap: float | None = None
         self._missed_at: float | None = None  # when a tailing look last found nothing new
         self._unconfirmed = False  # the last tailing look returned without asking past its find
-        self._checkpointing: concurrent.futures.Future[None] | None = None
 
     def _path(self, name: str) -> str:
         return f"{self.directory}/{name}"
@@ -574,7 +570,6 @@ class Log(Generic[S]):
         durable: bool = True,
         info: dict[str, Any] | None = None,
         written_at: float | None = None,
-        background_checkpoint: bool = False,
     ) -> CommitResult[S] | None:
         """Build a commit from the newest state and publish it as the next version.
 
@@ -587,10 +582,6 @@ class Log(Generic[S]):
         references started: right before every attempt to publish, a file that old is refused
         with :class:`StaleWriteError` (nothing written) or, when an earlier attempt's outcome
         is unknown, :class:`CommitStateUnknownError` (PROTOCOL.md 23.1).
-
-        ``background_checkpoint``: a checkpoint due at the new version is written by a
-        background thread (:func:`wait_for_checkpoints`), so the commit returns as soon as it
-        has landed: a producer's acknowledgement does not wait for a checkpoint's writes.
         """
         self.storage.check_writable()
         if state.stale():
@@ -639,10 +630,7 @@ class Log(Generic[S]):
                 version, payload, commit_id, durable=durable, written_at=written_at
             )
             if landed:
-                if background_checkpoint:
-                    self._checkpoint_later(new_state)
-                else:
-                    self._maybe_checkpoint(new_state)
+                self._maybe_checkpoint(new_state)
                 return CommitResult(version, new_state, actions, attempt)
             # Lost the race for this version: reload and rebuild on the newer state.
             if attempt >= self.retry.max_attempts or time.monotonic() > deadline:
@@ -736,25 +724,6 @@ class Log(Generic[S]):
                 )
             return True
 
-    def _checkpoint_later(self, state: S) -> None:
-        """Write a checkpoint due at ``state`` on the background thread; skipped when this
-        log's previous one is still being written (any version may have one or none, 13.1)."""
-        if state.version <= 0 or state.version % self.checkpoint_interval:
-            return
-        with _BACKGROUND_LOCK:
-            pending = self._checkpointing
-            if pending is not None and pending in _PENDING:
-                return  # this log's previous checkpoint is still being written
-            global _BACKGROUND
-            if _BACKGROUND is None:
-                _BACKGROUND = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix="kstore-checkpoint"
-                )
-            future = _BACKGROUND.submit(self._maybe_checkpoint, state)
-            self._checkpointing = future
-            _PENDING.add(future)
-            future.add_done_callback(_PENDING.discard)
-
     def _maybe_checkpoint(self, state: S) -> None:
         if state.version <= 0 or state.version % self.checkpoint_interval:
             return
@@ -782,33 +751,6 @@ class Log(Generic[S]):
         self.storage.put(
             self._path(LAST_CHECKPOINT), json.dumps({"version": state.version}).encode()
         )
-
-
-# Checkpoints written in the background (Log.commit's ``background_checkpoint``): one thread
-# for the process, and the checkpoints it has yet to finish.
-_BACKGROUND: concurrent.futures.ThreadPoolExecutor | None = None
-_BACKGROUND_LOCK = threading.Lock()
-_PENDING: set[concurrent.futures.Future[None]] = set()
-
-
-def _forget_background_after_fork() -> None:
-    # A forked child has none of its parent's threads: it starts its own, and does not wait
-    # for checkpoints its parent is writing.
-    global _BACKGROUND, _BACKGROUND_LOCK
-    _BACKGROUND, _BACKGROUND_LOCK = None, threading.Lock()
-    _PENDING.clear()
-
-
-os.register_at_fork(after_in_child=_forget_background_after_fork)
-
-
-def wait_for_checkpoints(timeout: float | None = None) -> bool:
-    """Wait until the checkpoints this process is writing in the background are written (or
-    have failed, which only costs readers some replay). False if ``timeout`` passed first."""
-    with _BACKGROUND_LOCK:
-        pending = list(_PENDING)
-    _, not_done = concurrent.futures.wait(pending, timeout=timeout)
-    return not not_done
 
 
 def check_writer_version(state: LogState) -> None:

@@ -574,7 +574,6 @@ class TopicLog:
         written_at: float | None = None,
         isolate: bool = False,
         info: dict[str, Any] | None = None,
-        background_checkpoint: bool = False,
     ) -> tuple[CommitResult[TopicLogState] | None, dict[int, BaseException]]:
         """One commit holding the actions of several partitions, built against the newest
         state and rebuilt after every lost race.
@@ -583,7 +582,6 @@ class TopicLog:
         error returned (a producer's batches fail one partition at a time, as in Kafka);
         without it the error is raised and nothing is committed. Returns the commit (None when
         no partition had anything to commit) and the refused partitions' errors.
-        ``background_checkpoint``: as :meth:`Log.commit`'s.
         """
         refused: dict[int, BaseException] = {}
 
@@ -620,7 +618,6 @@ class TopicLog:
             durable=durable,
             info={"topic": self.topic, "log": self.index, **(info or {})},
             written_at=written_at,
-            background_checkpoint=background_checkpoint,
         )
         if result is not None:
             self._remember(result.state, confirmed=True)
