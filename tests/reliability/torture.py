@@ -169,6 +169,11 @@ class TortureConfig:
     skew_s: float = 0.0  # each worker process's wall clock off by up to this, either way
     long_pause_s: float = 0.0  # SIGSTOP producers, members and jobs this long (0: never)
     machine_crash: bool = False  # local disk only: crash the machine at the end
+    # The run goes on past ``duration_s``, by up to ``overtime_s``, until the group has read
+    # this many records: on a loaded machine a member's first poll on SeaweedFS took 6-30 s
+    # (the topic logs' replay at a few dozen GETs a second), most of a short run.
+    min_group_reads: int = 0
+    overtime_s: float = 0.0
     log: Callable[[str], None] = print
 
 
@@ -633,7 +638,10 @@ class Torture:
                 if c.long_pause_s > 0
                 else []
             )
-            while time.monotonic() - started < c.duration_s:
+            while time.monotonic() - started < c.duration_s or (
+                time.monotonic() - started < c.duration_s + c.overtime_s
+                and self.group_reads() < c.min_group_reads
+            ):
                 time.sleep(self.rng.uniform(1.0, 3.0))
                 due = [role for at, role in pauses if time.monotonic() >= at]
                 pauses = [(at, role) for at, role in pauses if role not in due]
@@ -676,6 +684,15 @@ class Torture:
             self.catch_up_copy()
         self.finish()
         return self.finish_check()
+
+    def group_reads(self) -> int:
+        """Records the group's members have read so far (as ``TortureStats.reads`` counts
+        them, from the histories as written)."""
+        return sum(
+            1
+            for e in load_events(str(self.history_dir))
+            if e["ev"] == "read" and not e.get("final")
+        )
 
     def wait_for_clients(self) -> float:
         """Wait until every worker process started so far is up (or has died); returns
