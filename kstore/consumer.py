@@ -80,11 +80,18 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 
-def _sizes(column: pa.Array) -> list[int]:
-    """Serialized sizes of a binary column, -1 for nulls (Kafka's convention), vectorised.
-    Typed keys and values have no serialized form: -1 throughout."""
-    if not (pa.types.is_binary(column.type) or pa.types.is_string(column.type)):
-        return [-1] * len(column)
+def _sizes(column: pa.Array, items: list[Any]) -> list[int] | Iterable[int]:
+    """Serialized sizes of a binary column, -1 for nulls (Kafka's convention), from ``items``,
+    the column as Python values (bytes; ``len`` over them runs in C, and costs less than an
+    Arrow kernel's call on the few records a partition gets per poll). A string column's
+    sizes are its UTF-8 lengths, from Arrow. Typed keys and values have no serialized form:
+    -1 throughout."""
+    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+        if column.null_count == 0:
+            return list(map(len, items))
+        return [-1 if item is None else len(item) for item in items]
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return repeat(-1, len(column))
     # Arrow scalars and numpy views built directly: pa.scalar (behind a Python -1) and
     # Array.to_numpy import pandas on first use, 0.3 s on a consumer's first poll.
     minus_one = fixed_array(np.array([-1], np.int64), pa.int64())[0]
@@ -895,7 +902,8 @@ class Consumer:
             )
             # Never null (segments refuse null timestamps); read without Array.to_numpy,
             # which imports pandas on first use.
-            stamps = (numpy_values(batch.column(2).cast(pa.int64()), np.int64) // 1000).tolist()
+            # timestamp[us] is int64 microseconds: viewed as they are, not cast.
+            stamps = (numpy_values(batch.column(2), np.int64) // 1000).tolist()
             offsets = numpy_values(batch.column(4), np.int64).tolist()
             if header_col.null_count == n:
                 headers: Iterable[Any] = repeat((), n)
@@ -904,8 +912,8 @@ class Consumer:
                     tuple((h["key"], h["value"]) for h in hs) if hs else ()
                     for hs in header_col.to_pylist()
                 ]
-            key_sizes = _sizes(key_col)
-            value_sizes = _sizes(value_col)
+            key_sizes = _sizes(key_col, keys)
+            value_sizes = _sizes(value_col, values)
             if key_de is not None:
                 keys = [key_de(k) if k is not None else None for k in keys]
             if value_de is not None:

@@ -503,16 +503,20 @@ def decode_segment(
     return pa.Table.from_arrays(out_cols, schema=schema).combine_chunks()
 
 
-# id(schema) -> (schema, its IPC schema message's flatbuffer). Keyed by identity: hashing a
-# pa.Schema costs more than a whole fast decode. The schema is held so its id stays unique.
-_SCHEMA_MESSAGES: dict[int, tuple[pa.Schema, pa.Buffer]] = {}
+# id(schema) -> (schema, its IPC schema message as this pyarrow frames it). Keyed by identity:
+# hashing a pa.Schema costs more than a whole fast decode. The schema is held so its id stays
+# unique.
+_SCHEMA_MESSAGES: dict[int, tuple[pa.Schema, bytes]] = {}
+# The IPC stream's end-of-stream marker: a continuation token and a zero length.
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
-def _schema_message(schema: pa.Schema) -> pa.Buffer:
-    """The flatbuffer of ``schema``'s IPC schema message, as a writer of this pyarrow writes it."""
+def _schema_message(schema: pa.Schema) -> bytes:
+    """``schema``'s IPC schema message, framed (continuation, length, flatbuffer, padding), as
+    a writer of this pyarrow writes it at the start of every stream."""
     found = _SCHEMA_MESSAGES.get(id(schema))
     if found is None or found[0] is not schema:
-        found = (schema, ipc.read_message(schema.serialize()).metadata)
+        found = (schema, schema.serialize().to_pybytes())
         _SCHEMA_MESSAGES[id(schema)] = found
     return found[1]
 
@@ -523,32 +527,41 @@ def _decode_dense_arrow(
     """A dense arrow segment whose schema is exactly the layout's record schema, decoded from
     the IPC stream that every IPC file holds after its 8-byte magic (the footer only indexes
     the same messages, and the checksum has already vouched for every byte). A consumer
-    decodes a range per partition per producer flush: this costs a quarter of opening the file
-    with a reader. None for anything else (another schema version, a dictionary, a file this
-    pyarrow writes differently): the general path then decodes, checks and names it."""
-    buf = pa.py_buffer(data)
-    if buf.size < 16 or data[:6] != b"ARROW1":
+    decodes a range per partition per producer flush: this costs a fraction of opening the
+    file with a reader. None for anything else (another schema version, a dictionary, a file
+    this pyarrow writes differently): the general path then decodes, checks and names it."""
+    if len(data) < 16 or data[:6] != b"ARROW1":
         return None
     schema = layout.record_schema
+    head = _schema_message(schema)
+    if data[8 : 8 + len(head)] != head:
+        return None  # another schema (version), or framed differently: the general path
+    buf = pa.py_buffer(data)
+    position = 8 + len(head)  # a schema message has no body
     try:
-        reader = ipc.MessageReader.open_stream(buf.slice(8))
-        head = reader.read_next_message()
-        if head.type != "schema" or not head.metadata.equals(_schema_message(schema)):
+        message = ipc.read_message(buf.slice(position))
+        if message.type != "record batch":
             return None
-        batches = []
-        while True:
-            try:
-                message = reader.read_next_message()
-            except StopIteration:
-                break
-            if message.type != "record batch":
-                return None
-            batches.append(ipc.read_record_batch(message, schema))
+        # One batch, as this project's writers write a range: the end-of-stream marker right
+        # after it. Otherwise every message is read in turn.
+        length = int.from_bytes(data[position + 4 : position + 8], "little", signed=True)
+        end = position + 8 + length + message.body.size
+        if data[end : end + 8] == _END_OF_STREAM:
+            batch = ipc.read_record_batch(message, schema)
+        else:
+            reader = ipc.MessageReader.open_stream(buf.slice(position))
+            batches = []
+            while True:
+                try:
+                    message = reader.read_next_message()
+                except StopIteration:
+                    break
+                if message.type != "record batch":
+                    return None
+                batches.append(ipc.read_record_batch(message, schema))
+            batch = pa.concat_batches(batches)
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
         return None  # the general path names the damage
-    if not batches:
-        return None
-    batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
     if batch.num_rows != record_count:
         return None
     offsets = fixed_array(

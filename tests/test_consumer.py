@@ -166,6 +166,32 @@ def test_deserializers_and_headers(store: kstore.Store) -> None:
     assert tombstone.serialized_value_size == -1
 
 
+def test_serialized_sizes_are_the_raw_lengths_and_minus_one_for_null(
+    store: kstore.Store,
+) -> None:
+    """Kafka's serialized sizes: the bytes as stored, before a deserializer, -1 for a null
+    key or value; in a poll that mixes records with and without keys."""
+    store.create_topic("t", partitions=1)
+    sent = [(b"k", b"v" * 10), (None, b"\xff" * 3), (b"\xe2\x82\xac", None), (b"", b"")]
+    with Producer(store) as producer:
+        for key, value in sent:
+            producer.send("t", value=value, key=key)
+    with Consumer(
+        "t",
+        store=store,
+        auto_offset_reset="earliest",
+        key_deserializer=lambda b: b.decode(errors="replace"),
+    ) as consumer:
+        got = drain(consumer)
+    assert [(r.serialized_key_size, r.serialized_value_size) for r in got] == [
+        (1, 10),
+        (-1, 3),
+        (3, -1),
+        (0, 0),
+    ]
+    assert got[2].key == "\u20ac"  # deserialized after its size was taken
+
+
 def test_offsets_for_times_matches_a_scan(store: kstore.Store) -> None:
     store.create_topic("t", partitions=1)
     # Not monotonic: producers choose CreateTime, and several segments are written.

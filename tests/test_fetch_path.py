@@ -185,6 +185,23 @@ def test_a_dense_range_decodes_from_its_stream_as_the_general_path_does(compress
     assert fast.column("offset").to_pylist() == list(range(40, 47))
 
 
+def test_the_fast_decode_reads_a_range_of_several_batches_whole() -> None:
+    """A range this project writes holds one batch; a file of several (a writer that kept a
+    table's chunks) is read message by message, every batch, in order."""
+    table = pa.concat_tables([_records(2), _records(3)])
+    assert table.column("key").num_chunks == 2
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, BINARY.record_schema) as writer:
+        writer.write_table(table)
+    data = sink.getvalue().to_pybytes()
+    assert len(pa.ipc.open_file(pa.py_buffer(data)).read_all().to_batches()) == 2
+    fast = _decode_dense_arrow(data, BINARY, 10, 5)
+    assert fast is not None
+    assert fast.column("key").to_pylist() == table.column("key").to_pylist()
+    assert fast.column("offset").to_pylist() == list(range(10, 15))
+    assert _decode_dense_arrow(data, BINARY, 10, 4) is None  # the count covers every batch
+
+
 def test_the_fast_decode_leaves_anything_unusual_to_the_general_path() -> None:
     buf, _, described = encode_segment(_records(3))
     data = buf.to_pybytes()
