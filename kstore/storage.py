@@ -35,6 +35,7 @@ modification times (leases are judged by them).
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import errno
 import functools
@@ -96,6 +97,8 @@ _GET_ATTEMPTS = 3
 _DIRECT_PUT_MAX = 16 << 20
 # Concurrent GETs of one read_many or read_ranges (and HEADs of one stat_many).
 _READ_CONCURRENCY = 32
+# Concurrent writes of one put_new_many (a checkpoint's sidecars, one per changed partition).
+_WRITE_CONCURRENCY = 16
 # Names per page of list_pages: S3's largest (each page is one LIST request).
 LIST_PAGE_SIZE = 1000
 # read_ranges fetches ranges this close together in one request: below this, a second
@@ -1041,6 +1044,25 @@ class Storage:
                 self.put_if_absent(rel, data, durable=durable)
         except FileExistsError:
             self._check_own_write(rel, data)
+
+    def put_new_many(self, files: dict[str, bytes], *, durable: bool = True) -> None:
+        """:meth:`put_new` of several files, ``_WRITE_CONCURRENCY`` at a time: one round trip
+        or so on an object store where one after another cost one each (a checkpoint of a
+        topic log writes a sidecar per changed partition). Every write is waited for; the
+        first failure is then raised (the others may have landed: new names that nothing
+        references, orphans as any unreferenced file, PROTOCOL 12.6)."""
+        if len(files) <= 1:
+            for rel, data in files.items():
+                self.put_new(rel, data, durable=durable)
+            return
+        workers = min(_WRITE_CONCURRENCY, len(files))
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            writes = [
+                pool.submit(self.put_new, rel, data, durable=durable) for rel, data in files.items()
+            ]
+            concurrent.futures.wait(writes)
+        for write in writes:
+            write.result()
 
     def _check_own_write(self, rel: str, data: bytes | memoryview) -> None:
         """``rel`` was reported as existing after a write of ``data`` to it: succeed if it

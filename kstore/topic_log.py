@@ -312,23 +312,31 @@ class TopicLogFiles(Log[TopicLogState]):
         # Chains and compression are version 4: a log at version 3 keeps whole sidecars that
         # readers of version 3 can read.
         v4 = min(state.min_reader_version, state.min_writer_version) >= CHAIN_VERSION
+        # Every new sidecar (a base or a delta per changed partition) is encoded first and
+        # then written at once: one after another, 64 changed partitions held a producer's
+        # commit for 64 PUTs on S3, every checkpoint interval.
+        files: dict[str, bytes] = {}
         for partition in sorted(state.partitions):
             known = state.sidecars.get(partition) if fresh else None
             if known is not None and state.changed.get(partition, 0) <= state.sidecar_version:
                 chains[partition] = known
                 continue
-            chain = self._extended(state, partition, known) if v4 and known else None
+            chain = self._extended(state, partition, known, files) if v4 and known else None
             if chain is None:
                 actions = [
                     a
                     for a in state.partition(partition).checkpoint_actions()
                     if "protocol" not in a
                 ]
-                body = self._put_sidecar(partition, state.version, actions, None, compress=v4)
+                payload = encode_sidecar(partition, state.version, actions, delta=None, compress=v4)
+                body = self._new_sidecar(
+                    files, partition, state.version, payload, len(actions), compress=v4
+                )
                 if v4:
                     body["version"] = state.version
                 chain = [body]
             chains[partition] = chain
+        self.storage.put_new_many(files)
         top: list[Action] = [*LogState.checkpoint_actions(state)]
         for partition in sorted(chains):
             top.extend({"sidecar": body} for body in chains[partition])
@@ -339,10 +347,15 @@ class TopicLogFiles(Log[TopicLogState]):
         state.pending_limit = self.pending_limit
 
     def _extended(
-        self, state: TopicLogState, partition: int, chain: list[Action]
+        self,
+        state: TopicLogState,
+        partition: int,
+        chain: list[Action],
+        files: dict[str, bytes],
     ) -> list[Action] | None:
-        """``chain`` and a new delta of the partition's actions since it (13.4), or None when
-        the chain cannot be extended or would exceed its bounds (then a new base is due)."""
+        """``chain`` and a new delta of the partition's actions since it (13.4), its file added
+        to ``files`` (to be written), or None when the chain cannot be extended or would exceed
+        its bounds (then a new base is due)."""
         end = _chain_end(chain)
         if end is None or not state.pending_complete or end >= state.version:
             return None
@@ -356,27 +369,24 @@ class TopicLogFiles(Log[TopicLogState]):
         payload = encode_sidecar(partition, state.version, actions, delta=span, compress=True)
         if sum(int(d["size"]) for d in deltas) + len(payload) > int(chain[0]["size"]):
             return None  # reading the chain would cost more than twice the state: a new base
-        body = self._put_payload(partition, state.version, payload, len(actions))
+        body = self._new_sidecar(files, partition, state.version, payload, len(actions))
         body["delta"] = list(span)
         return [*chain, body]
 
-    def _put_sidecar(
+    def _new_sidecar(
         self,
+        files: dict[str, bytes],
         partition: int,
         version: int,
-        actions: list[Action],
-        delta: tuple[int, int] | None,
+        payload: bytes,
+        count: int,
         *,
-        compress: bool,
+        compress: bool = True,
     ) -> Action:
-        payload = encode_sidecar(partition, version, actions, delta=delta, compress=compress)
-        return self._put_payload(partition, version, payload, len(actions), compress=compress)
-
-    def _put_payload(
-        self, partition: int, version: int, payload: bytes, count: int, *, compress: bool = True
-    ) -> Action:
+        """A sidecar's file, named and added to ``files`` (to be written), and the action that
+        names it."""
         name = f"{partition}-{version:020d}-{unique_id()}.json" + (".gz" if compress else "")
-        self.storage.put_new(f"{self._sidecar_dir()}/{name}", payload)
+        files[f"{self._sidecar_dir()}/{name}"] = payload
         return {
             "partition": partition,
             "path": f"{SIDECARS}/{name}",

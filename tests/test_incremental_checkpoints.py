@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 
 from kstore import CorruptLogError, Store
-from kstore.errors import UnsupportedFormatVersionError
+from kstore.errors import StorageError, UnsupportedFormatVersionError
 from kstore.layout import topic_data_dir
 from kstore.log import Action, checkpoint_file, decode_commit, version_file
 from kstore.manifest import PartitionState
+from kstore.storage import Storage
 from kstore.topic_log import (
     CHAIN_VERSION,
     SIDECARS,
@@ -577,6 +578,48 @@ def test_the_upgrade_command_raises_a_version_3_topic_with_a_dry_run(
 
 
 @pytest.mark.s3
+def test_a_checkpoint_writes_its_sidecars_in_one_batch_and_none_when_one_fails(
+    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new sidecars of a checkpoint (a base or a delta per changed partition) are written
+    at once, not one after another; when one cannot be written the checkpoint is not
+    published, the commit stands, and readers load from the previous checkpoint."""
+    _, shared = _topic(local_store, partitions=8, interval=5)
+    batches: list[list[str]] = []
+    real = Storage.put_new_many
+
+    def put_new_many(self: Storage, files: dict[str, bytes], *, durable: bool = True) -> None:
+        batches.append(sorted(files))
+        real(self, files, durable=durable)
+
+    monkeypatch.setattr(Storage, "put_new_many", put_new_many)
+    workload = Workload(shared, list(range(8)), seed=5)
+    assert workload.run(11) == 10  # versions 0-10: checkpoints 5 and 10
+    assert len(batches) == 2
+    for version, batch in zip((5, 10), batches, strict=True):
+        written = {
+            f"{_incarnation(shared)}/{body['path']}"
+            for chain in _chains(shared, version).values()
+            for body in chain
+            if f"-{version:020d}-" in body["path"]  # new at this checkpoint
+        }
+        assert written == set(batch), version  # every new sidecar, in the one batch
+    assert len(batches[0]) == 8  # the first: a base per partition
+
+    def fail(self: Storage, files: dict[str, bytes], *, durable: bool = True) -> None:
+        raise StorageError("injected: a sidecar could not be written")
+
+    monkeypatch.setattr(Storage, "put_new_many", fail)
+    newest = workload.run(5)  # version 15 commits; its checkpoint fails
+    assert newest == 15
+    storage = shared.log.storage
+    assert not storage.exists(f"{shared.directory}/{checkpoint_file(15)}")
+    monkeypatch.undo()
+    fresh = Store(*local_store)
+    loaded = fresh.topic_log("t", fresh.topic("t"), 0).log.load()
+    _same(loaded, _replayed(shared, newest))
+
+
 def test_chains_on_an_object_store(seaweed_store: StoreURL) -> None:
     """The same through S3 (SeaweedFS): sidecars are written with put-if-absent and a chain's
     members read in one concurrent batch."""

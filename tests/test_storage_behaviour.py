@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -93,6 +94,36 @@ def test_put_new_creates_a_segment_once_with_no_temporary_file(any_store: StoreT
         st.put_new(path, b"other bytes")
     assert st.read(path) == b"segment bytes"
     assert names(st, "topics/t/0/segments") == {path.rsplit("/", 1)[1]}  # no .tmp-* left
+
+
+def test_put_new_many_writes_every_file_at_once_and_raises_the_first_failure(
+    any_store: StoreTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    st = storage_of(any_store)
+    files = {f"t/_sidecars/{p}-{unique_id()}.json.gz": b"sidecar %d" % p for p in range(20)}
+    # Concurrently: two writes meet at a barrier, which one after another never would.
+    meet = threading.Barrier(2, timeout=10)
+    real_put_new = Storage.put_new
+
+    def put_new(self: Storage, rel: str, data: bytes, *, durable: bool = True) -> None:
+        if rel.split("/")[-1].split("-")[0] in ("0", "1"):  # the files of "partitions" 0 and 1
+            meet.wait()
+        real_put_new(self, rel, data, durable=durable)
+
+    monkeypatch.setattr(Storage, "put_new", put_new)
+    st.put_new_many(files, durable=False)
+    monkeypatch.undo()
+    assert {rel: st.read(rel) for rel in files} == files
+    assert len(names(st, "t/_sidecars")) == 20
+    # Again (a retry after lost answers): each finds its own file. One name taken by other
+    # content fails the call, after the other writes were made.
+    clash = next(iter(files))
+    st.put(clash, b"someone else's")
+    more = {**files, f"t/_sidecars/x-{unique_id()}.json.gz": b"new"}
+    with pytest.raises(StorageError, match="already exists with other content"):
+        st.put_new_many(more, durable=False)
+    assert all(st.read(rel) == data for rel, data in more.items() if rel != clash)
+    st.put_new_many({}, durable=False)  # nothing to write: nothing written
 
 
 def test_put_new_that_fails_leaves_no_partial_file(
