@@ -80,7 +80,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 
-def _sizes(column: pa.Array, items: list[Any]) -> list[int] | Iterable[int]:
+def _sizes(column: pa.Array, items: list[Any]) -> Iterable[int]:
     """Serialized sizes of a binary column, -1 for nulls (Kafka's convention), from ``items``,
     the column as Python values (bytes; ``len`` over them runs in C, and costs less than an
     Arrow kernel's call on the few records a partition gets per poll). A string column's

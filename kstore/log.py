@@ -429,7 +429,7 @@ class Log(Generic[S]):
             return 1, False
         # What is due (at least one) and the one after, at once: this confirms the newest, and
         # a reader that turns out to be behind widens from here.
-        return min(_MAX_WINDOW, max(due, 1) + 1), True
+        return min(_MAX_WINDOW, due + 1), True
 
     def _note_versions(self, now: float, count: int) -> None:
         if count == 0:
