@@ -645,9 +645,10 @@ _STEP_WORDS = {
     epilog="Examples:\n\n  kstore topics upgrade orders --dry-run\n\n"
     "  kstore topics upgrade orders\n\n"
     "Safe to run again: a run that stopped half-way is finished by the next one. A topic "
-    "already in layout 3 whose logs are at version 3 has them raised to version 4 (incremental "
-    "checkpoints); one at version 4 is left alone. Readers older than version 4 cannot read the "
-    "topic afterwards.",
+    "already in layout 3 whose logs are below reader version 4 and writer version 5 has them "
+    "raised (incremental checkpoints; vacuum finds old checkpoint sidecars without listing the "
+    "log); one there is left alone. Readers older than version 4 cannot read the topic "
+    "afterwards, and writers older than version 5 cannot write it.",
 )
 def upgrade(
     ctx: typer.Context,
@@ -665,8 +666,9 @@ def upgrade(
 
     Seals every partition log, adopts each partition's state (segments by reference, nothing
     copied; open transactions and producer sequences carried) into the topic logs, then
-    switches the topic's metadata to layout 3. A layout-3 topic whose logs are at version 3
-    gets them raised to version 4, whose checkpoints are incremental.
+    switches the topic's metadata to layout 3. A layout-3 topic whose logs are below reader
+    version 4 and writer version 5 gets them raised there (incremental checkpoints, and old
+    checkpoint sidecars that vacuum finds without listing the log).
     """
     from kstore.upgrade import upgrade_topic
 
@@ -717,21 +719,21 @@ def upgrade(
 
 
 def _layout3_versions(topic: str, report: Any, *, dry_run: bool) -> None:
-    """A layout-3 topic: its topic logs and metadata log raised to version 4 (incremental
-    checkpoints), or found there."""
+    """A layout-3 topic: its topic logs and metadata log raised to reader version 4 and
+    writer version 5, or found there."""
     words = {"done": "raised to", "already": "already at", "planned": "would be raised to"}
     for index, step in report.topic_logs:
         name = "_log" if index == 0 else f"_log.{index}"
-        note(f"Topic log {index} ({name}): {words[step]} version 4.")
-    note(f"Metadata: {words[report.metadata]} version 4.")
+        note(f"Topic log {index} ({name}): {words[step]} version 4/5.")
+    note(f"Metadata: {words[report.metadata]} version 4/5.")
     if dry_run:
         pending = "planned" in (report.metadata, *(step for _, step in report.topic_logs))
-        what = "would get incremental checkpoints" if pending else "needs no change"
+        what = "would be raised to version 4/5" if pending else "needs no change"
         note(f"Dry run: topic {topic!r} {what}; nothing was changed.")
     elif report.changed:
-        note(f"Topic {topic!r} is in layout 3; its logs now take incremental checkpoints.")
+        note(f"Topic {topic!r} is in layout 3; its logs are now at version 4/5.")
     else:
-        note(f"Topic {topic!r} is in layout 3 already, at version 4; nothing to do.")
+        note(f"Topic {topic!r} is in layout 3 already, at version 4/5; nothing to do.")
 
 
 def _offsets_json(path: str) -> list[tuple[str, int, int]]:

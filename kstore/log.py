@@ -40,7 +40,7 @@ from kstore.storage import Storage, unique_id
 log = logging.getLogger(__name__)
 
 READER_VERSION = 4  # highest minReaderVersion this code can read
-WRITER_VERSION = 4  # highest minWriterVersion this code can write
+WRITER_VERSION = 5  # highest minWriterVersion this code can write
 # Version 2 adds typed topics (PROTOCOL.md 25); only the logs of typed topics require it, so
 # every other log stays readable by version-1 readers.
 TYPED_TOPICS_VERSION = 2
@@ -767,9 +767,15 @@ def check_writer_version(state: LogState) -> None:
         )
 
 
-def protocol_action(version: int = 1) -> Action:
-    """The protocol a new log starts at: the lowest version its content needs."""
-    return {"protocol": {"minReaderVersion": version, "minWriterVersion": version}}
+def protocol_action(version: int = 1, writer: int | None = None) -> Action:
+    """The protocol a new log starts at: the lowest versions its content needs (``writer``:
+    when writers need a higher version than readers)."""
+    return {
+        "protocol": {
+            "minReaderVersion": version,
+            "minWriterVersion": version if writer is None else writer,
+        }
+    }
 
 
 def _split(actions: Sequence[Action]) -> list[tuple[str, dict[str, Any]]]:

@@ -47,7 +47,13 @@ from kstore.log import (
 )
 from kstore.names import validate_topic_name
 from kstore.storage import Storage, redact_url
-from kstore.topic_log import TOPIC_LOG_VERSION, TopicLog, log_index, shared_log_dir
+from kstore.topic_log import (
+    TOPIC_LOG_VERSION,
+    TOPIC_LOG_WRITER_VERSION,
+    TopicLog,
+    log_index,
+    shared_log_dir,
+)
 
 if TYPE_CHECKING:
     # pyarrow-heavy: imported when a partition is first opened, so that administration
@@ -448,15 +454,19 @@ class Store:
             if state.metadata is not None and not state.deleted:
                 raise TopicAlreadyExistsError(f"topic {name!r} already exists")
             actions: list[Action] = [protocol_action()] if state.version < 0 else []
-            needed = 1
+            needed = writer = 1
             if "schemas" in metadata:
-                needed = TYPED_TOPICS_VERSION
+                needed = writer = TYPED_TOPICS_VERSION
             if layout == 3:
-                needed = TOPIC_LOG_VERSION
-            if state.min_reader_version < needed:
+                needed, writer = TOPIC_LOG_VERSION, TOPIC_LOG_WRITER_VERSION
+            if state.min_reader_version < needed or state.min_writer_version < writer:
                 # Readers that predate typed topics or layout 3 must refuse this topic, not
-                # misread it.
-                actions.append(protocol_action(needed))
+                # misread it; writers that predate its topic logs' version must not change it.
+                actions.append(
+                    protocol_action(
+                        max(needed, state.min_reader_version), max(writer, state.min_writer_version)
+                    )
+                )
             return [*actions, {"metaData": metadata}]
 
         log = self._topic_log(name)

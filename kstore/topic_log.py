@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import threading
 import time
 import zlib
@@ -44,6 +45,14 @@ LAYOUT3_VERSION = 3
 # it; a topic log at version 3 keeps whole uncompressed sidecars until it is upgraded (27.4).
 CHAIN_VERSION = 4
 TOPIC_LOG_VERSION = CHAIN_VERSION
+# Writer version 5: a checkpoint names no sidecar written more than SIDECAR_HORIZON versions
+# before it (PROTOCOL.md 13.4), so vacuum can tell which old sidecars no kept checkpoint names
+# from their names and the oldest kept checkpoint, without listing or reading the log (22.5).
+# Readers are unaffected: new topic logs, and the metadata logs of their topics, start at
+# {minReaderVersion 4, minWriterVersion 5}.
+HORIZON_VERSION = 5
+TOPIC_LOG_WRITER_VERSION = HORIZON_VERSION
+SIDECAR_HORIZON = 10_000
 # The bounds of a chain (PROTOCOL.md 13.4): a writer starts a new base rather than name more
 # deltas than this, or deltas whose sizes add up to more than the base's: so loading a
 # checkpoint reads at most twice the bytes of the partition's whole state, in at most
@@ -57,6 +66,31 @@ SIDECAR_GZIP_LEVEL = 6
 # A partition build: receives the partition's state as of the commit's base version and
 # returns its actions (None: nothing to commit for it) or raises to refuse the commit.
 PartitionBuild = Callable[[PartitionState], "list[Action] | None"]
+
+
+def topic_log_protocol() -> Action:
+    """The ``protocol`` a new topic log starts at (PROTOCOL.md 3.2)."""
+    return protocol_action(TOPIC_LOG_VERSION, TOPIC_LOG_WRITER_VERSION)
+
+
+_SIDECAR_NAME = re.compile(r"(0|[1-9][0-9]*)-([0-9]{20})-[0-9a-f]{32}\.json(?:\.gz)?")
+
+
+def sidecar_name(name: str) -> tuple[int, int] | None:
+    """(partition, version of the checkpoint that wrote it) of a sidecar's file name
+    (PROTOCOL.md 5.8), or None when the name is not one a writer makes."""
+    found = _SIDECAR_NAME.fullmatch(name)
+    return None if found is None else (int(found.group(1)), int(found.group(2)))
+
+
+def within_horizon(chain: list[Action], version: int) -> bool:
+    """Whether a checkpoint of ``version`` may name every sidecar of ``chain`` (13.4): each was
+    written at most SIDECAR_HORIZON versions before it, as its name says."""
+    for body in chain:
+        parsed = sidecar_name(str(body["path"]).removeprefix(f"{SIDECARS}/"))
+        if parsed is None or parsed[1] < version - SIDECAR_HORIZON:
+            return False
+    return True
 
 
 def shared_log_dir(incarnation_dir: str, index: int) -> str:
@@ -318,6 +352,8 @@ class TopicLogFiles(Log[TopicLogState]):
         files: dict[str, bytes] = {}
         for partition in sorted(state.partitions):
             known = state.sidecars.get(partition) if fresh else None
+            if known is not None and not within_horizon(known, state.version):
+                known = None  # too old to name (writer version 5): a new base
             if known is not None and state.changed.get(partition, 0) <= state.sidecar_version:
                 chains[partition] = known
                 continue
@@ -612,7 +648,7 @@ class TopicLog:
                 return None
             out: list[Action] = []
             if state.version < 0:
-                out.append(protocol_action(TOPIC_LOG_VERSION))
+                out.append(topic_log_protocol())
             for partition in sorted(per_partition):
                 # A partition build written for a layout-2 log may open a new log with a
                 # protocol action; a topic log has its own, above.

@@ -8,18 +8,19 @@ again (docs/PROTOCOL.md 27):
    then on writers of this version refuse it with :class:`~kstore.errors.TopicUpgradedError`
    and older writers refuse it by its version, so its state is final.
 2. :func:`adopt_partitions`: version 0 of every topic log (put-if-absent) holds ``protocol``
-   4/4 (3/3 before version 4) and the whole final state of each of its partitions, as that
+   4/5 (reader 4, writer 5; 3/3 before version 4) and the whole final state of each of its partitions, as that
    partition's checkpoint actions naming the partition. Segments are adopted by reference:
    their ``segments/`` paths stay relative to the partition directory, nothing is copied.
 3. :func:`switch_layout`: the topic's metadata log gets ``metaData`` with ``layout: 3`` (every
-   other field carried, schemas included) and ``protocol`` 4/4, so that readers that predate
+   other field carried, schemas included) and ``protocol`` 4/5, so that readers that predate
    layout 3 refuse the topic instead of reading partition logs nobody writes any more.
 
 Between steps 1 and 3 the topic is readable as before but not writable: writers are told to
 run the upgrade again. Administration only: reads manifests, never segment data (no pyarrow).
 
-A topic already in layout 3 whose logs are at version 3 (written before incremental
-checkpoints) gets them raised to version 4 instead: :func:`raise_topic_logs` (27.4).
+A topic already in layout 3 whose logs are below 4/5 (version 3: written before incremental
+checkpoints; 4/4: before the sidecar horizon of writer version 5) gets them raised to 4/5
+instead: :func:`raise_topic_logs` (27.4).
 """
 
 from __future__ import annotations
@@ -32,18 +33,20 @@ from typing import TYPE_CHECKING, Any
 
 from kstore.errors import CorruptLogError, IllegalStateError, UnknownTopicOrPartitionError
 from kstore.layout import partition_dir, topic_data_dir
-from kstore.log import Action, Log, protocol_action
+from kstore.log import Action, Log
 from kstore.manifest import PartitionState
 from kstore.topic_log import (
     LAYOUT3_VERSION,
     LAYOUT_V2,
     LAYOUT_V3,
     TOPIC_LOG_VERSION,
+    TOPIC_LOG_WRITER_VERSION,
     TopicLog,
     TopicLogState,
     log_index,
     shared_log_dir,
     tag_actions,
+    topic_log_protocol,
 )
 
 if TYPE_CHECKING:
@@ -101,9 +104,9 @@ class UpgradeReport:
     dry_run: bool
     layout_before: int  # 3: the topic was in layout 3 already: only versions were raised
     partitions: tuple[PartitionUpgrade, ...]
-    # (index, what step 2 did to its version 0; layout 3 before: what raising it to 4 did)
+    # (index, what step 2 did to its version 0; layout 3 before: what raising it to 4/5 did)
     topic_logs: tuple[tuple[int, Step], ...]
-    metadata: Step  # layout 3 before: what raising the metadata log to version 4 did
+    metadata: Step  # layout 3 before: what raising the metadata log to 4/5 did
 
     @property
     def changed(self) -> bool:
@@ -123,11 +126,11 @@ class UpgradeReport:
             "changed": self.changed,
             "metadata": str(self.metadata),
             # Layout 2 before: what step 2 did to each topic log's version 0; layout 3 before:
-            # what raising each topic log to version 4 did (27.4).
+            # what raising each topic log to 4/5 did (27.4).
             "topic_logs": [
                 {
                     "index": i,
-                    ("version4" if self.layout_before == LAYOUT_V3 else "version0"): str(s),
+                    ("raised" if self.layout_before == LAYOUT_V3 else "version0"): str(s),
                 }
                 for i, s in self.topic_logs
             ],
@@ -140,8 +143,8 @@ class UpgradeReport:
 
 def upgrade_topic(store: Store, topic: str, *, dry_run: bool = False) -> UpgradeReport:
     """Upgrade ``topic`` from layout 2 to layout 3 (all three steps; see the module). A topic
-    already in layout 3 gets its topic logs and metadata log raised to version 4 (incremental
-    checkpoints) if they are below. ``dry_run``: report what would be done, write nothing.
+    already in layout 3 gets its topic logs and metadata log raised to 4/5 (incremental
+    checkpoints, the sidecar horizon) if they are below. ``dry_run``: report what would be done, write nothing.
 
     Partitions added while the upgrade runs are sealed and adopted too before the layout
     switches (PROTOCOL.md 27.1)."""
@@ -361,7 +364,7 @@ def _adopt_log(
             return None
         actions: list[Action] = []
         if state.version < 0:
-            actions.append(protocol_action(TOPIC_LOG_VERSION))
+            actions.append(topic_log_protocol())
         for p in missing:
             actions.extend(partition_actions(states[p], p))
         adopted.extend(missing)
@@ -408,21 +411,22 @@ def _check_adopted(
             )
 
 
-# -- layout 3: topic logs from version 3 to version 4 ------------------------------------------------
+# -- layout 3: topic logs from version 3 or 4 to 4/5 -----------------------------------------------
 
 
 def raise_topic_logs(
     store: Store, meta: TopicMetadata, *, dry_run: bool = False
 ) -> tuple[dict[int, Step], Step]:
-    """A layout-3 topic's topic logs, then its metadata log, raised to version 4 (incremental
-    checkpoints, PROTOCOL.md 27.4): what was done to each topic log and to the metadata. A log
-    not created yet is left alone (its first commit creates it at version 4)."""
+    """A layout-3 topic's topic logs, then its metadata log, raised to reader version 4 and
+    writer version 5 (incremental checkpoints and the sidecar horizon, PROTOCOL.md 27.4): what
+    was done to each topic log and to the metadata. A log not created yet is left alone (its
+    first commit creates it at 4/5)."""
     new = Step.planned if dry_run else Step.done
     steps: dict[int, Step] = {}
     for topic_log in store.topic_logs(meta.name, meta):
         index = topic_log.index
         state = topic_log.log.load()
-        if state.version < 0 or _at_least(state, TOPIC_LOG_VERSION):
+        if state.version < 0 or _at_least(state):
             steps[index] = Step.already
             continue
         if dry_run:
@@ -430,11 +434,7 @@ def raise_topic_logs(
             continue
         result = topic_log.log.commit(
             state,
-            lambda current: (
-                None
-                if _at_least(current, TOPIC_LOG_VERSION)
-                else [_raised(current, TOPIC_LOG_VERSION)]
-            ),
+            lambda current: None if _at_least(current) else [_raised(current)],
             operation=OPERATION,
             info={"topic": meta.name, "log": index, "upgradeStep": 4},
         )
@@ -450,9 +450,7 @@ def raise_topic_logs(
             raise UnknownTopicOrPartitionError(
                 f"topic {meta.name!r} (id {meta.topic_id}) was deleted during the upgrade"
             )
-        return (
-            None if _at_least(current, TOPIC_LOG_VERSION) else [_raised(current, TOPIC_LOG_VERSION)]
-        )
+        return None if _at_least(current) else [_raised(current)]
 
     if dry_run:
         return steps, Step.planned if build(metadata_state) is not None else Step.already
@@ -466,15 +464,20 @@ def raise_topic_logs(
     return steps, new if switched is not None else Step.already
 
 
-def _at_least(state: Any, version: int) -> bool:
-    return bool(state.min_reader_version >= version and state.min_writer_version >= version)
+def _at_least(state: Any) -> bool:
+    """Whether a log is at the version of new topic logs (or above)."""
+    return bool(
+        state.min_reader_version >= TOPIC_LOG_VERSION
+        and state.min_writer_version >= TOPIC_LOG_WRITER_VERSION
+    )
 
 
-def _raised(state: Any, version: int) -> Action:
+def _raised(state: Any) -> Action:
+    """The ``protocol`` that raises a log to the version of new topic logs (never lowering)."""
     return {
         "protocol": {
-            "minReaderVersion": max(state.min_reader_version, version),
-            "minWriterVersion": max(state.min_writer_version, version),
+            "minReaderVersion": max(state.min_reader_version, TOPIC_LOG_VERSION),
+            "minWriterVersion": max(state.min_writer_version, TOPIC_LOG_WRITER_VERSION),
         }
     }
 
@@ -502,19 +505,9 @@ def _switch(store: Store, meta: TopicMetadata, *, dry_run: bool) -> Step:
                 "partitions during the upgrade; run the upgrade again to adopt the new ones"
             )
         actions: list[Action] = []
-        if (
-            current.min_reader_version < TOPIC_LOG_VERSION
-            or current.min_writer_version < TOPIC_LOG_VERSION
-        ):
+        if not _at_least(current):
             # Readers that predate layout 3 must refuse the topic, not read sealed logs.
-            actions.append(
-                {
-                    "protocol": {
-                        "minReaderVersion": max(current.min_reader_version, TOPIC_LOG_VERSION),
-                        "minWriterVersion": max(current.min_writer_version, TOPIC_LOG_VERSION),
-                    }
-                }
-            )
+            actions.append(_raised(current))
         # Every other field is carried as read (schemas, config, unknown fields).
         actions.append({"metaData": {**(current.metadata or {}), "layout": LAYOUT_V3}})
         did.append(True)

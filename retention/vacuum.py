@@ -73,6 +73,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
@@ -96,8 +97,15 @@ from kstore.manifest import DATA_PREFIX, segment_location
 from kstore.names import validate_topic_name
 from kstore.partition import STALE_STATE_S, PartitionState
 from kstore.storage import LIST_PAGE_SIZE, FileInfo, Storage, unique_id
-from kstore.store import Store, TopicMetadata, TopicState
-from kstore.topic_log import SIDECARS, TopicLogFiles, TopicLogState
+from kstore.store import DELETED_WRITER_VERSION, Store, TopicMetadata, TopicState
+from kstore.topic_log import (
+    HORIZON_VERSION,
+    SIDECAR_HORIZON,
+    SIDECARS,
+    TopicLogFiles,
+    TopicLogState,
+    sidecar_name,
+)
 
 OPERATION = "vacuum"
 DEFAULT_ORPHAN_AGE_MS = 60 * 60_000
@@ -687,21 +695,170 @@ def _retained_sidecars(
         and parsed[1]
         and (keep_from is None or parsed[0] >= keep_from)
     ]
-    paths = [f"{log_dir}/{checkpoint_file(v)}" for v in versions]
-    found = storage.read_many(paths)
-    named: set[str] = set()
-    for path in paths:
+    tops = _checkpoint_tops(storage, log_dir, versions)
+    if tops is None:
+        return None
+    return {path for _, named in tops.values() for path in named}
+
+
+def _checkpoint_tops(
+    storage: Storage, log_dir: str, versions: list[int]
+) -> dict[int, tuple[int, set[str]]] | None:
+    """Of each checkpoint of ``versions`` that exists: its ``minWriterVersion`` and the sidecar
+    paths it names; None when one of them cannot be read."""
+    paths = {v: f"{log_dir}/{checkpoint_file(v)}" for v in versions}
+    found = storage.read_many(list(paths.values()))
+    out: dict[int, tuple[int, set[str]]] = {}
+    for version, path in paths.items():
         data = found.get(path)
         if data is None:
             continue  # deleted since the listing: a newer checkpoint exists, and is read
+        writer, named = 1, set()
         try:
             _, actions = decode_commit(data, path)
             for name, body in actions:
                 if name == "sidecar":
                     named.add(str(body["path"]))
+                elif name == "protocol":
+                    writer = int(body.get("minWriterVersion", 1))
         except (KStoreError, KeyError, TypeError, ValueError):
             return None
-    return named
+        out[version] = (writer, named)
+    return out
+
+
+def _unnamed_sidecars(
+    storage: Storage,
+    sidecar_dir: str,
+    log_dirs: list[str],
+    scans: list[LogScan],
+    keep_from: list[int | None],
+    partitions: int,
+    old: Callable[[FileInfo], bool],
+) -> dict[str, int]:
+    """The sidecars of an incarnation that no checkpoint vacuum keeps names and that are older
+    than the log retention (``old``): path relative to the store root -> size.
+
+    When the oldest checkpoint each topic log keeps (K, or its first when it keeps all) is of
+    writer version 5, a kept checkpoint names no sidecar written more than SIDECAR_HORIZON
+    versions before it (PROTOCOL.md 13.4). Then only the sidecars written before that oldest
+    checkpoint can go, and they are found by their names: each partition's names sort together
+    by version (5.8), so each is listed from its first up to that checkpoint's version (about
+    one LIST per partition). Those written more than the horizon before it are named by no kept
+    checkpoint; the others are checked against the kept checkpoints up to the horizon past it
+    (a listing of that window of the log, and a read of each checkpoint in it). Otherwise (a log
+    raised from version 4 within the log retention) the whole of each topic log is listed to
+    find every kept checkpoint, and each is read."""
+    oldest: list[int | None] = [
+        kept if kept is not None else _first_checkpoint(scan.files)
+        for kept, scan in zip(keep_from, scans, strict=True)
+    ]
+    tops: list[tuple[int, set[str]] | None] = []
+    for log_dir, version in zip(log_dirs, oldest, strict=True):
+        read = None if version is None else _checkpoint_tops(storage, log_dir, [version])
+        tops.append(None if read is None or version not in read else read[version])
+    # (A deleted incarnation's logs are at a writer version no writer has: one deleted by a
+    # writer of version 4 took no horizon into account.)
+    if all(top is not None and HORIZON_VERSION <= top[0] < DELETED_WRITER_VERSION for top in tops):
+        first = [cast(int, v) for v in oldest]
+        named = {path for top in tops if top is not None for path in top[1]}
+        logs = len(log_dirs)
+        bounds = {p: first[p % logs] for p in range(partitions)}
+        found: dict[str, tuple[FileInfo, int]] = {}  # path -> (file, its topic log)
+        for info in _sidecars_below(storage, sidecar_dir, bounds):
+            path = f"{SIDECARS}/{info.name}"
+            if old(info) and path not in named:
+                found[path] = (info, cast(tuple[int, int], sidecar_name(info.name))[0] % logs)
+        recent = {
+            k
+            for path, (info, k) in found.items()
+            if cast(tuple[int, int], sidecar_name(info.name))[1] >= first[k] - SIDECAR_HORIZON
+        }
+        for k in sorted(recent):
+            window = _named_in_window(storage, log_dirs[k], first[k], first[k] + SIDECAR_HORIZON)
+            if window is None:  # unreadable: only what lies past the horizon goes
+                for path, (info, j) in list(found.items()):
+                    version = cast(tuple[int, int], sidecar_name(info.name))[1]
+                    if j == k and version >= first[k] - SIDECAR_HORIZON:
+                        del found[path]
+            else:
+                for path in window:
+                    found.pop(path, None)
+        return {f"{sidecar_dir}/{info.name}": info.size for info, _ in found.values()}
+    candidates = [
+        info
+        for info in _files(storage, sidecar_dir)
+        if info.name not in ("", ".", "..") and old(info)
+    ]
+    if not candidates:
+        return {}
+    retained: set[str] | None = set()
+    # The checkpoints at or above K: the rest of each topic log is listed (reading them all
+    # costs more than that listing).
+    for log_dir, scan, kept in zip(log_dirs, scans, keep_from, strict=True):
+        named_here = _retained_sidecars(storage, log_dir, scan.whole(), kept)
+        retained = None if named_here is None or retained is None else retained | named_here
+    if retained is None:
+        return {}
+    return {
+        f"{sidecar_dir}/{info.name}": info.size
+        for info in candidates
+        if f"{SIDECARS}/{info.name}" not in retained
+    }
+
+
+def _named_in_window(storage: Storage, log_dir: str, first: int, end: int) -> set[str] | None:
+    """The sidecar paths the checkpoints of versions ``first`` to ``end - 1`` name, listed from
+    ``first`` on (name order is version order); None when one cannot be read."""
+    versions: list[int] = []
+    for page in storage.list_pages(log_dir, start_after=f"{first - 1:020d}.z"):
+        parsed = [p for info in page if (p := parse_log_file_name(info.name)) is not None]
+        versions.extend(v for v, is_checkpoint in parsed if is_checkpoint and first <= v < end)
+        if any(v >= end for v, _ in parsed):
+            break
+    tops = _checkpoint_tops(storage, log_dir, versions)
+    return None if tops is None else {path for _, named in tops.values() for path in named}
+
+
+def _first_checkpoint(listing: list[FileInfo]) -> int | None:
+    """The lowest checkpoint version in a listing of a log's start (None: none in it)."""
+    versions = [
+        parsed[0]
+        for info in listing
+        if (parsed := parse_log_file_name(info.name)) is not None and parsed[1]
+    ]
+    return min(versions, default=None)
+
+
+def _sidecars_below(storage: Storage, sidecar_dir: str, bounds: dict[int, int]) -> list[FileInfo]:
+    """The sidecars of each partition ``p`` of ``bounds`` whose name's version is below
+    ``bounds[p]``. A partition's names sort together, by version (5.8): on S3 each partition
+    is listed from its first name until one at or past its bound, concurrently; elsewhere the
+    directory is listed once."""
+    if not storage.is_s3:
+        out = []
+        for info in _files(storage, sidecar_dir):
+            parsed = sidecar_name(info.name)
+            if parsed is not None and parsed[1] < bounds.get(parsed[0], -1):
+                out.append(info)
+        return out
+
+    def below(partition: int) -> list[FileInfo]:
+        found: list[FileInfo] = []
+        prefix = f"{partition}-"
+        for page in storage.list_pages(sidecar_dir, start_after=prefix):
+            for info in page:
+                parsed = sidecar_name(info.name)
+                if not info.name.startswith(prefix) or (
+                    parsed is not None and parsed[1] >= bounds[partition]
+                ):
+                    return found
+                if parsed is not None and parsed[0] == partition:
+                    found.append(info)
+        return found
+
+    with ThreadPoolExecutor(max_workers=_LISTING_THREADS) as pool:
+        return [info for part in pool.map(below, sorted(bounds)) for info in part]
 
 
 def vacuum_incarnation(
@@ -741,7 +898,6 @@ def vacuum_incarnation(
     with ThreadPoolExecutor(max_workers=_LISTING_THREADS) as pool:
         listed = pool.map(lambda d: _files(storage, f"{d}/segments"), directories.values())
         segment_files = dict(zip(directories, listed, strict=True))
-    sidecar_files = _files(storage, sidecar_dir)
     readers = [
         TopicLogFiles(
             storage,
@@ -756,9 +912,9 @@ def vacuum_incarnation(
     if (
         all(s.version < 0 for s in states)
         and not data_files
-        and not sidecar_files
         and not any(segment_files.values())
         and not any(log_files)
+        and not next(storage.list_pages(sidecar_dir, page_size=1), [])
     ):
         result.reason = "no data"
         return result
@@ -845,23 +1001,18 @@ def vacuum_incarnation(
         for info in old:
             doomed[f"{logs[k].directory}/{info.name}"] = info.size
     # Sidecars: those no kept checkpoint names, once older than the log retention (a younger
-    # one may belong to a checkpoint being written). Checkpoints are read only when needed.
-    candidates = [
-        info
-        for info in sidecar_files
-        if info.name not in ("", ".", "..") and old_enough(info, log_retention)
-    ]
-    if candidates:
-        retained: set[str] | None = set()
-        # The checkpoints at or above K: the rest of each topic log is listed (reading them
-        # costs more than that listing).
-        for k, scan in enumerate(scans):
-            named_here = _retained_sidecars(storage, logs[k].directory, scan.whole(), keep_from[k])
-            retained = None if named_here is None or retained is None else retained | named_here
-        if retained is not None:
-            for info in candidates:
-                if f"{SIDECARS}/{info.name}" not in retained:
-                    doomed[f"{sidecar_dir}/{info.name}"] = info.size
+    # one may belong to a checkpoint being written).
+    doomed.update(
+        _unnamed_sidecars(
+            storage,
+            sidecar_dir,
+            [t.directory for t in logs],
+            scans,
+            keep_from,
+            meta.partitions,
+            lambda info: old_enough(info, log_retention),
+        )
+    )
     # Refresh: anything a commit made live, or removed anew, since the listing stays.
     for k, reader in enumerate(readers):
         newest = cast(TopicRemovalState, reader.update(states[k]))

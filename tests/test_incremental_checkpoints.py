@@ -26,10 +26,12 @@ from kstore.manifest import PartitionState
 from kstore.storage import Storage
 from kstore.topic_log import (
     CHAIN_VERSION,
+    HORIZON_VERSION,
     SIDECARS,
     TopicLog,
     TopicLogFiles,
     TopicLogState,
+    sidecar_name,
 )
 from kstore.upgrade import upgrade_topic
 
@@ -266,6 +268,9 @@ def test_bytes_a_checkpoint_writes_follow_the_commits_since_not_the_live_state(
     def written(interval: int, version: int, commits: int) -> list[int]:
         monkeypatch.setattr("kstore.topic_log.TOPIC_LOG_VERSION", version)
         monkeypatch.setattr("kstore.store.TOPIC_LOG_VERSION", version)
+        writer = version if version < CHAIN_VERSION else HORIZON_VERSION
+        monkeypatch.setattr("kstore.topic_log.TOPIC_LOG_WRITER_VERSION", writer)
+        monkeypatch.setattr("kstore.store.TOPIC_LOG_WRITER_VERSION", writer)
         url = (f"{local_store[0]}-{interval}-{version}", local_store[1])
         _, shared = _topic(url, partitions=1, interval=interval)
         work = Workload(shared, [0], seed=3)
@@ -446,6 +451,8 @@ def test_a_version_3_log_keeps_whole_sidecars_until_the_upgrade_raises_it(
     with monkeypatch.context() as old:
         old.setattr("kstore.topic_log.TOPIC_LOG_VERSION", 3)
         old.setattr("kstore.store.TOPIC_LOG_VERSION", 3)
+        old.setattr("kstore.topic_log.TOPIC_LOG_WRITER_VERSION", 3)
+        old.setattr("kstore.store.TOPIC_LOG_WRITER_VERSION", 3)
         store, shared = _topic(local_store, partitions=2, interval=5)
         work = Workload(shared, [0, 1], seed=2)
         work.run(30)
@@ -470,7 +477,7 @@ def test_a_version_3_log_keeps_whole_sidecars_until_the_upgrade_raises_it(
     fresh = Store(*local_store)
     assert fresh._topic_log("t").load().min_reader_version == CHAIN_VERSION
     loaded = _files(shared).load()
-    assert (loaded.min_reader_version, loaded.min_writer_version) == (4, 4)
+    assert (loaded.min_reader_version, loaded.min_writer_version) == (4, 5)
     again = upgrade_topic(fresh, "t")
     assert not again.changed
     assert again.metadata == "already"
@@ -553,6 +560,8 @@ def test_the_upgrade_command_raises_a_version_3_topic_with_a_dry_run(
     with monkeypatch.context() as old:
         old.setattr("kstore.topic_log.TOPIC_LOG_VERSION", 3)
         old.setattr("kstore.store.TOPIC_LOG_VERSION", 3)
+        old.setattr("kstore.topic_log.TOPIC_LOG_WRITER_VERSION", 3)
+        old.setattr("kstore.store.TOPIC_LOG_WRITER_VERSION", 3)
         _, shared = _topic(local_store, partitions=2, interval=5)
         Workload(shared, [0, 1], seed=6).run(12)
     runner = CliRunner()
@@ -563,18 +572,18 @@ def test_the_upgrade_command_raises_a_version_3_topic_with_a_dry_run(
         return result
 
     dry = cli("--dry-run")
-    assert "Topic log 0 (_log): would be raised to version 4." in dry.stderr
-    assert "Metadata: would be raised to version 4." in dry.stderr
-    assert "would get incremental checkpoints; nothing was changed" in dry.stderr
+    assert "Topic log 0 (_log): would be raised to version 4/5." in dry.stderr
+    assert "Metadata: would be raised to version 4/5." in dry.stderr
+    assert "would be raised to version 4/5; nothing was changed" in dry.stderr
     assert _files(shared).load().min_reader_version == 3
     done = cli()
-    assert "Topic log 0 (_log): raised to version 4." in done.stderr
-    assert "its logs now take incremental checkpoints" in done.stderr
-    assert Store(*local_store)._topic_log("t").load().min_writer_version == CHAIN_VERSION
+    assert "Topic log 0 (_log): raised to version 4/5." in done.stderr
+    assert "its logs are now at version 4/5" in done.stderr
+    assert Store(*local_store)._topic_log("t").load().min_writer_version == HORIZON_VERSION
     out = json.loads(cli("-o", "json").stdout)
     assert out["changed"] is False
-    assert out["topic_logs"] == [{"index": 0, "version4": "already"}]
-    assert "in layout 3 already, at version 4" in cli().stderr
+    assert out["topic_logs"] == [{"index": 0, "raised": "already"}]
+    assert "in layout 3 already, at version 4/5" in cli().stderr
 
 
 @pytest.mark.s3
@@ -629,3 +638,33 @@ def test_chains_on_an_object_store(seaweed_store: StoreURL) -> None:
     assert any(len(c) >= 3 for c in _chains(shared, 60).values())
     fresh = Store(*seaweed_store)
     _same(fresh.topic_log("t", fresh.topic("t"), 0).log.load(), _replayed(shared, newest))
+
+
+# -- the sidecar horizon (writer version 5) ---------------------------------------------------------
+
+
+def test_no_checkpoint_names_a_sidecar_older_than_the_horizon(
+    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle partition's chain is reused by reference, and a busy one's extended, only while
+    each sidecar was written at most SIDECAR_HORIZON versions before the checkpoint naming it
+    (13.4): past that the partition gets a new base. Vacuum relies on it (22.5)."""
+    monkeypatch.setattr("kstore.topic_log.SIDECAR_HORIZON", 12)
+    _store, shared = _topic(local_store, partitions=3, interval=2)
+    work = Workload(shared, [0, 1, 2], seed=9)
+    work.run(6)  # every partition gets state
+    busy = Workload(shared, [0], seed=10)
+    newest = busy.run(40)  # partitions 1 and 2 stay as they were
+    rebased: set[int] = set()
+    for version in range(2, newest + 1, 2):
+        for partition, chain in _chains(shared, version).items():
+            for body in chain:
+                parsed = sidecar_name(body["path"].removeprefix(f"{SIDECARS}/"))
+                assert parsed is not None
+                assert parsed[0] == partition
+                assert parsed[1] >= version - 12, (version, body)
+            if partition and chain[0]["version"] > 6:
+                rebased.add(partition)
+    assert rebased == {1, 2}  # the idle partitions got new bases, with nothing new in them
+    _same(_files(shared).load(), _replayed(shared, newest))
+    assert shared.state().min_writer_version == HORIZON_VERSION

@@ -7,7 +7,9 @@ against the storage's modification times, as in tests/test_jobs_retention.py."""
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
+import time
 import uuid
 
 import pytest
@@ -20,6 +22,9 @@ from kstore.log import decode_commit, parse_log_file_name
 from kstore.producer import Producer
 from kstore.topic_log import SIDECARS
 from tests.test_jobs_support import Target, now_ms, open_store, rows
+
+# The module (``kstore.retention.vacuum`` the attribute is the job function).
+vacuum_module = importlib.import_module("kstore.retention.vacuum")
 
 HOUR = 3_600_000
 DAY = 24 * HOUR
@@ -320,3 +325,112 @@ def test_verify_replays_topic_logs_against_checkpoints_and_their_sidecars(
     store.storage.put(commit, store.storage.read(commit)[:-20])
     report = verify_topic(Store(*local_store), "t")
     assert any("commit 1 is corrupt" in p.message for p in report.problems), report.problems
+
+
+def _checkpoints(store: Store, log_dir: str) -> dict[int, set[str]]:
+    """Checkpoint version -> the sidecar paths it names."""
+    out: dict[int, set[str]] = {}
+    for info in store.storage.list_dir(log_dir):
+        parsed = parse_log_file_name(info.name)
+        if parsed is not None and parsed[1]:
+            _, actions = decode_commit(store.storage.read(f"{log_dir}/{info.name}"), info.name)
+            out[parsed[0]] = {str(body["path"]) for name, body in actions if name == "sidecar"}
+    return out
+
+
+@pytest.mark.parametrize("target", ALL)
+def test_vacuum_finds_old_sidecars_by_their_names_without_listing_the_log(
+    target: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writer version 5 (13.4, 22.5): no kept checkpoint names a sidecar written more than the
+    horizon before the oldest kept checkpoint K, so vacuum deletes those by name; one written
+    within the horizon before K goes unless a kept checkpoint up to the horizon past K names
+    it. The log is never listed whole, and a reader starting afterwards reads everything."""
+    horizon = 6
+    monkeypatch.setattr("kstore.topic_log.SIDECAR_HORIZON", horizon)
+    monkeypatch.setattr(vacuum_module, "SIDECAR_HORIZON", horizon)
+    where: Target = request.getfixturevalue(target)
+    store = open_store(where)
+    store.create_topic("t", 2, {"checkpoint.interval": 2})
+    for i in range(12):
+        produce_one_flush(store, "t", 2, tag=b"%d-" % i)
+    log_dir = store.topic_logs("t")[0].directory
+    sidecar_dir = f"{topic_data_dir('t', store.topic('t').topic_id)}/{SIDECARS}"
+    k = max(_checkpoints(store, log_dir))  # the newest checkpoint of the old phase: K
+    assert k > horizon + 2
+
+    def stray(partition: int, version: int) -> str:
+        name = f"{partition}-{version:020d}-{uuid.uuid4().hex}.json.gz"
+        store.storage.put_if_absent(f"{sidecar_dir}/{name}", b"not read")
+        return name
+
+    far = stray(0, 1)  # past the horizon before K: goes by its name alone
+    near = stray(1, k - 1)  # within it, named by no checkpoint: goes
+    kept = stray(0, k - 2)  # within it, and named by a checkpoint after K (below): stays
+    time.sleep(1.2)
+    boundary = now_ms()
+    time.sleep(1.2)
+    for i in range(12, 20):
+        produce_one_flush(store, "t", 2, tag=b"%d-" % i)
+    young = sorted(v for v in _checkpoints(store, log_dir) if v > k)
+    assert len(young) >= 2
+    # A checkpoint after K (not the newest, which readers load) names ``kept`` as a writer
+    # that extended an older chain would (13.2: the chain of the checkpoint it knew).
+    named_by = f"{log_dir}/{young[0]:020d}.checkpoint.json"
+    info, actions = decode_commit(store.storage.read(named_by), named_by)
+    extra = {"partition": 0, "path": f"{SIDECARS}/{kept}", "actions": 1, "size": 8}
+    body = [{n: b} for n, b in actions] + [{"sidecar": extra}]
+    info["actions"] = len(body)
+    lines = [json.dumps({"commitInfo": info}), *(json.dumps(a) for a in body)]
+    store.storage.put(named_by, ("\n".join(lines) + "\n").encode())
+    wholes: list[str] = []
+    original = vacuum_module.LogScan.whole
+    monkeypatch.setattr(
+        vacuum_module.LogScan, "whole", lambda self: wholes.append(self.directory) or original(self)
+    )
+    summary = vacuum(None, *where, verbose=False, now_ms=boundary + 30 * DAY + 1)
+    assert summary.errors == []
+    assert wholes == []  # the log was not listed whole
+    gone = {path.rsplit("/", 1)[-1] for path in summary.files if f"/{SIDECARS}/" in path}
+    assert far in gone
+    assert near in gone
+    assert kept not in gone
+    remaining = {i.name for i in store.storage.list_dir(sidecar_dir)}
+    named = set().union(*_checkpoints(store, log_dir).values())
+    assert {f"{SIDECARS}/{n}" for n in remaining} >= named
+    assert kept in remaining
+    fresh = Store(*where)
+    assert values(fresh, "t", 1) == [b"%d-1" % i for i in range(20)]
+
+
+@pytest.mark.parametrize("target", FAST)
+def test_a_log_of_writer_version_4_has_its_sidecars_vacuumed_by_listing_it(
+    target: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A topic log written before writer version 5 gives no horizon: vacuum lists it and reads
+    every kept checkpoint (22.5), and still deletes only the sidecars none of them names."""
+    where: Target = request.getfixturevalue(target)
+    with monkeypatch.context() as old:
+        old.setattr("kstore.topic_log.TOPIC_LOG_WRITER_VERSION", 4)
+        old.setattr("kstore.store.TOPIC_LOG_WRITER_VERSION", 4)
+        store = open_store(where)
+        store.create_topic("t", 2, {"checkpoint.interval": 2})
+        for i in range(5):
+            produce_one_flush(store, "t", 2, tag=b"%d-" % i)
+    log_dir = store.topic_logs("t")[0].directory
+    assert store.topic_logs("t")[0].state().min_writer_version == 4
+    sidecar_dir = f"{topic_data_dir('t', store.topic('t').topic_id)}/{SIDECARS}"
+    stray = f"{sidecar_dir}/0-{0:020d}-{uuid.uuid4().hex}.json"
+    store.storage.put_if_absent(stray, b"{}")
+    wholes: list[str] = []
+    original = vacuum_module.LogScan.whole
+    monkeypatch.setattr(
+        vacuum_module.LogScan, "whole", lambda self: wholes.append(self.directory) or original(self)
+    )
+    summary = vacuum(None, *where, verbose=False, now_ms=now_ms() + 31 * DAY)
+    assert summary.errors == []
+    assert wholes == [log_dir]
+    assert stray in summary.files
+    remaining = {f"{SIDECARS}/{i.name}" for i in store.storage.list_dir(sidecar_dir)}
+    assert remaining == set().union(*_checkpoints(store, log_dir).values())
+    assert values(Store(*where), "t", 1) == [b"%d-1" % i for i in range(5)]

@@ -225,13 +225,14 @@ def test_upgrade_writes_the_versions_and_adopts_segments_by_reference(
     upgrade_topic(store, TOPIC)
     meta = store.topic(TOPIC)
     incarnation = topic_data_dir(TOPIC, meta.topic_id)
-    # Topic metadata: protocol 4/4 (layout 3 with incremental checkpoints) before the metaData
+    # Topic metadata: protocol 4/5 (layout 3 with incremental checkpoints and the sidecar
+    # horizon) before the metaData
     # that says layout 3.
     metadata_log = Log(store.storage, topic_log_dir(TOPIC), TopicState)
     head = metadata_log.read_commit(metadata_log.load().version)
     assert head is not None
     assert head[1] == [
-        ("protocol", {"minReaderVersion": 4, "minWriterVersion": 4}),
+        ("protocol", {"minReaderVersion": 4, "minWriterVersion": 5}),
         ("metaData", {**files_metadata(files_before), "layout": 3}),
     ]
     # Partition logs: sealed, writers of version 3 only, readers unchanged.
@@ -239,12 +240,12 @@ def test_upgrade_writes_the_versions_and_adopts_segments_by_reference(
         sealed = partition_log(store, p).load()
         assert sealed.sealed_layout == 3
         assert (sealed.min_reader_version, sealed.min_writer_version) == (1, 3)
-    # Topic log 0, version 0: protocol 4/4 and every partition, segments by reference.
+    # Topic log 0, version 0: protocol 4/5 and every partition, segments by reference.
     shared = Log(store.storage, f"{incarnation}/_log", TopicLogState)
     commit = shared.read_commit(0)
     assert commit is not None
     assert commit[0]["operation"] == "UPGRADE TOPIC"
-    assert commit[1][0] == ("protocol", {"minReaderVersion": 4, "minWriterVersion": 4})
+    assert commit[1][0] == ("protocol", {"minReaderVersion": 4, "minWriterVersion": 5})
     assert {body["partition"] for _, body in commit[1][1:]} == set(range(PARTITIONS))
     adds = [body for name, body in commit[1] if name == "add"]
     assert adds
