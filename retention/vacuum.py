@@ -662,9 +662,12 @@ class TopicRemovalState(TopicLogState):
         partition = body.get("partition")
         if type(partition) is not int:
             return
-        if name == "remove":
+        if name == "remove" and self.version >= 0:
             self.removed_in[(partition, str(body["path"]))] = self.version + 1
-        elif name == "tombstone":
+        elif name in ("remove", "tombstone"):
+            # A checkpoint's: a tombstone, or a ``remove`` a delta carries (13.4), whose commit
+            # the delta does not say. Counted from the checkpoint's version (set by stamp), the
+            # latest it can be: a removal is never taken for older than it is.
             self.removed_in[(partition, str(body["path"]))] = None
             self._tombstones = True
 
