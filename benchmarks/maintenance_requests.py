@@ -24,8 +24,9 @@ after the boundary::
     .venv/bin/python -m benchmarks.maintenance_requests --vacuum-lengths 1000,4000,16000 --old 1000
 
 (``--layout 2``, or 3, the default; with ``--young-sidecars`` the sidecars are rewritten after
-building, so that the sidecar step, which lists the rest of a topic log when a sidecar older
-than the log retention exists, does not run.)
+building, so that the sidecar step does not run: no sidecar is older than the log retention.
+In a topic log of writer version 5 that step lists the log only for the 10,000 versions past
+the oldest kept checkpoint; below it, the whole log.)
 """
 
 from __future__ import annotations

@@ -171,8 +171,8 @@ def build(where: Target, layout: int, retained: int) -> Fixture:
     storage.put(f"{log_dir}/.tmp-{uuid.uuid4().hex}", b"cut short")
     if layout == 3:
         # Sidecars of the old phase's checkpoints made young: the sidecar step (which lists
-        # the rest of a log when a sidecar older than the log retention exists) is not what
-        # these tests measure.
+        # the 10,000 versions past K when a sidecar written within them before K is older than
+        # the log retention) is not what these tests measure.
         sidecars = f"{data_root}/{SIDECARS}"
         for info in storage.list_dir(sidecars):
             path = f"{sidecars}/{info.name}"
