@@ -25,7 +25,9 @@ keeps the others, so the 500 and 5,000 records/s runs sit side by side:
 ``--cost-example`` measures instead the shape of the cost example in docs/OPERATIONS.md: two
 producer processes (linger 100 ms, ``--rate`` records/s between them) writing all 8 partitions
 of one topic, and one consumer-group member's share (2 of the 8 partitions) read with the
-consumer's defaults; its requests per producer delivery and per member, by kind:
+consumer's defaults; its requests per producer delivery and per member, by kind. In layout 3,
+then, one group of 4 members (the consumer's defaults) shares the topic while a producer writes
+200 records/s: their requests to the group's files per member and second:
 
     .venv/bin/python benchmarks/requests.py --cost-example --rate 5000 --seconds 15 --rounds 2
 """
@@ -347,6 +349,7 @@ def run_cost_case(url: str, options: dict[str, Any], layout: int, args: Any) -> 
         produced.append(json.loads(proc.stdout.readline()))
         proc.wait()
     member.close()
+    group = run_group_phase(url, options, args) if layout == 3 else {}
     flushes = sum(p["flushes"] for p in produced)
     producer_requests: collections.Counter[str] = collections.Counter()
     for p in produced:
@@ -370,8 +373,82 @@ def run_cost_case(url: str, options: dict[str, Any], layout: int, args: Any) -> 
         "member_requests_by_file": dict(kinds),
         "member_requests_by_file_per_flush": {k: v / max(flushes, 1) for k, v in kinds.items()},
         "bytes": topic_bytes(store, TOPIC),
+        **group,
         "load_before": load_before,
         "load_after": load_now(),
+    }
+
+
+GROUP_MEMBERS = 4
+
+
+def run_group_phase(url: str, options: dict[str, Any], args: Any) -> dict[str, Any]:
+    """One of the cost example's groups: GROUP_MEMBERS members (each with a Store of its own,
+    as in separate processes) share the topic's partitions with the consumer's defaults
+    (``heartbeat_interval_ms`` 3 s, auto-commit every 5 s, ``poll(timeout_ms=100)`` taking
+    turns) while one producer writes 200 records/s, so that positions move and auto-commits
+    happen. After the members have settled (5 s), their requests to the group's files
+    (``groups/``: the group log, the members' leases) are counted for ``args.seconds``; per
+    member per second, by method."""
+    members = [
+        Consumer(
+            TOPIC, store=Store(url, options), group_id="cost-group", auto_offset_reset="latest"
+        )
+        for _ in range(GROUP_MEMBERS)
+    ]
+    proc = start_producer(url, options, 200, args.seconds + 6, linger_ms=100, prefix="g-")
+    assert proc.stdout is not None
+    assert proc.stdin is not None
+    proc.stdout.readline()
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    kinds: collections.Counter[str] = collections.Counter()
+    counting_now = [False]
+
+    def group_file(text: str) -> bool:
+        return "groups/" in text or "groups%2F" in text
+
+    def classify(request: Any, **_: Any) -> None:
+        url_text = str(request.url)
+        if counting_now[0] and group_file(url_text):
+            kinds["LIST" if "list-type" in url_text else str(request.method)] += 1
+
+    def classify_direct(method: str, key: str) -> None:
+        if counting_now[0] and group_file(key):
+            kinds[method] += 1
+
+    storage = members[0].store.storage
+    events = storage.s3_client().meta.events if storage.is_s3 else None
+    direct = storage.direct_requests() if storage.is_s3 else None
+    if events is not None:
+        events.register("before-send.s3", classify)
+    if direct is not None:
+        direct.before_send.append(classify_direct)
+    try:
+        settle = time.perf_counter() + 5
+        while time.perf_counter() < settle:
+            for m in members:
+                m.poll(timeout_ms=25)
+        counting_now[0] = True
+        started = time.perf_counter()
+        while time.perf_counter() - started < args.seconds:
+            for m in members:
+                m.poll(timeout_ms=100 / GROUP_MEMBERS)
+        elapsed = time.perf_counter() - started
+        counting_now[0] = False
+    finally:
+        if events is not None:
+            events.unregister("before-send.s3", classify)
+        if direct is not None:
+            direct.before_send.remove(classify_direct)
+        for m in members:
+            m.close()
+        proc.communicate()
+    return {
+        "group_members": GROUP_MEMBERS,
+        "group_requests_per_member_per_s": {
+            k: v / GROUP_MEMBERS / elapsed for k, v in kinds.items()
+        },
     }
 
 
@@ -427,6 +504,11 @@ def summarise_cost(runs: list[dict[str, Any]], layouts: list[int]) -> list[dict[
         row["member GET/s"] = statistics.median(
             r["member_requests_per_s"].get("GET", 0) for r in mine
         )
+        grouped = [r for r in mine if "group_requests_per_member_per_s" in r]
+        for kind in ("PUT", "GET", "LIST") if grouped else ():
+            row[f"group member {kind}/s"] = statistics.median(
+                r["group_requests_per_member_per_s"].get(kind, 0) for r in grouped
+            )
         rows.append(row)
     return rows
 

@@ -418,14 +418,28 @@ class Consumer:
         with self._lock:
             if not self._needs_rejoin:
                 now = time.monotonic()
-                if not force and now - self._last_group_refresh < min(
-                    0.1, self.config["heartbeat_interval_ms"] / 1000
-                ):
+                if not force and now - self._last_group_refresh < self._group_refresh_interval():
+                    # Between looks, what the heartbeat thread saw last (no request).
+                    cached = self._group.cached_state()
+                    if cached is not None:
+                        self._apply_group_state(cached)
                     return
                 self._last_group_refresh = now
                 self._apply_group_state(self._group.state())
             if self._needs_rejoin:
                 self._rejoin()
+
+    def _group_refresh_interval(self) -> float:
+        """How often poll() looks at the group log itself. While partitions are being handed
+        over, every 100 ms (a new owner waits for the old one's release); otherwise at the
+        heartbeat's pace, which also looks, as a Kafka member learns of a rebalance from its
+        heartbeat: on an object store each look is a GET, and a member polling every 100 ms
+        sent ten a second for nothing."""
+        heartbeat = self.config["heartbeat_interval_ms"] / 1000
+        state = self._group._state if self._group is not None else None
+        if state is None or state.pending_release:
+            return min(0.1, heartbeat)
+        return heartbeat
 
     def _rejoin(self) -> None:
         """Join again with a new member id. A member the group no longer has (expelled,

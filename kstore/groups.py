@@ -396,6 +396,10 @@ class Group:
         self._state = self.log.load() if self._state is None else self.log.update(self._state)
         return self._state
 
+    def cached_state(self) -> GroupState | None:
+        """The newest state this object has seen, without asking the storage."""
+        return self._state
+
     # -- leases ----------------------------------------------------------------------------------
 
     def write_lease(self, member_id: str) -> None:

@@ -619,3 +619,51 @@ def test_sticky_assignor_moves_little() -> None:
     moved = sum(1 for m in "abc" for tp in after[m] if tp not in before[m])
     assert moved == 0  # only d's three partitions were taken from others; nobody else moved
     assert len(after["d"]) == 3
+
+
+def test_a_settled_member_looks_at_the_group_log_at_the_heartbeat_pace(
+    store: kstore.Store,
+) -> None:
+    """On an object store each look at the group log is a GET. A member whose assignment is
+    settled looks from poll() once per heartbeat interval (as a Kafka member learns of a
+    rebalance from its heartbeat), not at every 100 ms; while partitions are handed over it
+    looks every 100 ms, so a new owner starts reading soon after the release."""
+    import threading
+
+    store.create_topic("t", partitions=2)
+    config = {"session_timeout_ms": 10_000, "heartbeat_interval_ms": 1_000}
+    a = Consumer("t", store=store, group_id="g", **config)
+    looks: list[float] = []
+    try:
+        wait_until(lambda: len(parts(a)) == 2, 10, lambda: a.poll(timeout_ms=0))
+        assert a._group is not None
+        original = a._group.state
+
+        def counted() -> Any:
+            if threading.current_thread() is threading.main_thread():
+                looks.append(time.monotonic())
+            return original()
+
+        a._group.state = counted  # type: ignore[method-assign]
+        started = time.monotonic()
+        while time.monotonic() - started < 2.5:
+            a.poll(timeout_ms=50)
+        assert 1 <= len(looks) <= 4, looks  # at 100 ms: about 25
+        # A second member: a hand-over. The first learns of it at its pace, releases, and the
+        # second, waiting for the release, looks every 100 ms.
+        b = Consumer("t", store=store, group_id="g", **config)
+        try:
+            took = wait_until(
+                lambda: (
+                    len(parts(a)) == 1
+                    and len(parts(b)) == 1
+                    and all(b._owns(tp) for tp in b.assignment())
+                ),
+                10,
+                lambda: (a.poll(timeout_ms=0), b.poll(timeout_ms=0)),
+            )
+            assert took < 4  # within about a heartbeat interval or two, not a session
+        finally:
+            b.close()
+    finally:
+        a.close()

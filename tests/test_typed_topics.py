@@ -683,7 +683,7 @@ def test_layout_3_topics_need_reader_version_4_typed_or_not(
         metadata_log = store._topic_log(topic).load()
         topic_log = store.partition(topic, 0).log.load()
         for state in (metadata_log, topic_log):
-            assert (state.min_reader_version, state.min_writer_version) == (4, 4), topic
+            assert (state.min_reader_version, state.min_writer_version) == (4, 5), topic
     monkeypatch.setattr(kstore_log, "READER_VERSION", reader)
     old = Store(root.as_uri())
     for topic in ("typed", "raw"):
@@ -740,7 +740,10 @@ def test_a_corrupt_typed_segment_is_refused(local: tuple[Store, Path], layout: i
     store, root = local
     store.create_topic("t", 1, value_schema=USERS, layout=layout)
     produce(store, "t", [(None, {"id": i, "name": "x" * 50}) for i in range(20)])
-    (segment,) = list(root.rglob("segments/*.arrow" if layout == 2 else "_data/*.kdat"))
+    # Usually one file; more when a slow machine split the records over several flushes.
+    files = sorted(root.rglob("segments/*.arrow" if layout == 2 else "_data/*.kdat"))
+    assert files
+    segment = files[0]
     data = bytearray(segment.read_bytes())
     data[len(data) // 2] ^= 0xFF
     segment.write_bytes(bytes(data))
