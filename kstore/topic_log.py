@@ -85,12 +85,10 @@ def sidecar_name(name: str) -> tuple[int, int] | None:
 
 def within_horizon(chain: list[Action], version: int) -> bool:
     """Whether a checkpoint of ``version`` may name every sidecar of ``chain`` (13.4): each was
-    written at most SIDECAR_HORIZON versions before it, as its name says."""
-    for body in chain:
-        parsed = sidecar_name(str(body["path"]).removeprefix(f"{SIDECARS}/"))
-        if parsed is None or parsed[1] < version - SIDECAR_HORIZON:
-            return False
-    return True
+    written at most SIDECAR_HORIZON versions before it, as its name says. The base is the
+    oldest (each delta was written by a later checkpoint), so it alone is checked."""
+    parsed = sidecar_name(str(chain[0]["path"]).removeprefix(f"{SIDECARS}/"))
+    return parsed is not None and parsed[1] >= version - SIDECAR_HORIZON
 
 
 def shared_log_dir(incarnation_dir: str, index: int) -> str:
