@@ -436,7 +436,7 @@ class Consumer:
         heartbeat: on an object store each look is a GET, and a member polling every 100 ms
         sent ten a second for nothing."""
         heartbeat: float = self.config["heartbeat_interval_ms"] / 1000
-        state = self._group._state if self._group is not None else None
+        state = self._group.cached_state() if self._group is not None else None
         if state is None or state.pending_release:
             return min(0.1, heartbeat)
         return heartbeat

@@ -20,7 +20,8 @@ from kstore import Store
 from kstore.layout import topic_data_dir
 from kstore.log import decode_commit, parse_log_file_name
 from kstore.producer import Producer
-from kstore.topic_log import SIDECARS
+from kstore.topic_log import HORIZON_VERSION, SIDECARS
+from kstore.upgrade import upgrade_topic
 from tests.test_jobs_support import Target, now_ms, open_store, rows
 
 # The module (``kstore.retention.vacuum`` the attribute is the job function).
@@ -434,6 +435,22 @@ def test_a_log_of_writer_version_4_has_its_sidecars_vacuumed_by_listing_it(
     remaining = {f"{SIDECARS}/{i.name}" for i in store.storage.list_dir(sidecar_dir)}
     assert remaining == set().union(*_checkpoints(store, log_dir).values())
     assert values(Store(*where), "t", 1) == [b"%d-1" % i for i in range(5)]
+    # Raised to 4/5 (27.4), the log keeps the horizon from then on; once the oldest checkpoint
+    # vacuum keeps is past the raise, old sidecars are found by their names.
+    report = upgrade_topic(store, "t")
+    assert report.changed
+    fresh = Store(*where)
+    assert fresh.topic_logs("t")[0].state().min_writer_version == HORIZON_VERSION
+    assert fresh._topic_log("t").load().min_writer_version == HORIZON_VERSION
+    for i in range(5, 9):
+        produce_one_flush(fresh, "t", 2, tag=b"%d-" % i)
+    wholes.clear()
+    again = vacuum(None, *where, verbose=False, now_ms=now_ms() + 31 * DAY)
+    assert again.errors == []
+    assert wholes == []
+    remaining = {f"{SIDECARS}/{i.name}" for i in fresh.storage.list_dir(sidecar_dir)}
+    assert remaining == set().union(*_checkpoints(fresh, log_dir).values())
+    assert values(Store(*where), "t", 1) == [b"%d-1" % i for i in range(9)]
 
 
 @pytest.mark.parametrize("target", FAST)
