@@ -724,16 +724,20 @@ def _layout3_versions(topic: str, report: Any, *, dry_run: bool) -> None:
     words = {"done": "raised to", "already": "already at", "planned": "would be raised to"}
     for index, step in report.topic_logs:
         name = "_log" if index == 0 else f"_log.{index}"
-        note(f"Topic log {index} ({name}): {words[step]} version 4/5.")
-    note(f"Metadata: {words[report.metadata]} version 4/5.")
+        note(f"Topic log {index} ({name}): {words[step]} reader version 4, writer version 5.")
+    note(f"Metadata: {words[report.metadata]} reader version 4, writer version 5.")
     if dry_run:
         pending = "planned" in (report.metadata, *(step for _, step in report.topic_logs))
-        what = "would be raised to version 4/5" if pending else "needs no change"
+        what = "would be raised" if pending else "needs no change"
         note(f"Dry run: topic {topic!r} {what}; nothing was changed.")
     elif report.changed:
-        note(f"Topic {topic!r} is in layout 3; its logs are now at version 4/5.")
+        note(
+            f"Topic {topic!r} is in layout 3; its logs are now at reader version 4, writer version 5."
+        )
     else:
-        note(f"Topic {topic!r} is in layout 3 already, at version 4/5; nothing to do.")
+        note(
+            f"Topic {topic!r} is in layout 3 already, at reader version 4, writer version 5; nothing to do."
+        )
 
 
 def _offsets_json(path: str) -> list[tuple[str, int, int]]:

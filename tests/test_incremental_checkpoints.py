@@ -572,18 +572,20 @@ def test_the_upgrade_command_raises_a_version_3_topic_with_a_dry_run(
         return result
 
     dry = cli("--dry-run")
-    assert "Topic log 0 (_log): would be raised to version 4/5." in dry.stderr
-    assert "Metadata: would be raised to version 4/5." in dry.stderr
-    assert "would be raised to version 4/5; nothing was changed" in dry.stderr
+    assert (
+        "Topic log 0 (_log): would be raised to reader version 4, writer version 5." in dry.stderr
+    )
+    assert "Metadata: would be raised to reader version 4, writer version 5." in dry.stderr
+    assert "would be raised; nothing was changed" in dry.stderr
     assert _files(shared).load().min_reader_version == 3
     done = cli()
-    assert "Topic log 0 (_log): raised to version 4/5." in done.stderr
-    assert "its logs are now at version 4/5" in done.stderr
+    assert "Topic log 0 (_log): raised to reader version 4, writer version 5." in done.stderr
+    assert "its logs are now at reader version 4, writer version 5" in done.stderr
     assert Store(*local_store)._topic_log("t").load().min_writer_version == HORIZON_VERSION
     out = json.loads(cli("-o", "json").stdout)
     assert out["changed"] is False
     assert out["topic_logs"] == [{"index": 0, "raised": "already"}]
-    assert "in layout 3 already, at version 4/5" in cli().stderr
+    assert "in layout 3 already, at reader version 4, writer version 5" in cli().stderr
 
 
 @pytest.mark.s3
