@@ -766,28 +766,28 @@ def _unnamed_sidecars(
         first = [cast(int, v) for v in oldest]
         named = {path for top in tops if top is not None for path in top[1]}
         logs = len(log_dirs)
+        # Candidates by topic log: (file, the version in its name).
+        found: dict[int, dict[str, tuple[FileInfo, int]]] = {}
         bounds = {p: first[p % logs] for p in range(partitions)}
-        found: dict[str, tuple[FileInfo, int]] = {}  # path -> (file, its topic log)
-        for info in _sidecars_below(storage, sidecar_dir, bounds):
+        for info, partition, version in _sidecars_below(storage, sidecar_dir, bounds):
             path = f"{SIDECARS}/{info.name}"
             if old(info) and path not in named:
-                found[path] = (info, cast(tuple[int, int], sidecar_name(info.name))[0] % logs)
-        recent = {
-            k
-            for path, (info, k) in found.items()
-            if cast(tuple[int, int], sidecar_name(info.name))[1] >= first[k] - SIDECAR_HORIZON
-        }
-        for k in sorted(recent):
+                found.setdefault(partition % logs, {})[path] = (info, version)
+        for k, in_log in found.items():
+            horizon = first[k] - SIDECAR_HORIZON
+            if all(version < horizon for _, version in in_log.values()):
+                continue  # all past the horizon: named by no kept checkpoint
+            # Within it: gone unless a kept checkpoint of the window names it (when the window
+            # cannot be read, none of them goes).
             window = _named_in_window(storage, log_dirs[k], first[k], first[k] + SIDECAR_HORIZON)
-            if window is None:  # unreadable: only what lies past the horizon goes
-                for path, (info, j) in list(found.items()):
-                    version = cast(tuple[int, int], sidecar_name(info.name))[1]
-                    if j == k and version >= first[k] - SIDECAR_HORIZON:
-                        del found[path]
-            else:
-                for path in window:
-                    found.pop(path, None)
-        return {f"{sidecar_dir}/{info.name}": info.size for info, _ in found.values()}
+            for path, (_, version) in list(in_log.items()):
+                if version >= horizon and (window is None or path in window):
+                    del in_log[path]
+        return {
+            f"{sidecar_dir}/{info.name}": info.size
+            for in_log in found.values()
+            for info, _ in in_log.values()
+        }
     candidates = [
         info
         for info in _files(storage, sidecar_dir)
@@ -833,21 +833,23 @@ def _first_checkpoint(listing: list[FileInfo]) -> int | None:
     return min(versions, default=None)
 
 
-def _sidecars_below(storage: Storage, sidecar_dir: str, bounds: dict[int, int]) -> list[FileInfo]:
-    """The sidecars of each partition ``p`` of ``bounds`` whose name's version is below
-    ``bounds[p]``. A partition's names sort together, by version (5.8): on S3 each partition
-    is listed from its first name until one at or past its bound, concurrently; elsewhere the
-    directory is listed once."""
+def _sidecars_below(
+    storage: Storage, sidecar_dir: str, bounds: dict[int, int]
+) -> list[tuple[FileInfo, int, int]]:
+    """(file, partition, version in its name) of each sidecar of a partition ``p`` of
+    ``bounds`` whose name's version is below ``bounds[p]``. A partition's names sort together,
+    by version (5.8): on S3 each partition is listed from its first name until one at or past
+    its bound, concurrently; elsewhere the directory is listed once."""
     if not storage.is_s3:
-        out = []
-        for info in _files(storage, sidecar_dir):
-            parsed = sidecar_name(info.name)
-            if parsed is not None and parsed[1] < bounds.get(parsed[0], -1):
-                out.append(info)
-        return out
+        return [
+            (info, *parsed)
+            for info in _files(storage, sidecar_dir)
+            if (parsed := sidecar_name(info.name)) is not None
+            and parsed[1] < bounds.get(parsed[0], -1)
+        ]
 
-    def below(partition: int) -> list[FileInfo]:
-        found: list[FileInfo] = []
+    def below(partition: int) -> list[tuple[FileInfo, int, int]]:
+        found: list[tuple[FileInfo, int, int]] = []
         prefix = f"{partition}-"
         for page in storage.list_pages(sidecar_dir, start_after=prefix):
             for info in page:
@@ -857,11 +859,11 @@ def _sidecars_below(storage: Storage, sidecar_dir: str, bounds: dict[int, int]) 
                 ):
                     return found
                 if parsed is not None and parsed[0] == partition:
-                    found.append(info)
+                    found.append((info, *parsed))
         return found
 
     with ThreadPoolExecutor(max_workers=_LISTING_THREADS) as pool:
-        return [info for part in pool.map(below, sorted(bounds)) for info in part]
+        return [item for part in pool.map(below, sorted(bounds)) for item in part]
 
 
 def vacuum_incarnation(
