@@ -237,6 +237,7 @@ class Consumer:
         self._last_poll = time.monotonic()
         self._last_commit = time.monotonic()
         self._last_group_refresh = 0.0
+        self._applied_group_state: GroupState | None = None  # the last one poll() applied
         self._heartbeat_stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self._async_commits: concurrent.futures.ThreadPoolExecutor | None = None
@@ -419,13 +420,16 @@ class Consumer:
             if not self._needs_rejoin:
                 now = time.monotonic()
                 if not force and now - self._last_group_refresh < self._group_refresh_interval():
-                    # Between looks, what the heartbeat thread saw last (no request).
+                    # Between looks, what the heartbeat thread saw last (no request), once: a
+                    # poll that waits comes here at every step of its backoff.
                     cached = self._group.cached_state()
-                    if cached is not None:
+                    if cached is not None and cached is not self._applied_group_state:
+                        self._applied_group_state = cached
                         self._apply_group_state(cached)
                     return
                 self._last_group_refresh = now
-                self._apply_group_state(self._group.state())
+                self._applied_group_state = self._group.state()
+                self._apply_group_state(self._applied_group_state)
             if self._needs_rejoin:
                 self._rejoin()
 
