@@ -11,11 +11,14 @@ cut falls on a line boundary.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import gc
 import json
 import logging
+import os
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -320,6 +323,10 @@ class Log(Generic[S]):
         self._version_gap: float | None = None
         self._missed_at: float | None = None  # when a tailing look last found nothing new
         self._unconfirmed = False  # the last tailing look returned without asking past its find
+        # The background checkpoint being written, and the one due next (Log.commit's
+        # ``background_checkpoint``).
+        self._checkpointing: concurrent.futures.Future[None] | None = None
+        self._checkpoint_next: S | None = None
 
     def _path(self, name: str) -> str:
         return f"{self.directory}/{name}"
@@ -570,6 +577,7 @@ class Log(Generic[S]):
         durable: bool = True,
         info: dict[str, Any] | None = None,
         written_at: float | None = None,
+        background_checkpoint: bool = False,
     ) -> CommitResult[S] | None:
         """Build a commit from the newest state and publish it as the next version.
 
@@ -582,6 +590,10 @@ class Log(Generic[S]):
         references started: right before every attempt to publish, a file that old is refused
         with :class:`StaleWriteError` (nothing written) or, when an earlier attempt's outcome
         is unknown, :class:`CommitStateUnknownError` (PROTOCOL.md 23.1).
+
+        ``background_checkpoint``: a checkpoint due at the new version is written by a
+        background thread (:func:`wait_for_checkpoints`), so the commit returns as soon as it
+        has landed: a producer's acknowledgement does not wait for a checkpoint's writes.
         """
         self.storage.check_writable()
         if state.stale():
@@ -607,6 +619,7 @@ class Log(Generic[S]):
             # add overlapping a live segment, a remove of a segment already gone) must never
             # land, or every later reader of the log would fail on it for good.
             new_state: S = state.copy()  # type: ignore[assignment]
+            self.descend(new_state)
             try:
                 for name, body in _split(actions):
                     new_state.apply(name, body)
@@ -630,7 +643,10 @@ class Log(Generic[S]):
                 version, payload, commit_id, durable=durable, written_at=written_at
             )
             if landed:
-                self._maybe_checkpoint(new_state)
+                if background_checkpoint:
+                    self._checkpoint_later(new_state)
+                else:
+                    self._maybe_checkpoint(new_state)
                 return CommitResult(version, new_state, actions, attempt)
             # Lost the race for this version: reload and rebuild on the newer state.
             if attempt >= self.retry.max_attempts or time.monotonic() > deadline:
@@ -724,6 +740,41 @@ class Log(Generic[S]):
                 )
             return True
 
+    def _checkpoint_later(self, state: S) -> None:
+        """Write the checkpoint due at ``state`` on the background thread. While this log's
+        previous one is being written, it waits and is written next, unless a newer one
+        comes due first and takes its place (any version may have a checkpoint or none, 13.1)."""
+        if state.version <= 0 or state.version % self.checkpoint_interval:
+            return
+        snapshot: S = state.copy()  # type: ignore[assignment]  # the committer goes on from state
+        with _BACKGROUND_LOCK:
+            running = self._checkpointing
+            if running is not None and running in _PENDING:
+                self._checkpoint_next = snapshot
+                return
+            global _BACKGROUND
+            if _BACKGROUND is None:
+                _BACKGROUND = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="kstore-checkpoint"
+                )
+            future = _BACKGROUND.submit(self._checkpoints_from, snapshot)
+            self._checkpointing = future
+            _PENDING.add(future)
+            future.add_done_callback(_PENDING.discard)
+
+    def _checkpoints_from(self, state: S | None) -> None:
+        while state is not None:
+            self._maybe_checkpoint(state)
+            with _BACKGROUND_LOCK:
+                state, self._checkpoint_next = self._checkpoint_next, None
+                if state is None:
+                    self._checkpointing = None
+
+    def descend(self, state: S) -> None:
+        """Let ``state`` (a private copy) descend from the newest checkpoint written here if it
+        does not know it yet: a checkpoint written in the background, from a state older than
+        the ones committed since (a topic log's chains of sidecars, 13.4)."""
+
     def _maybe_checkpoint(self, state: S) -> None:
         if state.version <= 0 or state.version % self.checkpoint_interval:
             return
@@ -751,6 +802,33 @@ class Log(Generic[S]):
         self.storage.put(
             self._path(LAST_CHECKPOINT), json.dumps({"version": state.version}).encode()
         )
+
+
+# Checkpoints written in the background (Log.commit's ``background_checkpoint``): one thread
+# for the process, and the checkpoints it has yet to finish.
+_BACKGROUND: concurrent.futures.ThreadPoolExecutor | None = None
+_BACKGROUND_LOCK = threading.Lock()
+_PENDING: set[concurrent.futures.Future[None]] = set()
+
+
+def _forget_background_after_fork() -> None:
+    # A forked child has none of its parent's threads: it starts its own, and does not wait
+    # for checkpoints its parent is writing.
+    global _BACKGROUND, _BACKGROUND_LOCK
+    _BACKGROUND, _BACKGROUND_LOCK = None, threading.Lock()
+    _PENDING.clear()
+
+
+os.register_at_fork(after_in_child=_forget_background_after_fork)
+
+
+def wait_for_checkpoints(timeout: float | None = None) -> bool:
+    """Wait until the checkpoints this process is writing in the background are written (or
+    have failed, which only costs readers some replay). False if ``timeout`` passed first."""
+    with _BACKGROUND_LOCK:
+        pending = list(_PENDING)
+    _, not_done = concurrent.futures.wait(pending, timeout=timeout)
+    return not not_done
 
 
 def check_writer_version(state: LogState) -> None:

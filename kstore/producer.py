@@ -53,7 +53,7 @@ from kstore.errors import (
     StorageError,
     UnknownTopicOrPartitionError,
 )
-from kstore.log import Log
+from kstore.log import Log, wait_for_checkpoints
 from kstore.names import validate_topic_name
 from kstore.partitioner import NO_PARTITION, StickyPartitioner, get_partitioner
 from kstore.schema import validator
@@ -456,7 +456,8 @@ class Producer(Sender, TransactionManager):
         return FutureBatchMetadata(batch)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Send everything queued so far and wait until it is delivered (or failed)."""
+        """Send everything queued so far and wait until it is delivered (or failed), and
+        until the checkpoints its commits made due are written (in the background, 13.1)."""
         with self._lock:
             self._queue.extend(self._open.values())
             self._open.clear()
@@ -468,6 +469,9 @@ class Producer(Sender, TransactionManager):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not batch.done.wait(left):
                 raise KafkaTimeoutError(f"flush did not finish within {timeout} s")
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not wait_for_checkpoints(left):
+            raise KafkaTimeoutError(f"flush did not finish within {timeout} s")
 
     def close(self, timeout: float | None = None) -> None:
         """Deliver what is queued (waiting at most ``timeout``), then stop the sender."""

@@ -373,6 +373,7 @@ class Sender:
                     durable=self._durable,
                     written_at=written_at,
                     isolate=True,
+                    background_checkpoint=True,
                 )
                 self._metrics["commit-total"] += 1
                 self._metrics["commit-time-total-ms"] += (time.monotonic() - started) * 1000

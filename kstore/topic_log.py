@@ -123,13 +123,14 @@ class TopicLogState(LogState):
         self.sidecar_version = -1
         self.sidecars: dict[int, list[Action]] = {}
         self.sidecars_seen = 0.0  # when that checkpoint was read or written (monotonic)
-        # Per partition with a chain: its actions since that checkpoint, newest first, as an
-        # immutable linked list (node: previous node, action name, body) shared by copies.
+        # Per partition: its actions of the versions after ``pending_since``, newest first, as
+        # an immutable linked list (node: previous node, action name, body, version) shared by
+        # copies; the deltas of the next checkpoint (13.4). Complete for a chain when
+        # ``pending_since`` is at most ``sidecar_version`` (else a changed partition gets a
+        # new base).
         self.pending: dict[int, _Pending] = {}
-        # False once the actions since that checkpoint were dropped (see stamp): a changed
-        # partition then gets a new base.
-        self.pending_complete = True
-        self.pending_limit = 1000  # versions past that checkpoint to keep actions for
+        self.pending_since = -1
+        self.pending_limit = 1000  # versions past pending_since to keep actions for
 
     def copy(self) -> TopicLogState:
         clone: TopicLogState = super().copy()  # type: ignore[assignment]
@@ -160,21 +161,39 @@ class TopicLogState(LogState):
         assert state is not None
         state.apply(name, body)
         self._views.pop(partition, None)
-        if partition in self.sidecars and name in PARTITION_ACTIONS and self.pending_complete:
-            # Kept for the delta of the next checkpoint (13.4): the bodies are not changed
-            # once applied, so a reference is enough.
-            self.pending[partition] = (self.pending.get(partition), name, body)
+        if name in PARTITION_ACTIONS:
+            # Kept for the delta of a checkpoint (13.4), with the version being built: the
+            # bodies are not changed once applied, so a reference is enough.
+            self.pending[partition] = (self.pending.get(partition), name, body, self.version + 1)
 
-    def pending_actions(self, partition: int) -> list[Action]:
-        """The partition's actions since the checkpoint this state descends from, in log
-        order, without ``partition`` (a delta sidecar's content)."""
+    def pending_actions(self, partition: int, after: int) -> list[Action]:
+        """The partition's actions of the versions after ``after``, in log order, without
+        ``partition`` (a delta sidecar's content)."""
         out: list[Action] = []
         node = self.pending.get(partition)
-        while node is not None:
-            node, name, body = node
+        while node is not None and node[3] > after:
+            node, name, body, _ = node
             out.append({name: {k: v for k, v in body.items() if k != "partition"}})
         out.reverse()
         return out
+
+    def adopt(self, lineage: Lineage) -> None:
+        """Descend from ``lineage``, a checkpoint newer than this state's own and older than
+        it (one written from an earlier state, in the background): a partition keeps its chain
+        there if it has not changed since, or if its actions since are kept to extend it; any
+        other partition gets a new base at the next checkpoint."""
+        version, chains, seen = lineage
+        complete = self.pending_since <= version
+        self.sidecars = {
+            partition: chain
+            for partition, chain in chains.items()
+            if complete or self.changed.get(partition, -1) <= version
+        }
+        self.sidecar_version, self.sidecars_seen = version, seen
+        if complete:
+            newer = ((p, _newer_than(node, version)) for p, node in self.pending.items())
+            self.pending = {p: node for p, node in newer if node is not None}
+            self.pending_since = version
 
     def stamp(self, version: int) -> None:
         super().stamp(version)
@@ -182,9 +201,9 @@ class TopicLogState(LogState):
         for partition in self._own:
             self.changed[partition] = version
         self._views = {}
-        if self.pending_complete and version - self.sidecar_version > self.pending_limit:
+        if version - self.pending_since > self.pending_limit:
             # A state that no checkpoint follows (a reader's) keeps no more than this.
-            self.pending, self.pending_complete = {}, False
+            self.pending, self.pending_since = {}, version
 
     def partition(self, partition: int) -> PartitionState:
         """The state of one partition as of this topic log version (a read-only view whose
@@ -226,8 +245,28 @@ def tag_actions(actions: list[Action], partition: int) -> list[Action]:
 
 
 SIDECARS = "_sidecars"
-# A pending action list node: (the previous node or None, action name, action body).
-_Pending = tuple[Any, str, dict[str, Any]]
+# A pending action list node: (the previous node or None, action name, action body, the
+# topic log version that holds the action).
+_Pending = tuple[Any, str, dict[str, Any], int]
+# A checkpoint as its writer knows it: its version, each partition's chain of sidecars, and
+# when it was written (monotonic).
+Lineage = tuple[int, dict[int, list[Action]], float]
+
+
+def _newer_than(node: _Pending | None, version: int) -> _Pending | None:
+    """The pending list ``node`` heads, without its actions of ``version`` and older."""
+    head, newer = node, []
+    while node is not None and node[3] > version:
+        newer.append(node)
+        node = node[0]
+    if node is None:
+        return head  # nothing of ``version`` or older in it
+    rebuilt: _Pending | None = None
+    for _, name, body, held_in in reversed(newer):
+        rebuilt = (rebuilt, name, body, held_in)
+    return rebuilt
+
+
 # Actions that belong to one partition (PROTOCOL.md 8.27): in a topic log each names it.
 PARTITION_ACTIONS = frozenset(
     {
@@ -332,11 +371,27 @@ class TopicLogFiles(Log[TopicLogState]):
         # Actions are kept for deltas while a state is at most this far past its checkpoint:
         # a writer that missed a few of the checkpoints other writers wrote still extends.
         self.pending_limit = 10 * max(1, self.checkpoint_interval)
+        # The newest checkpoint written here, which states older than it do not know (they
+        # were copied before a background write finished): adopted by the next checkpoint.
+        self._lineage: Lineage | None = None
+        self._checkpoint_lock = threading.Lock()  # one checkpoint of this log at a time
 
     def _sidecar_dir(self) -> str:
         return f"{self.directory.rsplit('/', 1)[0]}/{SIDECARS}"
 
+    def descend(self, state: TopicLogState) -> None:
+        lineage = self._lineage
+        if lineage is not None and state.sidecar_version < lineage[0] <= state.version:
+            state.adopt(lineage)
+
     def write_checkpoint(self, state: TopicLogState) -> None:
+        with self._checkpoint_lock:
+            self.descend(state)
+            self._write_checkpoint(state)
+            if self._lineage is None or self._lineage[0] < state.version:
+                self._lineage = (state.version, state.sidecars, state.sidecars_seen)
+
+    def _write_checkpoint(self, state: TopicLogState) -> None:
         chains: dict[int, list[Action]] = {}
         # A sidecar is reused only from a checkpoint this writer read or wrote recently:
         # vacuum may delete sidecars that no checkpoint newer than the log retention names.
@@ -377,7 +432,7 @@ class TopicLogFiles(Log[TopicLogState]):
         self._publish_checkpoint(state, top)
         state.sidecars, state.sidecar_version = chains, state.version
         state.sidecars_seen = time.monotonic()
-        state.pending, state.pending_complete = {}, True
+        state.pending, state.pending_since = {}, state.version
         state.pending_limit = self.pending_limit
 
     def _extended(
@@ -391,12 +446,12 @@ class TopicLogFiles(Log[TopicLogState]):
         to ``files`` (to be written), or None when the chain cannot be extended or would exceed
         its bounds (then a new base is due)."""
         end = _chain_end(chain)
-        if end is None or not state.pending_complete or end >= state.version:
+        if end is None or state.pending_since > state.sidecar_version or end >= state.version:
             return None
         deltas = chain[1:]
         if len(deltas) >= MAX_DELTAS:
             return None
-        actions = state.pending_actions(partition)
+        actions = state.pending_actions(partition, end)
         if not actions:
             return None
         span = (end + 1, state.version)
@@ -466,6 +521,7 @@ class TopicLogFiles(Log[TopicLogState]):
         state.stamp(version)
         state.sidecars, state.sidecar_version = chains, version
         state.sidecars_seen = time.monotonic()
+        state.pending, state.pending_since = {}, version
         state.pending_limit = self.pending_limit
         ts = info.get("timestamp")
         if isinstance(ts, int):
@@ -618,6 +674,7 @@ class TopicLog:
         written_at: float | None = None,
         isolate: bool = False,
         info: dict[str, Any] | None = None,
+        background_checkpoint: bool = False,
     ) -> tuple[CommitResult[TopicLogState] | None, dict[int, BaseException]]:
         """One commit holding the actions of several partitions, built against the newest
         state and rebuilt after every lost race.
@@ -626,6 +683,7 @@ class TopicLog:
         error returned (a producer's batches fail one partition at a time, as in Kafka);
         without it the error is raised and nothing is committed. Returns the commit (None when
         no partition had anything to commit) and the refused partitions' errors.
+        ``background_checkpoint``: as :meth:`Log.commit`'s.
         """
         refused: dict[int, BaseException] = {}
 
@@ -662,6 +720,7 @@ class TopicLog:
             durable=durable,
             info={"topic": self.topic, "log": self.index, **(info or {})},
             written_at=written_at,
+            background_checkpoint=background_checkpoint,
         )
         if result is not None:
             self._remember(result.state, confirmed=True)

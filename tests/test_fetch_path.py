@@ -428,3 +428,72 @@ def test_a_tailing_reader_fetches_the_versions_due_and_the_next_in_one_round(
     rounds.clear()
     assert Log(storage, directory, LogState).update(state).version == newest
     assert rounds == [1, 1], rounds
+
+
+def test_an_acknowledgement_does_not_wait_for_the_checkpoint_its_commit_made_due(
+    memory_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint a producer's commit makes due is written in the background: the send is
+    acknowledged while it is still being written, and flush() waits for it."""
+    from kstore.topic_log import TopicLogFiles
+
+    url, options = memory_store
+    store = kstore.Store(url, options)
+    store.create_topic("t", partitions=2, config={"checkpoint.interval": "5"})
+    release = threading.Event()
+    started = threading.Event()
+    real = TopicLogFiles.write_checkpoint
+
+    def slow_checkpoint(self: Any, state: Any) -> None:
+        started.set()
+        assert release.wait(30)
+        real(self, state)
+
+    monkeypatch.setattr(TopicLogFiles, "write_checkpoint", slow_checkpoint)
+    with Producer(store, linger_ms=0) as producer:
+        for i in range(6):  # versions 0..5: one commit each
+            producer.send("t", value=b"%d" % i, partition=i % 2).get(timeout=10)
+        assert started.wait(10)  # the checkpoint of version 5 is being written...
+        producer.send("t", value=b"after", partition=0).get(timeout=10)  # ...and this lands
+        log_dir = f"{topic_data_dir('t', store.topic('t').topic_id)}/_log"
+        names = {i.name for i in store.storage.list_dir(log_dir)}
+        assert not any(n.endswith(".checkpoint.json") for n in names), names
+        release.set()
+        producer.flush()
+        names = {i.name for i in store.storage.list_dir(log_dir)}
+    assert f"{5:020d}.checkpoint.json" in names, names
+
+
+def test_a_forked_child_does_not_wait_for_its_parents_background_checkpoints(
+    memory_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child forked while its parent writes a checkpoint in the background has no such thread:
+    waiting for checkpoints there must not hang on the parent's."""
+    import os
+
+    from kstore.log import wait_for_checkpoints
+    from kstore.topic_log import TopicLogFiles
+
+    url, options = memory_store
+    store = kstore.Store(url, options)
+    store.create_topic("t", partitions=1, config={"checkpoint.interval": "2"})
+    release, started = threading.Event(), threading.Event()
+    real = TopicLogFiles.write_checkpoint
+
+    def slow_checkpoint(self: Any, state: Any) -> None:
+        started.set()
+        assert release.wait(30)
+        real(self, state)
+
+    monkeypatch.setattr(TopicLogFiles, "write_checkpoint", slow_checkpoint)
+    with Producer(store, linger_ms=0) as producer:
+        for i in range(3):
+            producer.send("t", value=b"%d" % i).get(timeout=10)
+        assert started.wait(10)
+        assert not wait_for_checkpoints(0.1)  # the parent's is still being written
+        pid = os.fork()
+        if pid == 0:  # the child
+            os._exit(0 if wait_for_checkpoints(5) else 1)
+        _, status = os.waitpid(pid, 0)
+        release.set()
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -21,7 +21,7 @@ import pytest
 from kstore import CorruptLogError, Store
 from kstore.errors import StorageError, UnsupportedFormatVersionError
 from kstore.layout import topic_data_dir
-from kstore.log import Action, checkpoint_file, decode_commit, version_file
+from kstore.log import Action, checkpoint_file, decode_commit, version_file, wait_for_checkpoints
 from kstore.manifest import PartitionState
 from kstore.storage import Storage
 from kstore.topic_log import (
@@ -156,18 +156,20 @@ class Workload:
         stamp = self.now - 8 * DAY_MS if pid == f"{0:032x}" else self.now
         return [self._add(state, count), self._producer(state, pid, count, stamp)]
 
-    def commit(self) -> int:
+    def commit(self, *, background: bool = False) -> int:
         chosen = self.rng.sample(self.partitions, self.rng.randint(1, len(self.partitions)))
         builds = {p: (lambda state, p=p: self.actions(p, state)) for p in chosen}
-        result, refused = self.shared.commit(builds, operation="TEST")
+        result, refused = self.shared.commit(
+            builds, operation="TEST", background_checkpoint=background
+        )
         assert not refused
         assert result is not None
         return result.version
 
-    def run(self, commits: int) -> int:
+    def run(self, commits: int, *, background: bool = False) -> int:
         version = -1
         for _ in range(commits):
-            version = self.commit()
+            version = self.commit(background=background)
         return version
 
 
@@ -256,6 +258,64 @@ def test_replay_through_chains_equals_replay_of_every_commit(local_store: StoreU
         Store(*local_store).topic_log("t", Store(*local_store).topic("t"), 0).log.load(),
         _replayed(shared, newest),
     )
+
+
+def test_checkpoints_written_in_the_background_extend_the_chains_of_the_previous_ones(
+    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer's checkpoints are written on a background thread while its commits go on
+    from states copied before each write finished. Those states learn the newest checkpoint
+    from the log (its lineage) and keep their actions since it, so each checkpoint extends the
+    chains of the previous one instead of writing every partition's base again; and every
+    checkpoint still equals the replay of every commit."""
+    _, shared = _topic(local_store, partitions=3, interval=10)
+    real = TopicLogFiles._write_checkpoint
+
+    def slow(self: TopicLogFiles, state: TopicLogState) -> None:
+        time.sleep(0.03)  # commits land meanwhile: the next due one waits, or is skipped
+        real(self, state)
+
+    monkeypatch.setattr(TopicLogFiles, "_write_checkpoint", slow)
+    newest = Workload(shared, [0, 1, 2]).run(400, background=True)
+    assert wait_for_checkpoints(30)
+    files = _files(shared)
+    written = [v for v in range(10, newest + 1, 10) if files._read_checkpoint(v) is not None]
+    assert len(written) >= 5, written
+    lengths: list[int] = []
+    for version in written:
+        lengths += [len(c) for c in _chains(shared, version).values()]
+        loaded = files._read_checkpoint(version)
+        assert loaded is not None
+        _same(loaded, _replayed(shared, version))
+    # Bases alone would be chains of length 1 everywhere.
+    assert max(lengths) >= 4, lengths
+    assert sum(n > 1 for n in lengths) > len(lengths) // 2, lengths
+
+
+def test_a_state_adopts_a_newer_checkpoint_and_keeps_only_its_actions_since() -> None:
+    """TopicLogState.adopt: the actions a delta of the next checkpoint needs are those after
+    the adopted one; a partition changed since whose actions were not all kept loses its
+    chain (a new base next time) while an unchanged one keeps it."""
+    state = TopicLogState()
+    for version in range(6):
+        state = state.copy()  # as each commit does: it knows which partitions it changes
+        for partition in (0, 1) if version < 3 else (0,):
+            state.apply("endOffset", {"partition": partition, "offset": version + 1})
+        state.stamp(version)
+    chains = {0: [{"path": "a"}], 1: [{"path": "b"}]}
+    state.adopt((3, chains, 1.0))
+    assert (state.sidecar_version, state.pending_since, state.sidecars) == (3, 3, chains)
+    assert state.pending_actions(0, 3) == [
+        {"endOffset": {"offset": 5}},
+        {"endOffset": {"offset": 6}},
+    ]
+    assert state.pending_actions(1, 3) == []
+    # Actions kept only from version 4 on (a reader's state that dropped older ones): the
+    # partition that changed after the adopted checkpoint cannot extend its chain.
+    state.pending, state.pending_since = {}, 4
+    state.adopt((3, chains, 2.0))
+    assert state.pending_since == 4
+    assert state.sidecars == {1: [{"path": "b"}]}
 
 
 def test_bytes_a_checkpoint_writes_follow_the_commits_since_not_the_live_state(
