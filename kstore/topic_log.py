@@ -123,11 +123,13 @@ class TopicLogState(LogState):
         self.sidecar_version = -1
         self.sidecars: dict[int, list[Action]] = {}
         self.sidecars_seen = 0.0  # when that checkpoint was read or written (monotonic)
-        # Per partition: its actions of the versions after ``pending_since``, newest first, as
-        # an immutable linked list (node: previous node, action name, body, version) shared by
-        # copies; the deltas of the next checkpoint (13.4). Complete for a chain when
-        # ``pending_since`` is at most ``sidecar_version`` (else a changed partition gets a
-        # new base).
+        # A writer's states (from its first commit on) keep, per partition, its actions of the
+        # versions after ``pending_since``, newest first, as an immutable linked list (node:
+        # previous node, action name, body, version) shared by copies: the deltas of its next
+        # checkpoint (13.4). A chain extends when ``pending_since`` is at most
+        # ``sidecar_version`` (else a changed partition gets a new base). A reader's states
+        # keep none: they would only add to every garbage collection.
+        self.keeps_pending = False
         self.pending: dict[int, _Pending] = {}
         self.pending_since = -1
         self.pending_limit = 1000  # versions past pending_since to keep actions for
@@ -161,7 +163,7 @@ class TopicLogState(LogState):
         assert state is not None
         state.apply(name, body)
         self._views.pop(partition, None)
-        if name in PARTITION_ACTIONS:
+        if self.keeps_pending and name in PARTITION_ACTIONS:
             # Kept for the delta of a checkpoint (13.4), with the version being built: the
             # bodies are not changed once applied, so a reference is enough.
             self.pending[partition] = (self.pending.get(partition), name, body, self.version + 1)
@@ -183,7 +185,7 @@ class TopicLogState(LogState):
         there if it has not changed since, or if its actions since are kept to extend it; any
         other partition gets a new base at the next checkpoint."""
         version, chains, seen = lineage
-        complete = self.pending_since <= version
+        complete = self.keeps_pending and self.pending_since <= version
         self.sidecars = {
             partition: chain
             for partition, chain in chains.items()
@@ -201,7 +203,7 @@ class TopicLogState(LogState):
         for partition in self._own:
             self.changed[partition] = version
         self._views = {}
-        if version - self.pending_since > self.pending_limit:
+        if self.keeps_pending and version - self.pending_since > self.pending_limit:
             # A state that no checkpoint follows (a reader's) keeps no more than this.
             self.pending, self.pending_since = {}, version
 
@@ -380,6 +382,8 @@ class TopicLogFiles(Log[TopicLogState]):
         return f"{self.directory.rsplit('/', 1)[0]}/{SIDECARS}"
 
     def descend(self, state: TopicLogState) -> None:
+        if not state.keeps_pending:  # its first commit here: it keeps its actions from now on
+            state.keeps_pending, state.pending, state.pending_since = True, {}, state.version
         lineage = self._lineage
         if lineage is not None and state.sidecar_version < lineage[0] <= state.version:
             state.adopt(lineage)
@@ -446,7 +450,8 @@ class TopicLogFiles(Log[TopicLogState]):
         to ``files`` (to be written), or None when the chain cannot be extended or would exceed
         its bounds (then a new base is due)."""
         end = _chain_end(chain)
-        if end is None or state.pending_since > state.sidecar_version or end >= state.version:
+        complete = state.keeps_pending and state.pending_since <= state.sidecar_version
+        if end is None or not complete or end >= state.version:
             return None
         deltas = chain[1:]
         if len(deltas) >= MAX_DELTAS:

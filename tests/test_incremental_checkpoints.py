@@ -297,6 +297,7 @@ def test_a_state_adopts_a_newer_checkpoint_and_keeps_only_its_actions_since() ->
     the adopted one; a partition changed since whose actions were not all kept loses its
     chain (a new base next time) while an unchanged one keeps it."""
     state = TopicLogState()
+    state.keeps_pending = True  # a writer's
     for version in range(6):
         state = state.copy()  # as each commit does: it knows which partitions it changes
         for partition in (0, 1) if version < 3 else (0,):
