@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -61,14 +62,17 @@ from kstore.records import TopicPartition
 TOPIC = "req"
 
 PRODUCER_SCRIPT = r"""
-import contextlib, collections, json, struct, sys, time
+import contextlib, collections, gc, json, struct, sys, time
 from kstore import Store
 from kstore.producer import Producer
 url, options, rate, seconds = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-linger_ms, prefix = int(sys.argv[5]), sys.argv[6].encode()
+linger_ms, prefix, gc_freeze = int(sys.argv[5]), sys.argv[6].encode(), sys.argv[7] == "1"
 store = Store(url, options, create=False)
 with Producer(store, acks=1, linger_ms=linger_ms) as producer:
     producer.partitions_for("req")
+    if gc_freeze:  # OPERATIONS.md "Tail latency": the S3 client's objects out of every collection
+        gc.collect()
+        gc.freeze()
     before = producer.metrics()
     print("ready", flush=True)
     sys.stdin.readline()
@@ -174,7 +178,12 @@ def run_case(
         max_poll_records=args.max_poll_records,
     )
     consumer.poll(timeout_ms=0)
-    proc = start_producer(url, options, args.rate, args.seconds, linger_ms=0, prefix="k")
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
+    proc = start_producer(
+        url, options, args.rate, args.seconds, linger_ms=0, prefix="k", gc_freeze=args.gc_freeze
+    )
     assert proc.stdout is not None
     assert proc.stdin is not None
     proc.stdout.readline()
@@ -215,6 +224,7 @@ def run_case(
                 idle_requests.update(idle - sent_before)
             time.sleep(0.1)
     consumer.close()
+    gc.unfreeze()
     files = topic_bytes(store, TOPIC)
     warm = samples[len(samples) // 10 :]  # the first tenth: connections and caches warming
     mb = produced["sent"] * RECORD_BYTES / 1e6
@@ -251,7 +261,14 @@ def run_case(
 
 
 def start_producer(
-    url: str, options: dict[str, Any], rate: float, seconds: float, *, linger_ms: int, prefix: str
+    url: str,
+    options: dict[str, Any],
+    rate: float,
+    seconds: float,
+    *,
+    linger_ms: int,
+    prefix: str,
+    gc_freeze: bool = False,
 ) -> subprocess.Popen[str]:
     """A producer process; it prints "ready", starts on a line of input, and prints its
     figures (records sent, requests, deliveries, commits) as one JSON line at the end."""
@@ -266,6 +283,7 @@ def start_producer(
             str(seconds),
             str(linger_ms),
             prefix,
+            "1" if gc_freeze else "0",
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -543,6 +561,12 @@ def main() -> None:
         action="store_true",
         help="two producers (linger 100 ms) on 8 partitions and one member reading 2 of them",
     )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() in the producer and consumer once their clients are open "
+        "(OPERATIONS.md, Tail latency)",
+    )
     args = parser.parse_args()
     counts = parse_ints(args.partitions, "--partitions")
     layouts = parse_ints(args.layouts, "--layouts")
@@ -556,6 +580,8 @@ def main() -> None:
     section = f"{'cost-example' if args.cost_example else args.backend}@{args.rate:g}"
     if args.max_poll_records != 500:
         section += f" max_poll_records={args.max_poll_records}"
+    if args.gc_freeze:
+        section += " gc-freeze"
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     before = {"load": load_now(), "busiest": busy_processes()}
     runs: list[dict[str, Any]] = []
