@@ -123,11 +123,12 @@ class TopicLogState(LogState):
         self.sidecar_version = -1
         self.sidecars: dict[int, list[Action]] = {}
         self.sidecars_seen = 0.0  # when that checkpoint was read or written (monotonic)
-        # A writer's states (from its first commit on) keep, per partition, its actions of the
+        # A writer's states (from its first commit on), and a state loaded from a checkpoint
+        # for ``pending_limit`` versions past it, keep per partition its actions of the
         # versions after ``pending_since``, newest first, as an immutable linked list (node:
-        # previous node, action name, body, version) shared by copies: the deltas of its next
+        # previous node, action name, body, version) shared by copies: the deltas of the next
         # checkpoint (13.4). A chain extends when ``pending_since`` is at most
-        # ``sidecar_version`` (else a changed partition gets a new base). A reader's states
+        # ``sidecar_version`` (else a changed partition gets a new base). Other readers' states
         # keep none: they would only add to every garbage collection.
         self.keeps_pending = False
         self.pending: dict[int, _Pending] = {}
@@ -204,8 +205,9 @@ class TopicLogState(LogState):
             self.changed[partition] = version
         self._views = {}
         if self.keeps_pending and version - self.pending_since > self.pending_limit:
-            # A state that no checkpoint follows (a reader's) keeps no more than this.
-            self.pending, self.pending_since = {}, version
+            # A state that no checkpoint follows (a reader's) keeps no more than this; a
+            # writer's starts again at its next commit (TopicLogFiles.descend).
+            self.keeps_pending, self.pending = False, {}
 
     def partition(self, partition: int) -> PartitionState:
         """The state of one partition as of this topic log version (a read-only view whose
@@ -526,7 +528,8 @@ class TopicLogFiles(Log[TopicLogState]):
         state.stamp(version)
         state.sidecars, state.sidecar_version = chains, version
         state.sidecars_seen = time.monotonic()
-        state.pending, state.pending_since = {}, version
+        # Kept from here: a process that loads the log to write to it soon extends the chains.
+        state.keeps_pending, state.pending, state.pending_since = True, {}, version
         state.pending_limit = self.pending_limit
         ts = info.get("timestamp")
         if isinstance(ts, int):

@@ -430,18 +430,11 @@ def test_a_tailing_reader_fetches_the_versions_due_and_the_next_in_one_round(
     assert rounds == [1, 1], rounds
 
 
-def test_an_acknowledgement_does_not_wait_for_the_checkpoint_its_commit_made_due(
-    memory_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The checkpoint a producer's commit makes due is written in the background: the send is
-    acknowledged while it is still being written, and flush() waits for it."""
+def _held_checkpoints(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Topic-log checkpoints that wait for ``release`` once ``started`` is set."""
     from kstore.topic_log import TopicLogFiles
 
-    url, options = memory_store
-    store = kstore.Store(url, options)
-    store.create_topic("t", partitions=2, config={"checkpoint.interval": "5"})
-    release = threading.Event()
-    started = threading.Event()
+    release, started = threading.Event(), threading.Event()
     real = TopicLogFiles.write_checkpoint
 
     def slow_checkpoint(self: Any, state: Any) -> None:
@@ -450,18 +443,35 @@ def test_an_acknowledgement_does_not_wait_for_the_checkpoint_its_commit_made_due
         real(self, state)
 
     monkeypatch.setattr(TopicLogFiles, "write_checkpoint", slow_checkpoint)
+    return started, release
+
+
+def test_an_acknowledgement_does_not_wait_for_the_checkpoint_its_commit_made_due(
+    memory_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint a producer's commit makes due is written in the background: the send is
+    acknowledged while it is still being written, and flush() waits for it. Of the ones that
+    fall due meanwhile, the newest is written after it (13.1)."""
+    url, options = memory_store
+    store = kstore.Store(url, options)
+    store.create_topic("t", partitions=2, config={"checkpoint.interval": "5"})
+    started, release = _held_checkpoints(monkeypatch)
+    log_dir = f"{topic_data_dir('t', store.topic('t').topic_id)}/_log"
+
+    def checkpoints() -> set[int]:
+        names = (i.name for i in store.storage.list_dir(log_dir))
+        return {int(n.split(".")[0]) for n in names if n.endswith(".checkpoint.json")}
+
     with Producer(store, linger_ms=0) as producer:
         for i in range(6):  # versions 0..5: one commit each
             producer.send("t", value=b"%d" % i, partition=i % 2).get(timeout=10)
         assert started.wait(10)  # the checkpoint of version 5 is being written...
-        producer.send("t", value=b"after", partition=0).get(timeout=10)  # ...and this lands
-        log_dir = f"{topic_data_dir('t', store.topic('t').topic_id)}/_log"
-        names = {i.name for i in store.storage.list_dir(log_dir)}
-        assert not any(n.endswith(".checkpoint.json") for n in names), names
+        for i in range(10):  # ...and these land, versions 6..15 (10 and 15 fall due)
+            producer.send("t", value=b"after %d" % i, partition=0).get(timeout=10)
+        assert checkpoints() == set()
         release.set()
         producer.flush()
-        names = {i.name for i in store.storage.list_dir(log_dir)}
-    assert f"{5:020d}.checkpoint.json" in names, names
+        assert checkpoints() == {5, 15}  # 15 took the place of 10, which waited behind 5
 
 
 def test_a_forked_child_does_not_wait_for_its_parents_background_checkpoints(
@@ -472,20 +482,11 @@ def test_a_forked_child_does_not_wait_for_its_parents_background_checkpoints(
     import os
 
     from kstore.log import wait_for_checkpoints
-    from kstore.topic_log import TopicLogFiles
 
     url, options = memory_store
     store = kstore.Store(url, options)
     store.create_topic("t", partitions=1, config={"checkpoint.interval": "2"})
-    release, started = threading.Event(), threading.Event()
-    real = TopicLogFiles.write_checkpoint
-
-    def slow_checkpoint(self: Any, state: Any) -> None:
-        started.set()
-        assert release.wait(30)
-        real(self, state)
-
-    monkeypatch.setattr(TopicLogFiles, "write_checkpoint", slow_checkpoint)
+    started, release = _held_checkpoints(monkeypatch)
     with Producer(store, linger_ms=0) as producer:
         for i in range(3):
             producer.send("t", value=b"%d" % i).get(timeout=10)
