@@ -115,6 +115,9 @@ class ConsumerRebalanceListener(Protocol):
 # not make the reader slow to notice the next record).
 ARRIVAL_EARLY = 0.8
 ARRIVAL_GAP_MAX_S = 1.0
+# A look there that finds nothing looks again after this share of that gap at first (then
+# backing off): a flush a little late costs a few GETs, not one every doubling from 0.5 ms.
+ARRIVAL_STEP = 0.05
 # On local disk a look for new records is a failed open (microseconds), so a reader that found
 # records within ARRIVAL_GAP_MAX_S looks at least this often instead of backing off to
 # fetch_max_wait_ms; an idle one backs off as before.
@@ -815,9 +818,11 @@ class Consumer:
         self._last_poll = time.monotonic()
         self._metrics["poll-total"] += 1
         deadline = time.monotonic() + max(0.0, timeout_ms) / 1000
-        backoff = 0.0005
         cap = self.config["fetch_max_wait_ms"] / 1000
         remote = self.store.storage.is_remote
+        backoff = 0.0005
+        if remote and self._arrival_gap is not None:
+            backoff = min(cap, max(backoff, ARRIVAL_STEP * self._arrival_gap))
         while True:
             self._refresh_group()
             self._maybe_auto_commit()

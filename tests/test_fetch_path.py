@@ -5,6 +5,7 @@ delivery's commit lands."""
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -334,6 +335,45 @@ class _Clock:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(time, name)
+
+
+def test_a_look_that_finds_nothing_looks_again_after_a_share_of_the_arrival_gap(
+    moto_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an object store every look is a GET: a reader whose records come every 200 ms and
+    whose look found nothing looks again after 10 ms, then 20, 40 (5% of the gap, doubling),
+    where backing off from half a millisecond sent six GETs in the first 32 ms of a late flush.
+    On the local disk a look costs microseconds, and it still starts at half a millisecond."""
+    import kstore.consumer as consumer_module
+
+    class SleepClock(_Clock):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sleeps: list[float] = []
+
+        def sleep(self, seconds: float) -> None:
+            self.sleeps.append(round(seconds, 6))
+            self.now += seconds
+
+    for url, options, first in ((*moto_store, 0.01), (None, None, 0.0005)):
+        store = kstore.Store(url, options) if url else kstore.Store(tempfile.mkdtemp())
+        store.create_topic("t", partitions=1)
+        consumer = Consumer("t", store=store, fetch_max_wait_ms=500)
+        clock = SleepClock()
+        monkeypatch.setattr(consumer_module, "time", clock)
+        consumer._arrival_gap = 0.2  # learnt from earlier arrivals
+        consumer._next_arrival = clock.now  # due now: no wait before the first look
+        looks = 0
+
+        def fetch() -> dict[Any, Any]:
+            nonlocal looks
+            looks += 1
+            return {}
+
+        assert consumer._poll_loop(100, fetch) == {}
+        assert clock.sleeps[:3] == [first, 2 * first, 4 * first], clock.sleeps
+        assert looks >= 3
+        consumer.close()
 
 
 def test_a_tailing_reader_fetches_the_versions_due_and_the_next_in_one_round(
