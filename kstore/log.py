@@ -771,9 +771,10 @@ class Log(Generic[S]):
                     self._checkpointing = None
 
     def descend(self, state: S) -> None:
-        """Let ``state`` (a private copy) descend from the newest checkpoint written here if it
-        does not know it yet: a checkpoint written in the background, from a state older than
-        the ones committed since (a topic log's chains of sidecars, 13.4)."""
+        """Ready ``state``, a private copy about to take a commit or be checkpointed, to write
+        checkpoints: a topic log's states keep their actions for deltas and descend from the
+        newest checkpoint written here, which a background write may have finished after they
+        were copied (its chains of sidecars, 13.4). Nothing to do for other logs."""
 
     def _maybe_checkpoint(self, state: S) -> None:
         if state.version <= 0 or state.version % self.checkpoint_interval:

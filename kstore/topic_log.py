@@ -376,7 +376,8 @@ class TopicLogFiles(Log[TopicLogState]):
         # a writer that missed a few of the checkpoints other writers wrote still extends.
         self.pending_limit = 10 * max(1, self.checkpoint_interval)
         # The newest checkpoint written here, which states older than it do not know (they
-        # were copied before a background write finished): adopted by the next checkpoint.
+        # were copied before a background write finished): a writer's states adopt it at their
+        # next commit, and the next checkpoint's state before it is written (descend).
         self._lineage: Lineage | None = None
         self._checkpoint_lock = threading.Lock()  # one checkpoint of this log at a time
 
@@ -386,6 +387,7 @@ class TopicLogFiles(Log[TopicLogState]):
     def descend(self, state: TopicLogState) -> None:
         if not state.keeps_pending:  # its first commit here: it keeps its actions from now on
             state.keeps_pending, state.pending, state.pending_since = True, {}, state.version
+            state.pending_limit = self.pending_limit
         lineage = self._lineage
         if lineage is not None and state.sidecar_version < lineage[0] <= state.version:
             state.adopt(lineage)
