@@ -719,25 +719,24 @@ def upgrade(
 
 
 def _layout3_versions(topic: str, report: Any, *, dry_run: bool) -> None:
-    """A layout-3 topic: its topic logs and metadata log raised to reader version 4 and
-    writer version 5, or found there."""
+    """A layout-3 topic: its topic logs and metadata log raised to the versions of new topic
+    logs, or found there."""
+    from kstore.topic_log import TOPIC_LOG_VERSION, TOPIC_LOG_WRITER_VERSION
+
+    versions = f"reader version {TOPIC_LOG_VERSION}, writer version {TOPIC_LOG_WRITER_VERSION}"
     words = {"done": "raised to", "already": "already at", "planned": "would be raised to"}
     for index, step in report.topic_logs:
         name = "_log" if index == 0 else f"_log.{index}"
-        note(f"Topic log {index} ({name}): {words[step]} reader version 4, writer version 5.")
-    note(f"Metadata: {words[report.metadata]} reader version 4, writer version 5.")
+        note(f"Topic log {index} ({name}): {words[step]} {versions}.")
+    note(f"Metadata: {words[report.metadata]} {versions}.")
     if dry_run:
         pending = "planned" in (report.metadata, *(step for _, step in report.topic_logs))
         what = "would be raised" if pending else "needs no change"
         note(f"Dry run: topic {topic!r} {what}; nothing was changed.")
     elif report.changed:
-        note(
-            f"Topic {topic!r} is in layout 3; its logs are now at reader version 4, writer version 5."
-        )
+        note(f"Topic {topic!r} is in layout 3; its logs are now at {versions}.")
     else:
-        note(
-            f"Topic {topic!r} is in layout 3 already, at reader version 4, writer version 5; nothing to do."
-        )
+        note(f"Topic {topic!r} is in layout 3 already, at {versions}; nothing to do.")
 
 
 def _offsets_json(path: str) -> list[tuple[str, int, int]]:
