@@ -335,3 +335,44 @@ def test_sidecars_of_a_checkpoint_seen_long_ago_are_written_again(
     shared.log.write_checkpoint(state)
     assert state.sidecars.keys() == first.keys()
     assert all(state.sidecars[p][0]["path"] != first[p][0]["path"] for p in first)
+
+
+def test_writers_sharing_a_topic_log_look_before_they_write(
+    seaweed_store: tuple[str, dict[str, Any]],
+) -> None:
+    """Two producer processes alternating on one topic log: after the first lost race, each
+    looks for the other's newer version (a GET) before writing, instead of sending a commit
+    that is refused (a PUT, which costs as much as twelve GETs). A lost race's winner is read
+    once."""
+    url, options = seaweed_store
+    Store(url, options).create_topic("shared", 4)
+    first, second = (Producer(Store(url, options), linger_ms=0) for _ in range(2))
+    rounds = 12
+    try:
+        for producer in (first, second):
+            producer.partitions_for("shared")  # both load the topic log before either writes
+        with Store(url, options).storage.count_requests() as counts:
+            for r in range(rounds):
+                for number, producer in enumerate((first, second)):
+                    for p in range(4):
+                        producer.send("shared", value=b"%d-%d-%d" % (number, r, p), partition=p)
+                    producer.flush()
+        flushes = 2 * rounds
+        # Each flush: one data object and one commit. Refused commits: the first flush of the
+        # second producer and the second of the first (each finds out it shares the log).
+        refused = counts["PUT"] - 2 * flushes
+        assert 0 <= refused <= 3, dict(counts)
+        # Each flush after that: a GET that finds the other's commit and one that finds none.
+        assert counts["GET"] <= 2 * flushes + 2, dict(counts)
+    finally:
+        first.close()
+        second.close()
+    records = _consume_all(url, options, "shared", 4 * flushes)
+    by_partition: dict[int, list[bytes]] = {}
+    for record in records:
+        by_partition.setdefault(record.partition, []).append(record.value)
+    for p in range(4):
+        assert by_partition[p] == [
+            b"%d-%d-%d" % (n, r, p) for r in range(rounds) for n in range(2)
+        ]
+        assert [r.offset for r in records if r.partition == p] == list(range(2 * rounds))
