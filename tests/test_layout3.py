@@ -372,7 +372,5 @@ def test_writers_sharing_a_topic_log_look_before_they_write(
     for record in records:
         by_partition.setdefault(record.partition, []).append(record.value)
     for p in range(4):
-        assert by_partition[p] == [
-            b"%d-%d-%d" % (n, r, p) for r in range(rounds) for n in range(2)
-        ]
+        assert by_partition[p] == [b"%d-%d-%d" % (n, r, p) for r in range(rounds) for n in range(2)]
         assert [r.offset for r in records if r.partition == p] == list(range(2 * rounds))
