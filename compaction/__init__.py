@@ -24,7 +24,7 @@ from kstore.store import Store
 
 from .cleaner import CompactionPlan, compact_partition, plan_compaction
 from .jobs import PartitionResult, Summary, WorkItem, policies, run_job
-from .merger import merge_partition, plan_merge
+from .merger import merge_partition, plan_merge, rewrite_ranges
 
 __all__ = [
     "SUBMIT_SCRIPT",
@@ -37,6 +37,7 @@ __all__ = [
     "merge_segments",
     "plan_compaction",
     "plan_merge",
+    "rewrite_ranges",
     "run_compaction",
 ]
 
@@ -97,7 +98,9 @@ def merge_segments(
 ) -> Summary:
     """Merge small segments of every topic (or of ``topics``) into Parquet segments near
     ``segment.bytes``, keeping every record and offset. In layout 3 every range of a data
-    object below the last stable offset becomes part of a per-partition Parquet segment."""
+    object below the last stable offset becomes part of a per-partition Parquet segment: the
+    partitions of one topic log in one task, which reads each data object once for all of
+    them (:func:`~kstore.compaction.merger.rewrite_ranges`)."""
     return run_job(
         "merge",
         merge_partition,
@@ -110,4 +113,5 @@ def merge_segments(
         tasks=tasks,
         verbose=verbose,
         options={"now_ms": now_ms},
+        shared=rewrite_ranges,
     )

@@ -529,36 +529,10 @@ def _replace(
     cleaned point). False, with the new file deleted, when a concurrent commit removed any of
     the group's segments first (a producer's appends never cause that), or when ``written``,
     whose write started at ``written_at`` (``time.monotonic()``), is too old to commit."""
-    paths = {s.path for s in group}
     new_paths = [written.path] if written is not None else []
 
     def build(state: PartitionState) -> list[Action] | None:
-        live = {s.path for s in state.segments}
-        if not paths <= live or (written_at is not None and too_old_to_commit(written_at)):
-            return None
-        actions: list[Action] = [
-            {"remove": {"path": s.path, "deletionTimestamp": now}} for s in group
-        ]
-        if written is not None:
-            actions.append(
-                Segment(
-                    path=written.path,
-                    base_offset=group[0].base_offset,
-                    last_offset=group[-1].last_offset,
-                    record_count=written.record_count,
-                    min_timestamp_ms=written.min_timestamp_ms,
-                    max_timestamp_ms=written.max_timestamp_ms,
-                    size_bytes=written.size_bytes,
-                    checksum=written.checksum,
-                    format=written.format,
-                    sparse=True,
-                    created_ms=int(time.time() * 1000),
-                    delete_horizon_ms=horizon,
-                ).to_action()
-            )
-        if cleaned is not None and cleaned > state.cleaned_offset:
-            actions.append({"cleaned": {"offset": cleaned}})
-        return actions
+        return replacement_actions(state, group, written, horizon, now, cleaned, written_at)
 
     try:
         landed = (
@@ -577,6 +551,45 @@ def _replace(
     if not landed:
         _discard(part, new_paths)
     return landed
+
+
+def replacement_actions(
+    state: PartitionState,
+    group: list[Segment],
+    written: SegmentFile | None,
+    horizon: int | None,
+    now: int,
+    cleaned: int | None = None,
+    written_at: float | None = None,
+) -> list[Action] | None:
+    """The actions that replace ``group`` with ``written`` in ``state`` (:func:`_replace`), or
+    None when a segment of the group is no longer live or ``written`` is too old to commit."""
+    live = {s.path for s in state.segments}
+    if not {s.path for s in group} <= live or (
+        written_at is not None and too_old_to_commit(written_at)
+    ):
+        return None
+    actions: list[Action] = [{"remove": {"path": s.path, "deletionTimestamp": now}} for s in group]
+    if written is not None:
+        actions.append(
+            Segment(
+                path=written.path,
+                base_offset=group[0].base_offset,
+                last_offset=group[-1].last_offset,
+                record_count=written.record_count,
+                min_timestamp_ms=written.min_timestamp_ms,
+                max_timestamp_ms=written.max_timestamp_ms,
+                size_bytes=written.size_bytes,
+                checksum=written.checksum,
+                format=written.format,
+                sparse=True,
+                created_ms=int(time.time() * 1000),
+                delete_horizon_ms=horizon,
+            ).to_action()
+        )
+    if cleaned is not None and cleaned > state.cleaned_offset:
+        actions.append({"cleaned": {"offset": cleaned}})
+    return actions
 
 
 def _discard(part: Partition, paths: list[str]) -> None:

@@ -39,6 +39,7 @@ from kstore.partition import Partition, PartitionState
 from kstore.segments import BINARY, Layout, layout_of
 from kstore.storage import redact_url
 from kstore.store import Store, TopicMetadata
+from kstore.topic_log import log_index
 
 # A new file that a maintenance job wrote is committed within MAX_UNCOMMITTED_MS of the start
 # of its write, by this machine's monotonic clock, or not at all (the job abandons the commit
@@ -142,6 +143,38 @@ class PartitionResult:
     @property
     def records_dropped(self) -> int:
         return self.records_before - self.records_after
+
+    def followed_by(self, later: PartitionResult) -> PartitionResult:
+        """One row for the partition: this (the part of the job shared with the other
+        partitions of its topic log) then ``later`` (the partition's own part): the counts of
+        both, the partition as it was before the first and is after the second."""
+        if later.outcome in ("error", "conflict"):
+            outcome = later.outcome
+        elif "committed" in (self.outcome, later.outcome):
+            outcome = "committed"
+        else:
+            outcome = later.outcome
+        return PartitionResult(
+            later.topic,
+            later.partition,
+            later.operation,
+            outcome,
+            "; ".join(r for r in (self.reason, later.reason) if r),
+            segments_scanned=self.segments_scanned,
+            segments_removed=self.segments_removed + later.segments_removed,
+            segments_written=self.segments_written + later.segments_written,
+            bytes_before=self.bytes_before,
+            bytes_after=later.bytes_after,
+            records_before=self.records_before,
+            records_after=later.records_after,
+            commits=self.commits + later.commits,
+            log_start_offset=later.log_start_offset,
+            cleaned_offset=later.cleaned_offset,
+            files_deleted=self.files_deleted + later.files_deleted,
+            bytes_deleted=self.bytes_deleted + later.bytes_deleted,
+            files=self.files + later.files,
+            elapsed_s=self.elapsed_s + later.elapsed_s,
+        )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -305,6 +338,9 @@ def policies(config: Mapping[str, Any]) -> set[str]:
 # -- running ------------------------------------------------------------------------------------
 
 PartitionFn = Callable[[Store, WorkItem, dict[str, Any]], PartitionResult]
+# A job's part that the partitions of one layout-3 topic log share (the merge's rewrite of data
+# objects): run once for them, before each partition's own part; a row per partition.
+SharedFn = Callable[[Store, list[WorkItem], dict[str, Any]], list[PartitionResult]]
 
 
 def run_item(
@@ -315,18 +351,69 @@ def run_item(
     started = time.monotonic()
     try:
         result = fn(store, item, options)
-    except (ConcurrentModificationError, CommitConflictError) as exc:
-        result = PartitionResult(item.topic, item.partition, operation, "conflict", str(exc))
-    except KStoreError as exc:
-        result = PartitionResult(
-            item.topic, item.partition, operation, "error", f"{type(exc).__name__}: {exc}"
-        )
-    except Exception as exc:  # an unexpected bug: still report it against the partition
-        result = PartitionResult(
-            item.topic, item.partition, operation, "error", f"{type(exc).__name__}: {exc}"
-        )
+    except Exception as exc:  # an unexpected bug too: still reported against the partition
+        result = _failed(item, operation, exc)
     result.elapsed_s = time.monotonic() - started
     return result
+
+
+def _failed(item: WorkItem, operation: str, exc: Exception) -> PartitionResult:
+    if isinstance(exc, (ConcurrentModificationError, CommitConflictError)):
+        return PartitionResult(item.topic, item.partition, operation, "conflict", str(exc))
+    return PartitionResult(
+        item.topic, item.partition, operation, "error", f"{type(exc).__name__}: {exc}"
+    )
+
+
+def units_of(items: list[WorkItem], shared: SharedFn | None) -> list[list[WorkItem]]:
+    """The items run together: with a shared part, the partitions of each layout-3 topic log
+    (in one task, one after the other); otherwise, and for layout 2, one item each."""
+    units: list[list[WorkItem]] = []
+    by_log: dict[tuple[str, str, int], list[WorkItem]] = {}
+    for item in items:
+        meta = item.metadata
+        if shared is None or meta is None or meta.layout != 3:
+            units.append([item])
+            continue
+        key = (item.topic, item.topic_id, log_index(item.partition, meta.commit_logs))
+        if key not in by_log:
+            by_log[key] = []
+            units.append(by_log[key])
+        by_log[key].append(item)
+    return units
+
+
+def run_unit(
+    fn: PartitionFn,
+    shared: SharedFn | None,
+    store: Store,
+    unit: list[WorkItem],
+    options: dict[str, Any],
+    operation: str,
+) -> Iterator[PartitionResult]:
+    """Run a unit of :func:`units_of`: its shared part once (for two or more partitions),
+    then each partition's own part. A shared part that fails is each partition's row, and
+    their own parts wait for the next run."""
+    if shared is None or len(unit) < 2:
+        for item in unit:
+            yield run_item(fn, store, item, options, operation)
+        return
+    started = time.monotonic()
+    try:
+        first = {r.partition: r for r in shared(store, unit, options)}
+    except Exception as exc:  # as run_item: reported against the partitions, not raised
+        for item in unit:
+            yield _failed(item, operation, exc)
+        return
+    share = (time.monotonic() - started) / len(unit)
+    for item in unit:
+        later = run_item(fn, store, item, options, operation)
+        row = first.get(item.partition)
+        if row is None:
+            yield later
+            continue
+        row.elapsed_s = share
+        yield row.followed_by(later)
 
 
 def open_store(store_url: str | Store, storage_options: Mapping[str, Any] | None) -> Store:
@@ -354,33 +441,39 @@ def run_partitions(
     operation: str,
     tasks: int | None = None,
     progress: Progress | None = stderr_progress,
+    shared: SharedFn | None = None,
 ) -> tuple[list[PartitionResult], int]:
     """Run ``fn`` on every item: in Spark tasks (one per group of items) when ``spark`` is a
-    session, else here. Returns the result rows and the number of tasks."""
+    session, else here. ``shared``: the part of the job that the partitions of one layout-3
+    topic log share (:func:`run_unit`); they then run in one task. Returns the result rows
+    and the number of tasks."""
     if not items:
         return [], 0
+    units = units_of(items, shared)
     if spark is None:
         results = []
-        for done, item in enumerate(items, start=1):
-            result = run_item(fn, store, item, options, operation)
-            results.append(result)
-            if progress is not None:
-                progress(
-                    f"[{operation}] {done}/{len(items)} {item.topic}-{item.partition}: "
-                    f"{result.outcome}{': ' + result.reason if result.reason else ''}"
-                )
+        for unit in units:
+            for result in run_unit(fn, shared, store, unit, options, operation):
+                results.append(result)
+                if progress is not None:
+                    progress(
+                        f"[{operation}] {len(results)}/{len(items)} {result.topic}-"
+                        f"{result.partition}: {result.outcome}"
+                        f"{': ' + result.reason if result.reason else ''}"
+                    )
         return results, 1
-    n = max(1, min(tasks or default_tasks(spark, len(items)), len(items)))
+    n = max(1, min(tasks or default_tasks(spark, len(units)), len(units)))
     # Round robin, so that every task gets partitions of every topic: sizes are unknown on the
     # driver (it reads no partition manifest) and neighbours in a topic tend to be alike.
-    groups = [items[i::n] for i in range(n)]
+    groups = [units[i::n] for i in range(n)]
     url, storage_options = store.url, dict(store.storage.storage_options)
 
     def task(group_ids: Iterable[int]) -> Iterator[str]:
         executor_store = open_store(url, storage_options)
         for group_id in group_ids:
-            for item in groups[group_id]:
-                yield run_item(fn, executor_store, item, options, operation).to_json()
+            for unit in groups[group_id]:
+                for result in run_unit(fn, shared, executor_store, unit, options, operation):
+                    yield result.to_json()
 
     try:
         sc = spark.sparkContext
@@ -655,6 +748,7 @@ def run_job(
     verbose: bool,
     options: Mapping[str, Any],
     print_summary: bool = True,
+    shared: SharedFn | None = None,
 ) -> Summary:
     """Plan on the driver, run every partition, print and return the summary."""
     check_tasks(tasks)
@@ -678,6 +772,7 @@ def run_job(
         operation=operation,
         tasks=tasks,
         progress=progress,
+        shared=shared,
     )
     if not dry_run and operation in ("merge", "compaction", "retention"):
         # Topics with table.format=delta: their Delta table follows the commits just made

@@ -26,17 +26,36 @@ Which segments merge (from the manifest alone):
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kstore.errors import CommitConflictError, ConcurrentModificationError, StaleWriteError
+from kstore.log import Action
+from kstore.manifest import segment_location
 from kstore.partition import Partition, PartitionState, Segment
-from kstore.segments import FORMAT_PARQUET, read_segments, write_segment
+from kstore.segments import (
+    FORMAT_PARQUET,
+    SegmentFile,
+    read_object_ranges,
+    read_segments,
+    write_segment,
+)
 from kstore.store import Store
+from kstore.topic_log import TopicLog
 
-from .cleaner import _codec, _replace, _Span, compatible, delete_horizon, time_window_ms
+from .cleaner import (
+    _codec,
+    _discard,
+    _replace,
+    _Span,
+    compatible,
+    delete_horizon,
+    replacement_actions,
+    time_window_ms,
+)
 from .jobs import PartitionResult, WorkItem, now_ms
 
 OPERATION = "merge"
@@ -121,6 +140,207 @@ def _read_group(part: Partition, group: list[Segment]) -> list[pa.Table]:
     if part.storage.is_remote and len(group) > 1:
         fetched = read_segments(part.storage, part.directory, group)
     return [part.read_segment(seg, data=fetched.get(seg.path)) for seg in group]
+
+
+def rewrite_ranges(
+    store: Store, items: list[WorkItem], options: dict[str, Any]
+) -> list[PartitionResult]:
+    """Layout 3, the merge's part that the partitions of one topic log share: the ranges of
+    data objects that their plans rewrite, read a window of objects at a time with ONE request
+    per object for all the partitions (a merge of one partition at a time sends one per
+    partition and object). Each partition's ranges in a window become one Parquet segment (one
+    per plan group), and a window's replacements land in one commit. A window holds at most
+    ``segment.bytes`` of ranges, the memory one partition's merge may take, so with many
+    partitions its segments are smaller; the tiered merge packs them on a later run.
+
+    Only runs of ranges are taken (a file of the partition between them is left to the
+    partition's own merge, which follows and also takes what this leaves)."""
+    rows: dict[int, PartitionResult] = {}
+    if options.get("dry_run"):
+        return []  # each partition's own part reports what a run would do
+    parts = {item.partition: item.open(store) for item in items}
+    topic_log = parts[items[0].partition].topic_log
+    if topic_log is None or any(part.topic_log is not topic_log for part in parts.values()):
+        raise ValueError("rewrite_ranges takes the partitions of one topic log")
+    shared = topic_log.state()
+    now = now_ms(options)
+    config = items[0].config
+    codec = _codec(config)
+    queues: dict[int, list[list[Segment]]] = {}
+    for item in items:
+        state = shared.partition(item.partition)
+        rows[item.partition] = PartitionResult.starting(item, OPERATION, state)
+        queues[item.partition] = [
+            run for group in plan_merge(state, config) for run in _runs_of_ranges(group)
+        ]
+    window = 0
+    while any(queues.values()):
+        window += 1
+        pieces = _next_window(queues, int(config["segment.bytes"]))
+        data = _fetch(store, parts, pieces)
+        written: dict[int, list[tuple[list[Segment], SegmentFile, int | None, float]]] = {}
+        for p, runs in pieces.items():
+            part, state = parts[p], shared.partition(p)
+            for run in runs:
+                tables = [part.read_segment(seg, data=data.get((p, seg.path))) for seg in run]
+                written_at = time.monotonic()  # before the write: a slow write counts too
+                new = write_segment(
+                    part.storage,
+                    part.directory,
+                    pa.concat_tables(tables),
+                    compression=codec,
+                    fmt=FORMAT_PARQUET,
+                    layout=part.layout,
+                )
+                first_seen = delete_horizon(now, int(config["delete.retention.ms"]))
+                horizon = _horizon(run, tables, state.cleaned_offset, first_seen)
+                written.setdefault(p, []).append((run, new, horizon, written_at))
+        landed = _commit_window(topic_log, written, now)
+        for p, done in written.items():
+            row = rows[p]
+            if landed is None or p not in landed:
+                _discard(parts[p], [new.path for _, new, _, _ in done])
+                queues[p] = []  # its own merge, next, plans again from the newest state
+                if landed is None:
+                    row.outcome = "conflict"
+                    row.reason = (
+                        f"a concurrent commit to the topic log won over window {window}; the "
+                        "next run starts over"
+                    )
+                continue
+            row.outcome = "committed"
+            row.commits += 1
+            for run, new, _, _ in done:
+                row.segments_removed += len(run)
+                row.segments_written += 1
+                row.bytes_after += new.size_bytes - sum(seg.size_bytes for seg in run)
+        if landed is None:
+            break
+    for row in rows.values():
+        if row.outcome == "committed":
+            row.reason = (
+                f"rewrote {row.segments_removed} ranges of data objects into "
+                f"{row.segments_written} segments, with the topic log's other partitions"
+            )
+    return list(rows.values())
+
+
+def _fetch(
+    store: Store, parts: dict[int, Partition], pieces: dict[int, list[list[Segment]]]
+) -> dict[tuple[int, str], bytes]:
+    """The bytes of a window's ranges, by partition and object: each object's ranges (of
+    every partition) in one coalesced request, the objects concurrently. A missing object is
+    left out (the partition's read of it alone then reports it)."""
+    wanted: dict[str, list[tuple[int, int]]] = {}
+    order: list[tuple[int, str, str]] = []
+    for p, runs in pieces.items():
+        for seg in (seg for run in runs for seg in run):
+            assert seg.byte_range is not None  # runs of ranges only
+            start, length = seg.byte_range
+            location = segment_location(parts[p].directory, seg.path)
+            wanted.setdefault(location, []).append((start, start + length))
+            order.append((p, seg.path, location))
+    fetched = {
+        location: iter(pieces_of)
+        for location, pieces_of in read_object_ranges(store.storage, wanted).items()
+    }
+    out: dict[tuple[int, str], bytes] = {}
+    for p, path, location in order:  # each object's pieces come back in the order asked
+        piece = next(fetched[location], None) if location in fetched else None
+        if piece is not None:
+            out[(p, path)] = piece
+    return out
+
+
+def _runs_of_ranges(group: list[Segment]) -> list[list[Segment]]:
+    """The runs of adjacent ranges (layout 3) in a merge group."""
+    runs: list[list[Segment]] = []
+    current: list[Segment] = []
+    for seg in group:
+        if seg.byte_range is None:
+            if current:
+                runs.append(current)
+            current = []
+        else:
+            current.append(seg)
+    if current:
+        runs.append(current)
+    return runs
+
+
+def _next_window(
+    queues: dict[int, list[list[Segment]]], budget: int
+) -> dict[int, list[list[Segment]]]:
+    """Takes the next window of work off ``queues``: the data objects first by name (their
+    names start with the time they were written) up to ``budget`` bytes of queued ranges,
+    and from each partition's queue the longest prefix whose ranges all lie in them. A range
+    whose object was written earlier than one the partition committed before it (two
+    producers' clocks) waits for the next window, and its object is read again then."""
+    sizes: dict[str, int] = {}
+    for runs in queues.values():
+        for run in runs:
+            for seg in run:
+                sizes[seg.path] = sizes.get(seg.path, 0) + seg.size_bytes
+    total, limit = 0, ""
+    for name in sorted(sizes):
+        limit, total = name, total + sizes[name]
+        if total >= budget:
+            break
+    # Progress: at least the partition whose next range is first by name takes it.
+    limit = max(limit, min(runs[0][0].path for runs in queues.values() if runs))
+    pieces: dict[int, list[list[Segment]]] = {}
+    for p, runs in queues.items():
+        while runs:
+            run = runs[0]
+            n = 0
+            while n < len(run) and run[n].path <= limit:
+                n += 1
+            if n == 0:
+                break
+            pieces.setdefault(p, []).append(run[:n])
+            if n < len(run):
+                runs[0] = run[n:]
+                break
+            runs.pop(0)
+    return pieces
+
+
+def _commit_window(
+    topic_log: TopicLog,
+    written: dict[int, list[tuple[list[Segment], SegmentFile, int | None, float]]],
+    now: int,
+) -> set[int] | None:
+    """One commit replacing the runs of a window in every partition. Returns the partitions
+    it holds (a partition with a run no longer all live is left out), or None when a
+    concurrent commit made it fail with nothing committed."""
+    included: set[int] = set()
+
+    def build_for(
+        p: int, done: list[tuple[list[Segment], SegmentFile, int | None, float]]
+    ) -> Callable[[PartitionState], list[Action] | None]:
+        def build(state: PartitionState) -> list[Action] | None:
+            actions: list[Action] = []
+            for run, new, horizon, written_at in done:
+                replaced = replacement_actions(state, run, new, horizon, now, written_at=written_at)
+                if replaced is None:
+                    included.discard(p)
+                    return None
+                actions.extend(replaced)
+            included.add(p)
+            return actions
+
+        return build
+
+    oldest = min(written_at for done in written.values() for *_, written_at in done)
+    try:
+        result, _ = topic_log.commit(
+            {p: build_for(p, done) for p, done in written.items()},
+            operation=OPERATION.upper(),
+            written_at=oldest,
+        )
+    except (StaleWriteError, ConcurrentModificationError, CommitConflictError):
+        return None  # certainly not committed
+    return included if result is not None else set()
 
 
 def merge_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> PartitionResult:

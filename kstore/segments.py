@@ -14,6 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -666,16 +667,43 @@ def read_segments(storage: Storage, partition_dir: str, segs: Sequence[Any]) -> 
     by_object: dict[str, list[Any]] = {}
     for seg in segs:
         if seg.byte_range is not None:
-            by_object.setdefault(seg.path, []).append(seg)
-    for path, ranged in by_object.items():
-        wanted = [(s.byte_range[0], s.byte_range[0] + s.byte_range[1]) for s in ranged]
-        try:
-            pieces = storage.read_ranges(segment_location(partition_dir, path), wanted)
-        except FileNotFoundError:
-            continue
-        for seg, data in zip(ranged, pieces, strict=True):
+            by_object.setdefault(segment_location(partition_dir, seg.path), []).append(seg)
+    pieces = read_object_ranges(
+        storage,
+        {
+            location: [(s.byte_range[0], s.byte_range[0] + s.byte_range[1]) for s in ranged]
+            for location, ranged in by_object.items()
+        },
+    )
+    for location, ranged in by_object.items():
+        for seg, data in zip(ranged, pieces.get(location, ()), strict=False):
             found[seg.path] = data
     return found
+
+
+def read_object_ranges(
+    storage: Storage, wanted: dict[str, list[tuple[int, int]]]
+) -> dict[str, list[bytes]]:
+    """Byte ranges ``[start, end)`` of several objects, by location, in the order asked: the
+    ranges of one object coalesced (:meth:`Storage.read_ranges`), the objects concurrently on
+    an object store. Absent objects are left out."""
+
+    def fetch(location: str) -> tuple[str, list[bytes] | None]:
+        try:
+            return location, storage.read_ranges(location, wanted[location])
+        except FileNotFoundError:
+            return location, None
+
+    if len(wanted) < 2 or not storage.is_remote:
+        fetched = [fetch(location) for location in wanted]
+    else:
+        with ThreadPoolExecutor(min(_OBJECT_READS, len(wanted))) as pool:
+            fetched = list(pool.map(fetch, wanted))
+    return {location: data for location, data in fetched if data is not None}
+
+
+# Data objects read at once by a maintenance job (each read a coalesced GET of its ranges).
+_OBJECT_READS = 8
 
 
 def describe_file(seg: SegmentFile) -> dict[str, Any]:

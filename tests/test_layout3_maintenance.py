@@ -14,11 +14,14 @@ import uuid
 
 import pytest
 from kstore.cli.verify import verify_topic
+from kstore.compaction import merge_segments, merger
+from kstore.compaction.jobs import plan_items
 from kstore.retention import run_retention, vacuum
 
 from kstore import Store
 from kstore.layout import topic_data_dir
 from kstore.log import decode_commit, parse_log_file_name
+from kstore.partition import Segment
 from kstore.producer import Producer
 from kstore.topic_log import HORIZON_VERSION, SIDECARS
 from kstore.upgrade import upgrade_topic
@@ -493,3 +496,132 @@ def test_a_removal_a_checkpoint_delta_carries_still_waits_for_the_delete_delay(
     assert store.storage.exists(location)
     due = vacuum(None, *where, verbose=False, now_ms=removed_at + 60_000)
     assert location in due.files
+
+
+def _produce_flushes(store: Store, topic: str, partitions: int, flushes: int) -> None:
+    with Producer(store, linger_ms=60_000) as producer:
+        for f in range(flushes):
+            for p in range(partitions):
+                for i in range(10):
+                    producer.send(topic, value=b"%d-%d-%d" % (f, p, i) * 20, partition=p)
+            producer.flush()
+
+
+def test_the_merge_reads_each_data_object_once_for_all_partitions_of_its_log(
+    seaweed_store: Target,
+) -> None:
+    """8 partitions, 12 flushes (12 data objects of 8 ranges each): the merge fetches each
+    object once (one coalesced GET of its 8 ranges), where one partition at a time fetched
+    it 8 times, and replaces every partition's ranges in one commit."""
+    store = open_store(seaweed_store)
+    store.create_topic("wide", 8)
+    _produce_flushes(store, "wide", 8, 12)
+    before = {p: values(store, "wide", p) for p in range(8)}
+    meta = store.topic("wide")
+    log_dir = f"topics/wide/{meta.topic_id}/_log"
+    versions = len([n for n in store.storage.list_dir(log_dir) if n.name.endswith(".json")])
+    job_store = open_store(seaweed_store)
+    direct = job_store.storage.direct_requests()
+    assert direct is not None
+    object_gets: list[str] = []
+
+    def note(kind: str, key: str) -> None:
+        if kind == "GET" and "/_data/" in key:
+            object_gets.append(key)
+
+    direct.before_send.append(note)
+    try:
+        with job_store.storage.count_requests() as counts:
+            summary = merge_segments(None, job_store, topics=["wide"], verbose=False)
+    finally:
+        direct.before_send.remove(note)
+    assert summary.count("committed") == 8
+    assert not summary.errors
+    assert summary.segments_removed == 96
+    assert summary.segments_written == 8
+    assert all(row.commits == 1 for row in summary.partitions)
+    # Each object once; one partition at a time read each 8 times.
+    assert len(object_gets) == 12
+    assert len(set(object_gets)) == 12
+    # Besides: the topic metadata, the topic log's 14 versions and a look per partition.
+    assert counts["GET"] <= 12 + 32, dict(counts)
+    assert counts["PUT"] == 8 + 1, dict(counts)  # a segment per partition, one commit
+    after = [n for n in store.storage.list_dir(log_dir) if n.name.endswith(".json")]
+    assert len(after) == versions + 1
+    fresh = open_store(seaweed_store)
+    for p in range(8):
+        (segment,) = fresh.partition("wide", p).state().segments
+        assert segment.byte_range is None
+        assert segment.format == "parquet"
+        assert values(fresh, "wide", p) == before[p]
+
+
+@pytest.mark.parametrize("target", FAST)
+def test_the_merge_of_a_topic_log_goes_a_window_of_objects_at_a_time(
+    target: str, request: pytest.FixtureRequest
+) -> None:
+    """With ``segment.bytes`` far below the ranges to rewrite, the shared merge works a
+    window of objects at a time (each partition's ranges of a window one segment, a commit per
+    window), and every record stays at its offset; the partitions' own merge then packs the
+    windows' segments."""
+    where: Target = request.getfixturevalue(target)
+    store = open_store(where)
+    store.create_topic("win", 4, {"segment.bytes": 1 << 16})
+    _produce_flushes(store, "win", 4, 40)
+    before = {p: values(store, "win", p) for p in range(4)}
+    ranged = sum(s.size_bytes for p in range(4) for s in store.partition("win", p).state().segments)
+    assert ranged > 4 * (1 << 16)  # the premise: several windows
+    shared = merger.rewrite_ranges(
+        store, plan_items(store, ["win"], lambda c: True), {"now_ms": now_ms()}
+    )
+    assert {row.partition for row in shared} == set(range(4))
+    windows = shared[0].commits
+    assert windows >= 4
+    assert all(row.commits == windows for row in shared)
+    for p in range(4):
+        segments = store.partition("win", p).state().segments
+        assert all(s.byte_range is None for s in segments)
+        assert len(segments) == next(r.segments_written for r in shared if r.partition == p)
+        assert [s.base_offset for s in segments[1:]] == [s.last_offset + 1 for s in segments[:-1]]
+        assert values(open_store(where), "win", p) == before[p]
+    summary = merge_segments(None, store, topics=["win"], verbose=False)
+    assert not summary.errors
+    for p in range(4):
+        assert len(store.partition("win", p).state().segments) < shared[p].segments_written
+        assert values(open_store(where), "win", p) == before[p]
+
+
+def _ranged(path: str, base: int, size: int = 10) -> Segment:
+    return Segment(
+        path=path,
+        base_offset=base,
+        last_offset=base,
+        record_count=1,
+        min_timestamp_ms=0,
+        max_timestamp_ms=0,
+        size_bytes=size,
+        checksum="crc32c:00000000",
+        format="arrow",
+        sparse=False,
+        created_ms=0,
+        byte_range=(0, size),
+    )
+
+
+def test_a_window_takes_each_partitions_ranges_in_offset_order_even_when_names_are_not() -> None:
+    """Partition 0 committed object B (named later) before A: its ranges wait until the
+    window reaches B, then go together; each range is taken once, in offset order."""
+    a, b, c = "_data/1000-a.kdat", "_data/2000-b.kdat", "_data/3000-c.kdat"
+    queues = {
+        0: [[_ranged(b, 0), _ranged(a, 1), _ranged(c, 2)]],
+        1: [[_ranged(a, 0), _ranged(b, 1)], [_ranged(c, 2)]],
+    }
+    windows = []
+    while any(queues.values()):
+        pieces = merger._next_window(queues, budget=10)
+        windows.append({p: [[s.path for s in run] for run in runs] for p, runs in pieces.items()})
+    assert windows == [
+        {1: [[a]]},
+        {0: [[b, a]], 1: [[b]]},
+        {0: [[c]], 1: [[c]]},
+    ]
