@@ -27,7 +27,8 @@ producer processes (linger 100 ms, ``--rate`` records/s between them) writing al
 of one topic, and one consumer-group member's share (2 of the 8 partitions) read with the
 consumer's defaults; its requests per producer delivery and per member, by kind. In layout 3,
 then, one group of 4 members (the consumer's defaults) shares the topic while a producer writes
-200 records/s: their requests to the group's files per member and second:
+200 records/s: their requests to the group's files per member and second. Between the two,
+the merge job (in this process) over what the two producers wrote: its requests per delivery:
 
     .venv/bin/python benchmarks/requests.py --cost-example --rate 5000 --seconds 15 --rounds 2
 """
@@ -311,6 +312,32 @@ def request_kind(url: str) -> str:
     return "other"
 
 
+@contextlib.contextmanager
+def by_file(store: Store) -> Iterator[collections.Counter[str]]:
+    """Requests to the topic's files while the block runs, by :func:`request_kind`."""
+    kinds: collections.Counter[str] = collections.Counter()
+
+    def classify(request: Any, **_: Any) -> None:
+        kinds[request_kind(str(request.url))] += 1
+
+    def classify_direct(method: str, key: str) -> None:
+        kinds[request_kind(key)] += 1
+
+    events = store.storage.s3_client().meta.events if store.storage.is_s3 else None
+    direct = store.storage.direct_requests() if store.storage.is_s3 else None
+    if events is not None:
+        events.register("before-send.s3", classify)
+    if direct is not None:
+        direct.before_send.append(classify_direct)
+    try:
+        yield kinds
+    finally:
+        if events is not None:
+            events.unregister("before-send.s3", classify)
+        if direct is not None:
+            direct.before_send.remove(classify_direct)
+
+
 def run_cost_case(url: str, options: dict[str, Any], layout: int, args: Any) -> dict[str, Any]:
     """The shape of OPERATIONS.md's cost example: two producer processes (linger 100 ms)
     writing all 8 partitions of one topic, and one consumer-group member's share (partitions
@@ -331,21 +358,7 @@ def run_cost_case(url: str, options: dict[str, Any], layout: int, args: Any) -> 
         assert proc.stdout is not None
         proc.stdout.readline()
     received = polls = 0
-    kinds: collections.Counter[str] = collections.Counter()
-
-    def classify(request: Any, **_: Any) -> None:
-        kinds[request_kind(str(request.url))] += 1
-
-    def classify_direct(method: str, key: str) -> None:
-        kinds[request_kind(key)] += 1
-
-    events = store.storage.s3_client().meta.events if store.storage.is_s3 else None
-    direct = store.storage.direct_requests() if store.storage.is_s3 else None
-    if events is not None:
-        events.register("before-send.s3", classify)
-    if direct is not None:
-        direct.before_send.append(classify_direct)
-    with counting(store) as counts:
+    with counting(store) as counts, by_file(store) as kinds:
         started = time.perf_counter()
         for proc in procs:
             assert proc.stdin is not None
@@ -357,16 +370,14 @@ def run_cost_case(url: str, options: dict[str, Any], layout: int, args: Any) -> 
             received += sum(len(r) for r in member.poll(timeout_ms=100).values())
         member_elapsed = time.perf_counter() - started
         member_requests = dict(counts)
-    if events is not None:
-        events.unregister("before-send.s3", classify)
-    if direct is not None:
-        direct.before_send.remove(classify_direct)
     produced = []
     for proc in procs:
         assert proc.stdout is not None
         produced.append(json.loads(proc.stdout.readline()))
         proc.wait()
     member.close()
+    # Before the group's phase, whose producer writes more: only the two producers' data.
+    merge, merge_by_file = run_merge_phase(url, options)
     group = run_group_phase(url, options, args) if layout == 3 else {}
     flushes = sum(p["flushes"] for p in produced)
     producer_requests: collections.Counter[str] = collections.Counter()
@@ -392,9 +403,27 @@ def run_cost_case(url: str, options: dict[str, Any], layout: int, args: Any) -> 
         "member_requests_by_file_per_flush": {k: v / max(flushes, 1) for k, v in kinds.items()},
         "bytes": topic_bytes(store, TOPIC),
         **group,
+        "merge_requests": merge,
+        "merge_requests_per_flush": {k: v / max(flushes, 1) for k, v in merge.items()},
+        "merge_requests_by_file_per_flush": {
+            k: v / max(flushes, 1) for k, v in merge_by_file.items()
+        },
         "load_before": load_before,
         "load_after": load_now(),
     }
+
+
+def run_merge_phase(url: str, options: dict[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
+    """The merge job (in this process, as ``kstore maintain`` runs it) over what the producers
+    wrote: its requests by kind and by file, counted on a store of its own."""
+    from kstore.compaction import merge_segments
+
+    store = Store(url, options, create=False, segment_cache_bytes=0)
+    with counting(store) as counts, by_file(store) as kinds:
+        summary = merge_segments(None, store, topics=[TOPIC], verbose=False)
+    if summary.errors:
+        raise SystemExit(f"the merge failed: {summary.errors[0].reason}")
+    return dict(counts), dict(kinds)
 
 
 GROUP_MEMBERS = 4
@@ -521,6 +550,14 @@ def summarise_cost(runs: list[dict[str, Any]], layouts: list[int]) -> list[dict[
                 row[f"{side} {kind}/flush"] = statistics.median(r[key].get(kind, 0) for r in mine)
         row["member GET/s"] = statistics.median(
             r["member_requests_per_s"].get("GET", 0) for r in mine
+        )
+        for kind in ("PUT", "GET"):
+            row[f"merge {kind}/flush"] = statistics.median(
+                r.get("merge_requests_per_flush", {}).get(kind, 0) for r in mine
+            )
+        files = "data object" if layout == 3 else "segment"
+        row[f"merge {files}s/flush"] = statistics.median(
+            r.get("merge_requests_by_file_per_flush", {}).get(files, 0) for r in mine
         )
         grouped = [r for r in mine if "group_requests_per_member_per_s" in r]
         for kind in ("PUT", "GET", "LIST") if grouped else ():
