@@ -365,55 +365,29 @@ def _failed(item: WorkItem, operation: str, exc: Exception) -> PartitionResult:
     )
 
 
-def units_of(items: list[WorkItem], shared: SharedFn | None) -> list[list[WorkItem]]:
-    """The items run together: with a shared part, the partitions of each layout-3 topic log
-    (in one task, one after the other); otherwise, and for layout 2, one item each."""
-    units: list[list[WorkItem]] = []
+def topic_logs_of(items: list[WorkItem]) -> list[list[WorkItem]]:
+    """The items of each layout-3 topic log that holds two or more of them."""
     by_log: dict[tuple[str, str, int], list[WorkItem]] = {}
     for item in items:
         meta = item.metadata
-        if shared is None or meta is None or meta.layout != 3:
-            units.append([item])
-            continue
-        key = (item.topic, item.topic_id, log_index(item.partition, meta.commit_logs))
-        if key not in by_log:
-            by_log[key] = []
-            units.append(by_log[key])
-        by_log[key].append(item)
-    return units
+        if meta is not None and meta.layout == 3:
+            key = (item.topic, item.topic_id, log_index(item.partition, meta.commit_logs))
+            by_log.setdefault(key, []).append(item)
+    return [unit for unit in by_log.values() if len(unit) > 1]
 
 
-def run_unit(
-    fn: PartitionFn,
-    shared: SharedFn | None,
-    store: Store,
-    unit: list[WorkItem],
-    options: dict[str, Any],
-    operation: str,
-) -> Iterator[PartitionResult]:
-    """Run a unit of :func:`units_of`: its shared part once (for two or more partitions),
-    then each partition's own part. A shared part that fails is each partition's row, and
-    their own parts wait for the next run."""
-    if shared is None or len(unit) < 2:
-        for item in unit:
-            yield run_item(fn, store, item, options, operation)
-        return
+def run_shared(
+    shared: SharedFn, store: Store, unit: list[WorkItem], options: dict[str, Any], operation: str
+) -> list[PartitionResult]:
+    """A job's shared part on the partitions of one topic log, failures as their rows."""
     started = time.monotonic()
     try:
-        first = {r.partition: r for r in shared(store, unit, options)}
+        rows = shared(store, unit, options)
     except Exception as exc:  # as run_item: reported against the partitions, not raised
-        for item in unit:
-            yield _failed(item, operation, exc)
-        return
-    share = (time.monotonic() - started) / len(unit)
-    for item in unit:
-        later = run_item(fn, store, item, options, operation)
-        row = first.get(item.partition)
-        if row is None:
-            yield later
-            continue
-        row.elapsed_s = share
-        yield row.followed_by(later)
+        rows = [_failed(item, operation, exc) for item in unit]
+    for row in rows:
+        row.elapsed_s = (time.monotonic() - started) / len(unit)
+    return rows
 
 
 def open_store(store_url: str | Store, storage_options: Mapping[str, Any] | None) -> Store:
@@ -444,35 +418,89 @@ def run_partitions(
     shared: SharedFn | None = None,
 ) -> tuple[list[PartitionResult], int]:
     """Run ``fn`` on every item: in Spark tasks (one per group of items) when ``spark`` is a
-    session, else here. ``shared``: the part of the job that the partitions of one layout-3
-    topic log share (:func:`run_unit`); they then run in one task. Returns the result rows
-    and the number of tasks."""
+    session, else here. Returns the result rows and the number of tasks.
+
+    ``shared``: the part of the job that the partitions of one layout-3 topic log share (the
+    merge's rewrite of data objects). It runs first, once per topic log (one task each), then
+    ``fn`` on every partition as without it, spread over the tasks; a partition's row holds
+    both parts. A partition whose shared part failed is not run again: its row says why."""
     if not items:
         return [], 0
-    units = units_of(items, shared)
+    first: dict[tuple[str, int], PartitionResult] = {}
+    n_shared = 0
+    if shared is not None:
+        part = shared
+        rows, n_shared = _fan_out(
+            spark,
+            store,
+            topic_logs_of(items),
+            lambda s, unit: run_shared(part, s, unit, options, operation),
+            operation=operation,
+            tasks=tasks,
+            progress=None,
+        )
+        first = {(row.topic, row.partition): row for row in rows}
+    failed = {key for key, row in first.items() if row.outcome in ("error", "conflict")}
+    rest = [item for item in items if (item.topic, item.partition) not in failed]
+    rows, n = _fan_out(
+        spark,
+        store,
+        rest,
+        lambda s, item: [run_item(fn, s, item, options, operation)],
+        operation=operation,
+        tasks=tasks,
+        progress=progress,
+    )
+    own = {(row.topic, row.partition): row for row in rows}
+    results = []
+    for item in items:  # in the items' order, as without a shared part
+        key = (item.topic, item.partition)
+        before, after = first.get(key), own.get(key)
+        if after is None:
+            if before is not None:
+                results.append(before)
+        else:
+            results.append(after if before is None else before.followed_by(after))
+    return results, max(n, n_shared)
+
+
+def _fan_out(
+    spark: Any,
+    store: Store,
+    work: Sequence[Any],
+    run_one: Callable[[Store, Any], list[PartitionResult]],
+    *,
+    operation: str,
+    tasks: int | None,
+    progress: Progress | None,
+) -> tuple[list[PartitionResult], int]:
+    """``run_one`` on every piece of ``work`` (a partition, or a topic log's partitions): in
+    Spark tasks when ``spark`` is a session, else here, one after the other."""
+    if not work:
+        return [], 0
     if spark is None:
         results = []
-        for unit in units:
-            for result in run_unit(fn, shared, store, unit, options, operation):
+        for piece in work:
+            for result in run_one(store, piece):
                 results.append(result)
                 if progress is not None:
                     progress(
-                        f"[{operation}] {len(results)}/{len(items)} {result.topic}-"
+                        f"[{operation}] {len(results)}/{len(work)} {result.topic}-"
                         f"{result.partition}: {result.outcome}"
                         f"{': ' + result.reason if result.reason else ''}"
                     )
         return results, 1
-    n = max(1, min(tasks or default_tasks(spark, len(units)), len(units)))
+    n = max(1, min(tasks or default_tasks(spark, len(work)), len(work)))
     # Round robin, so that every task gets partitions of every topic: sizes are unknown on the
     # driver (it reads no partition manifest) and neighbours in a topic tend to be alike.
-    groups = [units[i::n] for i in range(n)]
+    groups = [work[i::n] for i in range(n)]
     url, storage_options = store.url, dict(store.storage.storage_options)
 
     def task(group_ids: Iterable[int]) -> Iterator[str]:
         executor_store = open_store(url, storage_options)
         for group_id in group_ids:
-            for unit in groups[group_id]:
-                for result in run_unit(fn, shared, executor_store, unit, options, operation):
+            for piece in groups[group_id]:
+                for result in run_one(executor_store, piece):
                     yield result.to_json()
 
     try:

@@ -625,3 +625,27 @@ def test_a_window_takes_each_partitions_ranges_in_offset_order_even_when_names_a
         {0: [[b, a]], 1: [[b]]},
         {0: [[c]], 1: [[c]]},
     ]
+
+
+@pytest.mark.parametrize("target", FAST)
+def test_a_missing_data_object_fails_the_merge_of_its_topic_log_and_nothing_else(
+    target: str, request: pytest.FixtureRequest
+) -> None:
+    """A data object gone from storage: the merge of its topic log's partitions reports the
+    missing object against each of them and commits nothing there; another topic merges."""
+    where: Target = request.getfixturevalue(target)
+    store = open_store(where)
+    store.create_topic("broken", 3)
+    store.create_topic("fine", 3)
+    _produce_flushes(store, "broken", 3, 2)
+    _produce_flushes(store, "fine", 3, 2)
+    lost = store.partition("broken", 0).state().segments[-1].path
+    store.storage.delete([object_location(store, "broken", lost)])
+    versions = store.partition("broken", 0).state().version
+    summary = merge_segments(None, open_store(where), verbose=False)
+    rows = {(row.topic, row.partition): row for row in summary.partitions}
+    for p in range(3):
+        assert rows[("broken", p)].outcome == "error"
+        assert "MissingSegmentError" in rows[("broken", p)].reason
+        assert rows[("fine", p)].outcome == "committed"
+    assert open_store(where).partition("broken", 0).state().version == versions
