@@ -132,6 +132,30 @@ def _horizon(
     return max(horizons) if horizons else None
 
 
+def _write_merged(
+    part: Partition,
+    state: PartitionState,
+    group: list[Segment],
+    tables: list[pa.Table],
+    config: Mapping[str, Any],
+    now: int,
+) -> tuple[SegmentFile, int | None, float]:
+    """The merged segment of ``group`` (whose records are ``tables``), written: its file, its
+    delete horizon, and when its write started (``time.monotonic()``, for the commit
+    deadline: a slow write counts too)."""
+    written_at = time.monotonic()
+    written = write_segment(
+        part.storage,
+        part.directory,
+        pa.concat_tables(tables),
+        compression=_codec(config),
+        fmt=FORMAT_PARQUET,
+        layout=part.layout,
+    )
+    first_seen = delete_horizon(now, int(config["delete.retention.ms"]))
+    return written, _horizon(group, tables, state.cleaned_offset, first_seen), written_at
+
+
 def _read_group(part: Partition, group: list[Segment]) -> list[pa.Table]:
     """The group's records. On an object store its files are fetched together (the ranges of
     one data object in one coalesced request, objects and files concurrently) rather than one
@@ -165,7 +189,6 @@ def rewrite_ranges(
     shared = topic_log.state()
     now = now_ms(options)
     config = items[0].config
-    codec = _codec(config)
     queues: dict[int, list[list[Segment]]] = {}
     for item in items:
         state = shared.partition(item.partition)
@@ -183,17 +206,7 @@ def rewrite_ranges(
             part, state = parts[p], shared.partition(p)
             for run in runs:
                 tables = [part.read_segment(seg, data=data.get((p, seg.path))) for seg in run]
-                written_at = time.monotonic()  # before the write: a slow write counts too
-                new = write_segment(
-                    part.storage,
-                    part.directory,
-                    pa.concat_tables(tables),
-                    compression=codec,
-                    fmt=FORMAT_PARQUET,
-                    layout=part.layout,
-                )
-                first_seen = delete_horizon(now, int(config["delete.retention.ms"]))
-                horizon = _horizon(run, tables, state.cleaned_offset, first_seen)
+                new, horizon, written_at = _write_merged(part, state, run, tables, config, now)
                 written.setdefault(p, []).append((run, new, horizon, written_at))
         landed = _commit_window(topic_log, written, now)
         for p, done in written.items():
@@ -364,20 +377,9 @@ def merge_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> Pa
             "dropped (the new files' size is known once written)"
         )
         return result
-    codec = _codec(item.config)
     for number, group in enumerate(groups):
         tables = _read_group(part, group)
-        written_at = time.monotonic()  # before the write: a slow write counts too
-        written = write_segment(
-            part.storage,
-            part.directory,
-            pa.concat_tables(tables),
-            compression=codec,
-            fmt=FORMAT_PARQUET,
-            layout=part.layout,
-        )
-        first_seen = delete_horizon(now, int(item.config["delete.retention.ms"]))
-        horizon = _horizon(group, tables, state.cleaned_offset, first_seen)
+        written, horizon, written_at = _write_merged(part, state, group, tables, item.config, now)
         if not _replace(part, group, written, horizon, now, OPERATION, written_at=written_at):
             result.outcome = "conflict"
             result.reason = (

@@ -16,7 +16,6 @@ from typing import Any
 
 from kstore.errors import CommitConflictError, ConcurrentModificationError
 from kstore.manifest import PartitionState, Segment
-from kstore.segments import FORMAT_PARQUET
 from kstore.store import Store, TopicMetadata
 
 from .publish import is_table_file
@@ -60,12 +59,11 @@ def merge_tail(store: Store, meta: TopicMetadata, now_ms: int | None = None) -> 
     to the next publication."""
     import time
 
-    import pyarrow as pa
-    from kstore.compaction.cleaner import _codec, _replace, delete_horizon
+    from kstore.compaction.cleaner import _replace
     from kstore.compaction.jobs import WorkItem
-    from kstore.compaction.merger import _horizon, _read_group
+    from kstore.compaction.merger import _read_group, _write_merged
 
-    from kstore.segments import layout_of, write_segment
+    from kstore.segments import layout_of
 
     config = meta.effective_config
     replaced = 0
@@ -76,17 +74,7 @@ def merge_tail(store: Store, meta: TopicMetadata, now_ms: int | None = None) -> 
         now = int(time.time() * 1000) if now_ms is None else now_ms
         for group in tail_groups(state, config):
             tables = _read_group(part, group)
-            written_at = time.monotonic()
-            written = write_segment(
-                part.storage,
-                part.directory,
-                pa.concat_tables(tables),
-                compression=_codec(config),
-                fmt=FORMAT_PARQUET,
-                layout=part.layout,
-            )
-            first_seen = delete_horizon(now, int(config["delete.retention.ms"]))
-            horizon = _horizon(group, tables, state.cleaned_offset, first_seen)
+            written, horizon, written_at = _write_merged(part, state, group, tables, config, now)
             try:
                 landed = _replace(
                     part, group, written, horizon, now, "merge", written_at=written_at
