@@ -151,7 +151,9 @@ class PartitionResult:
         if later.outcome in ("error", "conflict"):
             outcome = later.outcome
         elif "committed" in (self.outcome, later.outcome):
-            outcome = "committed"
+            outcome = "committed"  # a failed first part whose work the second part did
+        elif self.outcome in ("error", "conflict"):
+            outcome = self.outcome
         else:
             outcome = later.outcome
         return PartitionResult(
@@ -423,7 +425,8 @@ def run_partitions(
     ``shared``: the part of the job that the partitions of one layout-3 topic log share (the
     merge's rewrite of data objects). It runs first, once per topic log (one task each), then
     ``fn`` on every partition as without it, spread over the tasks; a partition's row holds
-    both parts. A partition whose shared part failed is not run again: its row says why."""
+    both parts. A shared part that fails changes nothing else: each partition's own part
+    still runs (the merge's takes the ranges left), and the failure is in the row's reason."""
     if not items:
         return [], 0
     first: dict[tuple[str, int], PartitionResult] = {}
@@ -440,27 +443,19 @@ def run_partitions(
             progress=None,
         )
         first = {(row.topic, row.partition): row for row in rows}
-    failed = {key for key, row in first.items() if row.outcome in ("error", "conflict")}
-    rest = [item for item in items if (item.topic, item.partition) not in failed]
     rows, n = _fan_out(
         spark,
         store,
-        rest,
+        items,
         lambda s, item: [run_item(fn, s, item, options, operation)],
         operation=operation,
         tasks=tasks,
         progress=progress,
     )
-    own = {(row.topic, row.partition): row for row in rows}
     results = []
-    for item in items:  # in the items' order, as without a shared part
-        key = (item.topic, item.partition)
-        before, after = first.get(key), own.get(key)
-        if after is None:
-            if before is not None:
-                results.append(before)
-        else:
-            results.append(after if before is None else before.followed_by(after))
+    for row in rows:
+        before = first.get((row.topic, row.partition))
+        results.append(row if before is None else before.followed_by(row))
     return results, max(n, n_shared)
 
 

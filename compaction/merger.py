@@ -44,7 +44,7 @@ from kstore.segments import (
     write_segment,
 )
 from kstore.store import Store
-from kstore.topic_log import TopicLog
+from kstore.topic_log import TopicLog, TopicLogState
 
 from .cleaner import (
     _codec,
@@ -196,6 +196,33 @@ def rewrite_ranges(
         queues[item.partition] = [
             run for group in plan_merge(state, config) for run in _runs_of_ranges(group)
         ]
+    try:
+        _rewrite_windows(store, topic_log, shared, parts, queues, rows, config, now)
+    except Exception as exc:  # the partitions' own merges, which follow, take what is left
+        for row in rows.values():
+            row.outcome = "error"
+            row.reason = f"rewriting the ranges together failed ({type(exc).__name__}: {exc})"
+        return list(rows.values())
+    for row in rows.values():
+        if row.outcome == "committed":
+            row.reason = (
+                f"rewrote {row.segments_removed} ranges of data objects into "
+                f"{row.segments_written} segments, with the topic log's other partitions"
+            )
+    return list(rows.values())
+
+
+def _rewrite_windows(
+    store: Store,
+    topic_log: TopicLog,
+    shared: TopicLogState,
+    parts: dict[int, Partition],
+    queues: dict[int, list[list[Segment]]],
+    rows: dict[int, PartitionResult],
+    config: Mapping[str, Any],
+    now: int,
+) -> None:
+    """:func:`rewrite_ranges`' windows, one after the other, counted in ``rows``."""
     window = 0
     while any(queues.values()):
         window += 1
@@ -229,13 +256,6 @@ def rewrite_ranges(
                 row.bytes_after += new.size_bytes - sum(seg.size_bytes for seg in run)
         if landed is None:
             break
-    for row in rows.values():
-        if row.outcome == "committed":
-            row.reason = (
-                f"rewrote {row.segments_removed} ranges of data objects into "
-                f"{row.segments_written} segments, with the topic log's other partitions"
-            )
-    return list(rows.values())
 
 
 def _fetch(

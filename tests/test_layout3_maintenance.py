@@ -19,6 +19,7 @@ from kstore.compaction.jobs import plan_items
 from kstore.retention import run_retention, vacuum
 
 from kstore import Store
+from kstore.errors import StorageError
 from kstore.layout import topic_data_dir
 from kstore.log import decode_commit, parse_log_file_name
 from kstore.partition import Segment
@@ -649,3 +650,30 @@ def test_a_missing_data_object_fails_the_merge_of_its_topic_log_and_nothing_else
         assert "MissingSegmentError" in rows[("broken", p)].reason
         assert rows[("fine", p)].outcome == "committed"
     assert open_store(where).partition("broken", 0).state().version == versions
+
+
+@pytest.mark.parametrize("target", FAST)
+def test_when_rewriting_a_topic_logs_ranges_together_fails_each_partition_merges_alone(
+    target: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read of the shared part fails (a storage error): the partitions' own merges still
+    take every range, and each row says what failed."""
+    where: Target = request.getfixturevalue(target)
+    store = open_store(where)
+    store.create_topic("flaky", 3)
+    _produce_flushes(store, "flaky", 3, 4)
+    before = {p: values(store, "flaky", p) for p in range(3)}
+
+    def fail(*_: object, **__: object) -> None:
+        raise StorageError("injected: the storage did not answer")
+
+    monkeypatch.setattr(merger, "read_object_ranges", fail)
+    summary = merge_segments(None, open_store(where), verbose=False)
+    assert summary.count("committed") == 3
+    for row in summary.partitions:
+        assert "rewriting the ranges together failed (StorageError: injected" in row.reason
+    fresh = open_store(where)
+    for p in range(3):
+        (segment,) = fresh.partition("flaky", p).state().segments
+        assert segment.byte_range is None
+        assert values(fresh, "flaky", p) == before[p]
