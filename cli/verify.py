@@ -465,6 +465,7 @@ def _verify_layout3(
     incarnation = topic_data_dir(meta.name, meta.topic_id)
     replays: dict[int, dict[int, Any] | None] = {}  # topic log index -> its replay
     named_sidecars: set[str] = set()
+    log_files: dict[str, FileInfo] = {}  # commit files by manifest path (_log/<version>.json)
     logs = store.topic_logs(meta.name, meta)
     for topic_log in logs:
         directory = topic_log.directory
@@ -475,6 +476,8 @@ def _verify_layout3(
             )
             for info in storage.list_dir(directory):
                 parsed = parse_log_file_name(info.name)
+                if parsed is not None and not parsed[1]:  # a commit may carry ranges (11.8)
+                    log_files[f"{directory.rsplit('/', 1)[-1]}/{info.name}"] = info
                 if parsed is None or not parsed[1]:
                     continue
                 path = f"{directory}/{info.name}"
@@ -491,12 +494,15 @@ def _verify_layout3(
             topic_out.error(f"the topic log cannot be read: {_short(exc)}", directory)
             replays[topic_log.index] = None
     try:
-        objects = {info.name: info for info in _entries(storage, f"{incarnation}/_data")}
+        objects = {
+            f"{DATA_PREFIX}{info.name}": info for info in _entries(storage, f"{incarnation}/_data")
+        }
         sidecars = _entries(storage, f"{incarnation}/{SIDECARS}")
     except KStoreError as exc:
         topic_out.error(f"the topic's data objects cannot be listed: {_short(exc)}", incarnation)
         return
     named_objects: set[str] = set()
+    ranged_files = {**objects, **log_files}  # what a range may name: data objects, commits
     empty = _summary(PartitionState())
     for number in range(meta.partitions):
         out = _Collector(report, number)
@@ -523,7 +529,7 @@ def _verify_layout3(
             if p.startswith(DATA_PREFIX)
         )
         _check_manifest(state, partition, out)
-        missing = _check_files(store, partition, state, out, objects)
+        missing = _check_files(store, partition, state, out, ranged_files)
         for seg in state.segments:
             report.segments += 1
             report.records += seg.record_count
@@ -534,12 +540,13 @@ def _verify_layout3(
                 if progress is not None:  # the bytes were planned: the bar still completes
                     progress(seg.size_bytes)
     for name in sorted(objects):
-        if f"{DATA_PREFIX}{name}" not in named_objects:
+        if name not in named_objects:
             topic_out.warning(
                 "data object no partition names, live or removed (a flush that never "
                 "committed, a duplicate batch, or one still committing)",
-                f"{incarnation}/_data/{name}",
+                f"{incarnation}/{name}",
             )
+
     for info in sorted(sidecars, key=lambda i: i.name):
         if f"{SIDECARS}/{info.name}" not in named_sidecars:
             topic_out.warning(
@@ -601,7 +608,8 @@ def _check_files(
     objects: dict[str, FileInfo] | None = None,
 ) -> set[str]:
     """Live segments against the storage listing, and files in ``segments/`` that nothing
-    names. ``objects``: layout 3's data objects by name (``_data/`` listed once per topic).
+    names. ``objects``: what layout 3's ranges name, by manifest path: the data objects
+    (``_data/`` listed once per topic) and the commit files (which may carry data).
     Returns the manifest paths of live segments found missing (not worth reading)."""
     from kstore.errors import KStoreError
     from kstore.manifest import DATA_PREFIX, segment_location
@@ -618,17 +626,18 @@ def _check_files(
         path = segment_location(partition.directory, seg.path)
         if seg.byte_range is not None:
             start, length = seg.byte_range
-            found = (objects or {}).get(seg.path.removeprefix(DATA_PREFIX))
+            found = (objects or {}).get(seg.path)
+            what = "data object" if seg.path.startswith(DATA_PREFIX) else "commit file"
             if found is None:
                 missing.add(seg.path)
                 out.error(
-                    f"data object is missing from storage (range {start}+{length} of this "
+                    f"{what} is missing from storage (range {start}+{length} of this "
                     "partition)",
                     path,
                 )
             elif found.size < start + length:
                 out.error(
-                    f"data object is {found.size} bytes, the range {start}+{length} ends at "
+                    f"{what} is {found.size} bytes, the range {start}+{length} ends at "
                     f"{start + length}",
                     path,
                 )

@@ -42,13 +42,19 @@ from kstore.storage import Storage, unique_id
 
 log = logging.getLogger(__name__)
 
-READER_VERSION = 4  # highest minReaderVersion this code can read
-WRITER_VERSION = 5  # highest minWriterVersion this code can write
+READER_VERSION = 5  # highest minReaderVersion this code can read
+WRITER_VERSION = 6  # highest minWriterVersion this code can write
 # Version 2 adds typed topics (PROTOCOL.md 25); only the logs of typed topics require it, so
 # every other log stays readable by version-1 readers.
 TYPED_TOPICS_VERSION = 2
 # Version 3 adds layout 3 (PROTOCOL.md 26): topic logs shared by partitions, data objects.
 # Version 4 adds incremental checkpoints of topic logs (13.4): chains of compressed sidecars.
+# Version 5 (writer 6) adds commits that carry their flush's data (11.8).
+CARRIED_DATA_VERSION = 5
+CARRIED_DATA_WRITER_VERSION = 6
+# A ranged add whose path is this names the data a commit carries, by ranges counted from the
+# data's start: Log.commit rewrites it into the commit file's own path and the file's offsets.
+CARRIED = "<carried>"
 LAST_CHECKPOINT = "_last_checkpoint"
 MAX_LOG_FILE_BYTES = 256 * 1024 * 1024  # a limit on everything: refuse absurd files early
 # A state not confirmed as the newest for this long is reloaded from a checkpoint before it is
@@ -212,12 +218,46 @@ def encode_commit(actions: Sequence[Action], info: dict[str, Any]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+def encode_carrying_commit(
+    actions: Sequence[Action], info: dict[str, Any], data: bytes | memoryview, path: str
+) -> tuple[list[Action], bytes]:
+    """A commit that carries ``data`` (PROTOCOL.md 7.1, 11.8): its text, spaces up to
+    ``dataOffset``, then the data. The ranged adds of ``actions`` whose path is
+    :data:`CARRIED` count from the data's start; they come back naming ``path`` (the commit
+    file, relative to the incarnation directory) with ranges counted from the file's start.
+    The offset is written in the text it follows, so it is found in a few passes: the
+    smallest that fits the text it makes."""
+    size = len(data)
+    if size < 1:
+        raise ValueError("a commit carries at least one byte of data")
+    offset = 0
+    while True:
+        placed = [_placed(a, path, offset) for a in actions]
+        text = encode_commit(placed, {**info, "dataOffset": offset, "dataBytes": size})
+        if len(text) <= offset:
+            return placed, b"".join((text, b" " * (offset - len(text)), data))
+        # Ranges and the offset only grow with it: each pass leaves room for their digits.
+        offset = len(text) + 8 * (len(actions) + 1)
+
+
+def _placed(action: Action, path: str, offset: int) -> Action:
+    body = action.get("add")
+    if body is None or body.get("path") != CARRIED:
+        return action
+    start, length = body["range"]
+    return {"add": {**body, "path": path, "range": [offset + start, length]}}
+
+
 def decode_commit(
     data: bytes, where: str
 ) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
-    """Parse a commit file into (commitInfo, [(action name, body)]); CorruptLogError if bad."""
+    """Parse a commit file into (commitInfo, [(action name, body)]); CorruptLogError if bad.
+    A commit that carries data (PROTOCOL.md 7.1) is parsed from its text alone."""
     if len(data) > MAX_LOG_FILE_BYTES:
         raise CorruptLogError(f"{where}: {len(data)} bytes exceeds the {MAX_LOG_FILE_BYTES} limit")
+    offset = carried_data_offset(data, where)
+    if offset is not None:
+        data = data[:offset].rstrip(b" ")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -242,6 +282,38 @@ def decode_commit(
             raise CorruptLogError(f"{where}: line {number}: action {name!r} body is not an object")
         actions.append((name, body))
     return _checked_commit(actions, where)
+
+
+def carried_data_offset(data: bytes, where: str) -> int | None:
+    """Where the data a commit file carries starts (``commitInfo.dataOffset``, checked against
+    the file: PROTOCOL.md 7.1), or None for a commit without data."""
+    end = data.find(b"\n")
+    first = data[: end if end >= 0 else len(data)]
+    if b'"dataOffset"' not in first:
+        return None
+    try:
+        info = json.loads(first)["commitInfo"]
+    except (ValueError, KeyError, TypeError):
+        raise CorruptLogError(f"{where}: first line must be commitInfo") from None
+    if not isinstance(info, dict) or "dataOffset" not in info:
+        return None  # the words in some other field's value: the usual checks follow
+    offset, size = info.get("dataOffset"), info.get("dataBytes")
+    if not (
+        type(offset) is int and type(size) is int and size >= 1 and 0 < offset <= len(data)
+    ):
+        raise CorruptLogError(
+            f"{where}: commitInfo's dataOffset {offset!r} and dataBytes {size!r} do not name a "
+            "data section"
+        )
+    if offset + size != len(data):
+        raise CorruptLogError(
+            f"{where}: {len(data)} bytes, but commitInfo announces a data section of {size} "
+            f"bytes at {offset} (truncated or altered file)"
+        )
+    text_end = data.rfind(b"\n", 0, offset) + 1
+    if data[text_end:offset].strip(b" "):
+        raise CorruptLogError(f"{where}: the bytes between the text and the data are not spaces")
+    return offset
 
 
 def _decode_lines_at_once(text: str) -> list[tuple[str, dict[str, Any]]] | None:
@@ -396,6 +468,9 @@ class Log(Generic[S]):
                     next_state = state.copy()  # type: ignore[assignment]
                     assert next_state is not None
                 info, actions = decode_commit(data, self.describe(version + 1 + offset))
+                if "dataOffset" in info:
+                    # Its ranges are about to be read: from these bytes, not a GET each.
+                    self.storage.remember(path, data)
                 self._apply_commit(next_state, version + 1 + offset, info, actions)
                 applied += 1
             version += applied
@@ -486,6 +561,7 @@ class Log(Generic[S]):
         info: dict[str, Any],
         actions: list[tuple[str, dict[str, Any]]],
     ) -> None:
+        self._check_carried(version, info, actions)
         try:
             for name, body in actions:
                 state.apply(name, body)
@@ -499,6 +575,38 @@ class Log(Generic[S]):
         ts = info.get("timestamp")
         if isinstance(ts, int):
             state.last_commit_ms = ts
+
+    def _check_carried(
+        self, version: int, info: dict[str, Any], actions: list[tuple[str, dict[str, Any]]]
+    ) -> None:
+        """A commit's ranges of a commit file name its own file, inside the data it carries
+        (PROTOCOL.md 11.8); a checkpoint carries them on unchanged, so only commits are
+        checked."""
+        offset, size = info.get("dataOffset"), info.get("dataBytes")
+        own = self.carried_path(version)
+        for name, body in actions:
+            if name != "add" or not isinstance(body.get("path"), str):
+                continue
+            path = body["path"]
+            if not path.startswith("_log"):
+                continue
+            span = body.get("range")
+            if path != own or not isinstance(offset, int) or not isinstance(size, int):
+                raise CorruptLogError(
+                    f"{self.describe(version)}: add names {path!r}, which is not data this "
+                    "commit carries"
+                )
+            if not (
+                isinstance(span, list)
+                and len(span) == 2
+                and all(type(v) is int for v in span)
+                and offset <= span[0]
+                and span[0] + span[1] <= offset + size
+            ):
+                raise CorruptLogError(
+                    f"{self.describe(version)}: add range {span!r} lies outside the data this "
+                    f"commit carries (bytes {offset} to {offset + size})"
+                )
 
     def _load_checkpoint(self) -> S:
         hint = self.storage.read_if_exists(self._path(LAST_CHECKPOINT))
@@ -583,6 +691,7 @@ class Log(Generic[S]):
         info: dict[str, Any] | None = None,
         written_at: float | None = None,
         background_checkpoint: bool = False,
+        data: bytes | memoryview | None = None,
     ) -> CommitResult[S] | None:
         """Build a commit from the newest state and publish it as the next version.
 
@@ -599,6 +708,10 @@ class Log(Generic[S]):
         ``background_checkpoint``: a checkpoint due at the new version is written by a
         background thread (:func:`wait_for_checkpoints`), so the commit returns as soon as it
         has landed: a producer's acknowledgement does not wait for a checkpoint's writes.
+
+        ``data``: bytes the commit carries (PROTOCOL.md 11.8), named by ranged adds whose path
+        is :data:`CARRIED`; each attempt names its own version's file. Only a log at reader
+        version 5 and writer version 6 takes them.
         """
         self.storage.check_writable()
         if state.stale():
@@ -630,6 +743,11 @@ class Log(Generic[S]):
             # Apply the actions to a copy *before* publishing: a commit that does not apply (an
             # add overlapping a live segment, a remove of a segment already gone) must never
             # land, or every later reader of the log would fail on it for good.
+            payload: bytes | None = None
+            if data is not None:
+                actions, payload = encode_carrying_commit(
+                    actions, meta, data, self.carried_path(version)
+                )
             new_state: S = state.copy()  # type: ignore[assignment]
             self.descend(new_state)
             try:
@@ -640,10 +758,13 @@ class Log(Generic[S]):
                     f"{self.storage.display_url}/{self.directory}: {operation} commit does not apply to "
                     f"version {state.version}; nothing was written ({exc})"
                 ) from None
+            if data is not None:  # by the versions the commit leaves (a new log's first sets them)
+                check_carries_data(new_state, self.describe(version))
             new_state.stamp(version)
             new_state.last_commit_ms = meta["timestamp"]
             new_state.confirmed_at = time.monotonic()
-            payload = encode_commit(actions, meta)
+            if payload is None:
+                payload = encode_commit(actions, meta)
             # Checked last, after the build: a pause anywhere before this point counts.
             if written_at is not None and self.retry.too_old(written_at):
                 raise StaleWriteError(
@@ -670,6 +791,11 @@ class Log(Generic[S]):
                 )
             time.sleep(self.retry.backoff(min(attempt, 10)))
             state = self.update(self._advanced(state, version, winner))
+
+    def carried_path(self, version: int) -> str:
+        """The path by which a ranged add names data that ``version``'s commit file carries:
+        relative to the directory that holds this log (a topic log's incarnation directory)."""
+        return f"{self.directory.rsplit('/', 1)[-1]}/{version_file(version)}"
 
     def _publish(
         self,
@@ -866,6 +992,19 @@ def check_writer_version(state: LogState) -> None:
         raise UnsupportedFormatVersionError(
             f"log requires writer version {state.min_writer_version}; this kstore {__version__} "
             f"writes up to {WRITER_VERSION}: upgrade kstore to write here"
+        )
+
+
+def check_carries_data(state: LogState, where: str) -> None:
+    """A commit may carry data only in a log at reader version 5 and writer version 6."""
+    if (
+        state.min_reader_version < CARRIED_DATA_VERSION
+        or state.min_writer_version < CARRIED_DATA_WRITER_VERSION
+    ):
+        raise ValueError(
+            f"{where}: a commit that carries data needs a log at reader version "
+            f"{CARRIED_DATA_VERSION} and writer version {CARRIED_DATA_WRITER_VERSION}; this log "
+            f"is at {state.min_reader_version}/{state.min_writer_version}"
         )
 
 

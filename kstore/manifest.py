@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import operator
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,15 +22,31 @@ from kstore.log import Action, LogState
 
 # Layout 3's data objects live in the topic incarnation directory, beside the partitions.
 DATA_PREFIX = "_data/"
-PRODUCER_EXPIRATION_MS = 86_400_000
+PRODUCER_EXPIRATION_MS = 86_400_000  # Kafka's producer.id.expiration.ms default: one day
+
+
+# Layout 3 at version 5: a range of the data a commit file carries names that file (11.8).
+_CARRIED_PATH = re.compile(r"_log(?:\.[1-9][0-9]*)?/[0-9]{20}\.json")
+
+
+def is_carried_path(path: str) -> bool:
+    """Whether a ranged add's path names a commit file of a topic log (PROTOCOL.md 11.8)."""
+    return _CARRIED_PATH.fullmatch(path) is not None
+
+
+def in_incarnation(path: str) -> bool:
+    """Whether a manifest path lives in the topic incarnation directory: a data object or a
+    commit file that carries data (else it is in the partition directory)."""
+    return path.startswith(DATA_PREFIX) or is_carried_path(path)
 
 
 def segment_location(partition_dir: str, path: str) -> str:
-    """Where a manifest path lives: a data object in the topic incarnation directory (the
-    partition directory's parent), anything else in the partition directory."""
-    if path.startswith(DATA_PREFIX):
+    """Where a manifest path lives: a data object, or a commit file that carries data, in the
+    topic incarnation directory (the partition directory's parent), anything else in the
+    partition directory."""
+    if path.startswith((DATA_PREFIX, "_log")):
         return f"{partition_dir.rsplit('/', 1)[0]}/{path}"
-    return f"{partition_dir}/{path}"  # Kafka's producer.id.expiration.ms default: one day
+    return f"{partition_dir}/{path}"
 
 
 _BASE_OFFSET = operator.attrgetter("base_offset")
@@ -154,7 +171,9 @@ class Segment:
             byte_range=byte_range,
         )
         prefix = "segments/" if byte_range is None else DATA_PREFIX
-        if not seg.path.startswith(prefix) or ".." in seg.path or "\\" in seg.path:
+        if (
+            not seg.path.startswith(prefix) or ".." in seg.path or "\\" in seg.path
+        ) and not (byte_range is not None and is_carried_path(seg.path)):
             raise CorruptLogError(f"add: illegal segment path {seg.path!r}")
         if byte_range is not None and (byte_range[1] != seg.size_bytes or seg.format != "arrow"):
             raise CorruptLogError(

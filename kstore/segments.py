@@ -375,7 +375,25 @@ def write_data_object(
 ) -> dict[int, SegmentFile]:
     """Layout 3: write the records of several partitions as ONE data object, each partition's
     records a dense arrow segment at its own byte range (PROTOCOL.md 11.7). Returns, per
-    partition, the description of its range (not yet committed).
+    partition, the description of its range (not yet committed)."""
+    name = f"{DATA_PREFIX}{int(time.time() * 1000):013d}-{unique_id()}.kdat"
+    data, out = encode_data_object(parts, name, compression=compression)
+    view = memoryview(data)
+    storage.put_new(
+        f"{incarnation_dir}/{name}", view if storage.is_local else view.tobytes(), durable=durable
+    )
+    return out
+
+
+def encode_data_object(
+    parts: Sequence[tuple[int, pa.Table, Layout]],
+    path: str,
+    *,
+    compression: str = "uncompressed",
+) -> tuple[pa.Buffer | bytes, dict[int, SegmentFile]]:
+    """The bytes of a data object holding ``parts`` (PROTOCOL.md 11.7), and per partition the
+    description of its range, named ``path``: a data object's name, or the placeholder of the
+    data a commit carries (11.8), whose ranges count from the data's start as well.
 
     This runs once per producer flush for every partition the flush touches, so its cost per
     partition is kept to the encoding itself: a table already in the layout's schema is not
@@ -387,7 +405,6 @@ def write_data_object(
             f"unknown segment compression {compression!r}; use {sorted(COMPRESSIONS)}"
         )
     options = ipc.IpcWriteOptions(compression=COMPRESSIONS[compression])
-    name = f"{DATA_PREFIX}{int(time.time() * 1000):013d}-{unique_id()}.kdat"
     buffers: list[pa.Buffer] = []
     out: dict[int, SegmentFile] = {}
     position = 0
@@ -410,7 +427,7 @@ def write_data_object(
         buf = sink.getvalue()
         buffers.append(buf)
         out[partition] = SegmentFile(
-            path=name,
+            path=path,
             record_count=table.num_rows,
             min_timestamp_ms=min_ts,
             max_timestamp_ms=max_ts,
@@ -422,11 +439,7 @@ def write_data_object(
         )
         position += buf.size
     data = b"".join(memoryview(b) for b in buffers) if len(buffers) > 1 else buffers[0]
-    view = memoryview(data)
-    storage.put_new(
-        f"{incarnation_dir}/{name}", view if storage.is_local else view.tobytes(), durable=durable
-    )
-    return out
+    return data, out
 
 
 def decode_segment(

@@ -38,18 +38,21 @@ from kstore.errors import (
     TopicUpgradedError,
     UnknownTopicOrPartitionError,
 )
+from kstore.log import CARRIED, CARRIED_DATA_VERSION, CARRIED_DATA_WRITER_VERSION
 from kstore.partition import ProducerBatch
 from kstore.partitioner import NO_PARTITION, Partitioner, StickyPartitioner
 from kstore.schema import key_bytes
 from kstore.segments import (
     TIMESTAMP_TYPE,
     SegmentFile,
+    encode_data_object,
     fixed_array,
     numpy_values,
     write_data_object,
 )
 from kstore.storage import Storage
-from kstore.store import Store
+from kstore.store import DELETED_WRITER_VERSION, Store
+from kstore.topic_log import TopicLogState
 from kstore.transaction_manager import _Transaction
 
 log = logging.getLogger("kstore.producer")
@@ -66,6 +69,28 @@ def _in_flight_default(storage: Storage, durable: bool) -> int:
     affinity = getattr(os, "sched_getaffinity", None)
     cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
     return min(8, cores)
+
+
+@dataclass(frozen=True)
+class _Data:
+    """One topic log's part of a flush, ready to commit: its ranges; when the data object's
+    write started (by the retry policy's clock, which bounds how long it may wait for its
+    commit); or, instead of a data object, the bytes the commit carries."""
+
+    files: dict[int, SegmentFile]
+    written_at: float
+    carried: bytes | None
+
+
+def _carries_data(state: TopicLogState) -> bool:
+    """Whether a commit to this topic log may carry its data: the log exists (its first
+    commit sets its versions) at reader version 5 and writer version 6."""
+    return (
+        state.version >= 0
+        and state.min_reader_version >= CARRIED_DATA_VERSION
+        and state.min_writer_version >= CARRIED_DATA_WRITER_VERSION
+        and state.min_writer_version < DELETED_WRITER_VERSION
+    )
 
 
 @dataclass(eq=False)
@@ -297,7 +322,7 @@ class Sender:
         # log: only commits must keep their order, so this delivery's upload overlaps that
         # delivery's commit (on an object store, one request of latency per flush). Failing
         # here is not final: the write is retried with the commit below.
-        early: tuple[dict[int, SegmentFile], float] | None = None
+        early: _Data | None = None
         if previous is not None:
             with contextlib.suppress(KStoreError):
                 early = self._write_data(info, tables)
@@ -320,12 +345,13 @@ class Sender:
         tables: dict[int, pa.Table],
         deadline: float,
         transaction: str | None = None,
-        written: tuple[dict[int, SegmentFile], float] | None = None,
+        written: _Data | None = None,
     ) -> dict[int, tuple[int, int] | BaseException]:
-        """Write the partitions of one topic log as one data object and commit them in one
-        commit; retried as a whole (sequences make a retry of a landed commit a duplicate).
-        A partition the commit refuses (fenced, out of order) fails alone. ``written``: the
-        data object already written, and when its write started."""
+        """Write the partitions of one topic log as one data object, or as data the commit
+        carries (PROTOCOL.md 11.8), and commit them in one commit; retried as a whole
+        (sequences make a retry of a landed commit a duplicate). A partition the commit
+        refuses (fenced, out of order) fails alone. ``written``: the data already written or
+        encoded (:meth:`_write_data`)."""
         meta = info.metadata
         topic = meta.name
         partitions = {p: self.store.partition(topic, p, meta) for p in tables}
@@ -342,19 +368,23 @@ class Sender:
                         self._producer_id, epoch, first, first + table.num_rows - 1
                     )
         retry = shared.log.retry
-        files, written_at = written if written is not None else (None, 0.0)
         attempt = 0
         while True:
             try:
-                if files is not None and retry.too_old(written_at):
+                if (
+                    written is not None
+                    and written.carried is None
+                    and retry.too_old(written.written_at)
+                ):
                     log.warning(
                         "producer %s: %s data object too old to commit; writing it again",
                         self.client_id,
                         topic,
                     )
-                    files = None
-                if files is None:
-                    files, written_at = self._write_data(info, tables)
+                    written = None
+                if written is None:
+                    written = self._write_data(info, tables)
+                files = written.files
                 self._check_not_fenced()
                 outcomes: dict[int, dict[str, Any]] = {p: {} for p in tables}
                 builds = {
@@ -371,9 +401,11 @@ class Sender:
                     builds,
                     operation="APPEND",
                     durable=self._durable,
-                    written_at=written_at,
+                    # Carried data was written by no one yet: no deadline of 23.1 applies.
+                    written_at=None if written.carried is not None else written.written_at,
                     isolate=True,
                     background_checkpoint=True,
+                    data=written.carried,
                 )
                 self._metrics["commit-total"] += 1
                 self._metrics["commit-time-total-ms"] += (time.monotonic() - started) * 1000
@@ -399,22 +431,29 @@ class Sender:
                 rows = sum(t.num_rows for t in tables.values())
                 attempt = self._retry_or_raise(exc, attempt, deadline, rows, f"{topic} log {index}")
 
-    def _write_data(
-        self, info: _TopicInfo, tables: dict[int, pa.Table]
-    ) -> tuple[dict[int, SegmentFile], float]:
-        """One data object holding ``tables`` (PROTOCOL.md 11.7), and when its write started
-        (by the retry policy's clock, which bounds how long it may wait for its commit)."""
+    def _write_data(self, info: _TopicInfo, tables: dict[int, pa.Table]) -> _Data:
+        """The data of one topic log's part of a flush: carried by its commit when it is small
+        enough and the log is at version 5/6 (PROTOCOL.md 11.8), else one data object written
+        now (11.7)."""
         meta = info.metadata
         first = self.store.partition(meta.name, next(iter(tables)), meta)
-        written_at = self.store.topic_log(meta.name, meta, first.partition).log.retry.clock()
+        shared = self.store.topic_log(meta.name, meta, first.partition)
+        parts = [(p, tables[p], first.layout) for p in sorted(tables)]
+        limit = int(meta.effective_config["commit.inline.bytes"])
+        if limit > 0 and _carries_data(shared.state(refresh=False)):
+            data, files = encode_data_object(parts, CARRIED, compression=info.compression)
+            if len(data) <= limit:
+                blob = data if isinstance(data, bytes) else memoryview(data).tobytes()
+                return _Data(files, 0.0, blob)
+        written_at = shared.log.retry.clock()
         files = write_data_object(
             self.store.storage,
             first.directory.rsplit("/", 1)[0],
-            [(p, tables[p], first.layout) for p in sorted(tables)],
+            parts,
             compression=info.compression,
             durable=self._durable,
         )
-        return files, written_at
+        return _Data(files, written_at, None)
 
     def _on_written(self, _: concurrent.futures.Future[tuple[int, int]]) -> None:
         with self._lock:

@@ -95,6 +95,8 @@ _UPLOAD_BYTES_PER_S = 1 << 20
 _GET_ATTEMPTS = 3
 # A body larger than this goes through s3fs, which uploads it in parts.
 _DIRECT_PUT_MAX = 16 << 20
+# Bytes of commit files a Storage keeps once read whole, for the ranges of their data.
+_REMEMBERED_MAX_BYTES = 64 << 20
 # Concurrent GETs of one read_many or read_ranges (and HEADs of one stat_many).
 _READ_CONCURRENCY = 32
 # Concurrent writes of one put_new_many (a checkpoint's sidecars, one per changed partition).
@@ -305,6 +307,10 @@ class Storage:
         )
         self._known_dirs: set[str] = set()
         self._durable_dirs: set[str] = set()
+        # Commit files that carry data, as a reader read them whole (Storage.remember).
+        self._remembered: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self._remembered_bytes = 0
+        self._remembered_lock = threading.Lock()
 
     # -- pickling: ship the address and options, never a live connection ----------------------
 
@@ -706,6 +712,21 @@ class Storage:
             raise failures.exceptions[0] from None
         return out
 
+    def remember(self, rel: str, data: bytes) -> None:
+        """Keep a file just read whole whose ranges are about to be read (a commit that carries
+        its data, PROTOCOL.md 11.8): :meth:`read_ranges` of it then costs no request. Only
+        for files never changed once written; the oldest are forgotten past a bound."""
+        if len(data) > _REMEMBERED_MAX_BYTES // 4:
+            return
+        with self._remembered_lock:
+            if rel in self._remembered:
+                return
+            self._remembered[rel] = data
+            self._remembered_bytes += len(data)
+            while self._remembered_bytes > _REMEMBERED_MAX_BYTES:
+                _, old = self._remembered.popitem(last=False)
+                self._remembered_bytes -= len(old)
+
     def read_ranges(
         self, rel: str, ranges: Sequence[tuple[int, int]], *, gap: int = COALESCE_GAP
     ) -> list[bytes]:
@@ -713,10 +734,15 @@ class Storage:
         touch or lie within ``gap`` bytes of each other are fetched together: one GET on S3
         (one read on local disk) per merged run, the runs concurrently. Bytes past the end of
         the file are not returned (a range may come back short or empty). Raises
-        FileNotFoundError when the file is absent."""
+        FileNotFoundError when the file is absent. A file :meth:`remember` holds is read from
+        memory."""
         runs = _coalesce(ranges, gap)
         if not runs:
             return []
+        with self._remembered_lock:
+            whole = self._remembered.get(rel)
+        if whole is not None:
+            return [whole[lo:hi] for lo, hi in ranges]
         path = self.full_path(rel)
         try:
             if self.is_local:

@@ -22,6 +22,8 @@ from typing import Any
 
 from kstore.errors import CorruptLogError, UnsupportedFormatVersionError
 from kstore.log import (
+    CARRIED_DATA_VERSION,
+    CARRIED_DATA_WRITER_VERSION,
     MAX_LOG_FILE_BYTES,
     Action,
     CommitResult,
@@ -44,14 +46,17 @@ LAYOUT3_VERSION = 3
 # compressed (PROTOCOL.md 13.4). New topic logs, and the metadata logs of their topics, start at
 # it; a topic log at version 3 keeps whole uncompressed sidecars until it is upgraded (27.4).
 CHAIN_VERSION = 4
-TOPIC_LOG_VERSION = CHAIN_VERSION
 # Writer version 5: a checkpoint names no sidecar written more than SIDECAR_HORIZON versions
 # before it (PROTOCOL.md 13.4), so vacuum can tell which old sidecars no kept checkpoint names
 # from their names and the oldest kept checkpoint, without listing or reading the log (22.5).
 # Readers are unaffected: new topic logs, and the metadata logs of their topics, start at
 # {minReaderVersion 4, minWriterVersion 5}.
 HORIZON_VERSION = 5
-TOPIC_LOG_WRITER_VERSION = HORIZON_VERSION
+# Reader version 5, writer version 6: a commit may carry its flush's data (PROTOCOL.md 11.8),
+# which a reader of version 4 would take for a corrupt file. New topic logs, and the metadata
+# logs of their topics, start at {minReaderVersion 5, minWriterVersion 6}.
+TOPIC_LOG_VERSION = CARRIED_DATA_VERSION
+TOPIC_LOG_WRITER_VERSION = CARRIED_DATA_WRITER_VERSION
 SIDECAR_HORIZON = 10_000
 # The bounds of a chain (PROTOCOL.md 13.4): a writer starts a new base rather than name more
 # deltas than this, or deltas whose sizes add up to more than the base's: so loading a
@@ -685,6 +690,7 @@ class TopicLog:
         isolate: bool = False,
         info: dict[str, Any] | None = None,
         background_checkpoint: bool = False,
+        data: bytes | memoryview | None = None,
     ) -> tuple[CommitResult[TopicLogState] | None, dict[int, BaseException]]:
         """One commit holding the actions of several partitions, built against the newest
         state and rebuilt after every lost race.
@@ -693,7 +699,7 @@ class TopicLog:
         error returned (a producer's batches fail one partition at a time, as in Kafka);
         without it the error is raised and nothing is committed. Returns the commit (None when
         no partition had anything to commit) and the refused partitions' errors.
-        ``background_checkpoint``: as :meth:`Log.commit`'s.
+        ``background_checkpoint``, ``data``: as :meth:`Log.commit`'s.
         """
         refused: dict[int, BaseException] = {}
 
@@ -731,6 +737,7 @@ class TopicLog:
             info={"topic": self.topic, "log": self.index, **(info or {})},
             written_at=written_at,
             background_checkpoint=background_checkpoint,
+            data=data,
         )
         if result is not None:
             self._remember(result.state, confirmed=True)

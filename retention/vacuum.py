@@ -93,7 +93,7 @@ from kstore.log import (
     parse_log_file_name,
     version_file,
 )
-from kstore.manifest import DATA_PREFIX, segment_location
+from kstore.manifest import DATA_PREFIX, in_incarnation, is_carried_path, segment_location
 from kstore.names import validate_topic_name
 from kstore.partition import STALE_STATE_S, PartitionState
 from kstore.storage import LIST_PAGE_SIZE, FileInfo, Storage, unique_id
@@ -946,12 +946,12 @@ def vacuum_incarnation(
         for p, partition_state in state.partitions.items():
             by_name = {f.name: f for f in segment_files.get(p, [])}
             for seg in partition_state.segments:
-                if seg.path.startswith(DATA_PREFIX):
+                if in_incarnation(seg.path):
                     data_live.add(seg.path)
             for path in partition_state.removed:
                 at = times.at(state.removal_version(p, path))
                 due = at is not None and now - at >= delay and path not in held.get(p, ())
-                if path.startswith(DATA_PREFIX):
+                if in_incarnation(path):
                     data_removals.setdefault(path, []).append((k, p, due))
                 elif due:
                     forget.setdefault(k, {}).setdefault(p, set()).add(path)
@@ -959,14 +959,20 @@ def vacuum_incarnation(
                     if info is not None and p in directories:
                         doomed[f"{directories[p]}/{path}"] = info.size
     data_by_name = {f.name: f for f in data_files}
+    # Commit files whose carried data a partition still reads, or removed too recently: they
+    # outlive the log retention (PROTOCOL.md 22.5).
+    carried_held = {f"{incarnation}/{path}" for path in data_live if is_carried_path(path)}
     for path, entries in sorted(data_removals.items()):
         # Shared: the object goes only when every partition is done with it.
         if path in data_live or not all(due for _, _, due in entries):
+            if is_carried_path(path):
+                carried_held.add(f"{incarnation}/{path}")
             continue
         for k, p, _ in entries:
             forget.setdefault(k, {}).setdefault(p, set()).add(path)
+        # A commit file is deleted as a log version, below (only once past the log retention).
         info = data_by_name.get(path.removeprefix(DATA_PREFIX))
-        if info is not None:
+        if info is not None and path.startswith(DATA_PREFIX):
             doomed[f"{incarnation}/{path}"] = info.size
 
     def old_enough(info: FileInfo, age: int) -> bool:
@@ -1004,7 +1010,9 @@ def vacuum_incarnation(
         kept, old = old_log_files(scan.files, now, log_retention)
         keep_from.append(kept)
         for info in old:
-            doomed[f"{logs[k].directory}/{info.name}"] = info.size
+            full = f"{logs[k].directory}/{info.name}"
+            if full not in carried_held:
+                doomed[full] = info.size
     # Sidecars: those no kept checkpoint names, once older than the log retention (a younger
     # one may belong to a checkpoint being written).
     doomed.update(
