@@ -1,0 +1,382 @@
+"""Commits that carry their flush's data (PROTOCOL.md 7.1, 11.8, 12.7; version 5/6).
+
+A producer flush whose data for a topic log fits ``commit.inline.bytes`` writes no data object:
+the commit file holds its text, spaces up to ``dataOffset``, then the data, and each
+partition's ranged add names that commit file. Checked on memory, local disk and SeaweedFS:
+what is written, what readers read (and how many requests it costs), what is refused as
+corrupt, races between writers, the merge, vacuum, the upgrade from 4/5."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any
+
+import pytest
+from kstore.cli.verify import verify_topic
+from kstore.compaction import merge_segments
+from kstore.retention import vacuum
+
+from kstore import Consumer, Producer, Store, TopicPartition
+from kstore.errors import CorruptLogError
+from kstore.layout import topic_data_dir
+from kstore.log import decode_commit, encode_carrying_commit, version_file
+from kstore.manifest import is_carried_path
+from kstore.upgrade import upgrade_topic
+from tests.test_jobs_support import Target, now_ms, open_store, rows
+
+ALL = ["memory_store", "local_store", pytest.param("seaweed_store", marks=pytest.mark.s3)]
+FAST = ["memory_store", "local_store"]
+HOUR = 3_600_000
+DAY = 24 * HOUR
+
+
+def _flush(store: Store, topic: str, partitions: int, tag: bytes, **producer: Any) -> None:
+    with Producer(store, linger_ms=60_000, **producer) as p:
+        for part in range(partitions):
+            for i in range(3):
+                p.send(topic, value=tag + b"-%d-%d" % (part, i), key=b"k%d" % i, partition=part)
+        p.flush()
+
+
+def _values(store: Store, topic: str, partition: int) -> list[bytes | None]:
+    return [v for _, _, v in rows(store.partition(topic, partition))]
+
+
+def _data_objects(store: Store, topic: str) -> list[str]:
+    directory = f"{topic_data_dir(topic, store.topic(topic).topic_id)}/_data"
+    own = directory.rsplit("/", 1)[-1]
+    return [i.name for i in store.storage.list_dir(directory) if i.name != own]
+
+
+@pytest.mark.parametrize("target", ALL)
+def test_a_flush_after_the_first_carries_its_data_in_the_commit(
+    target: str, request: pytest.FixtureRequest
+) -> None:
+    where: Target = request.getfixturevalue(target)
+    store = open_store(where)
+    store.create_topic("t", 3)
+    _flush(store, "t", 3, b"a")  # version 0 of the topic log: a data object (12.7)
+    assert len(_data_objects(store, "t")) == 1
+    _flush(store, "t", 3, b"b")
+    _flush(store, "t", 3, b"c")
+    assert len(_data_objects(store, "t")) == 1  # no object for the carried flushes
+    fresh = open_store(where)
+    for p in range(3):
+        segments = fresh.partition("t", p).state().segments
+        assert [s.path for s in segments] == [
+            segments[0].path,
+            "_log/00000000000000000001.json",
+            "_log/00000000000000000002.json",
+        ]
+        assert segments[0].path.startswith("_data/")
+        assert _values(fresh, "t", p) == [
+            tag + b"-%d-%d" % (p, i) for tag in (b"a", b"b", b"c") for i in range(3)
+        ]
+    log_dir = store.topic_logs("t")[0].directory
+    raw = store.storage.read(f"{log_dir}/{version_file(2)}")
+    info = json.loads(raw.split(b"\n", 1)[0])["commitInfo"]
+    assert info["dataOffset"] + info["dataBytes"] == len(raw)
+    text_end = raw.rfind(b"\n", 0, info["dataOffset"]) + 1
+    assert set(raw[text_end : info["dataOffset"]]) <= {ord(" ")}
+    _, actions = decode_commit(raw, "v2")
+    for name, body in actions:
+        if name == "add":
+            start, length = body["range"]
+            assert info["dataOffset"] <= start
+            assert start + length <= len(raw)
+            # Each range is a whole arrow file of its own (11.7).
+            assert raw[start : start + 6] == b"ARROW1"
+    report = verify_topic(fresh, "t", read_data=True)
+    assert report.findings == [], report.findings
+
+
+@pytest.mark.s3
+def test_a_tailing_consumer_reads_carried_data_with_one_get_per_commit(
+    seaweed_store: Target,
+) -> None:
+    """The commit's GET brings the data: no range GET per flush (a data object costs one)."""
+    store = open_store(seaweed_store)
+    gets: dict[int, float] = {}
+    for inline in (0, 1 << 20):
+        topic = f"tail{inline}"
+        store.create_topic(topic, 4, {"commit.inline.bytes": inline})
+        _flush(store, topic, 4, b"first")
+        consumer = Consumer(store=open_store(seaweed_store), auto_offset_reset="earliest")
+        consumer.assign([TopicPartition(topic, p) for p in range(4)])
+        seen = 0
+        while seen < 12:
+            seen += sum(len(b) for b in consumer.poll(500).values())
+        flushes = 5
+        with consumer.store.storage.count_requests() as counts:
+            for n in range(flushes):
+                _flush(store, topic, 4, b"n%d" % n)
+                got = 0
+                while got < 12:
+                    got += sum(len(b) for b in consumer.poll(1000).values())
+        gets[inline] = counts["GET"] / flushes
+        assert counts["HEAD"] == 0, counts
+        consumer.close()
+    # Per flush: the commit (plus looks that find nothing) and, for a data object, its ranges.
+    assert gets[1 << 20] <= gets[0] - 0.8, gets
+
+
+@pytest.mark.parametrize("target", FAST)
+def test_a_flush_larger_than_the_limit_writes_a_data_object(
+    target: str, request: pytest.FixtureRequest
+) -> None:
+    where: Target = request.getfixturevalue(target)
+    store = open_store(where)
+    store.create_topic("t", 2, {"commit.inline.bytes": 4096})
+    _flush(store, "t", 2, b"first")
+    _flush(store, "t", 2, b"small")
+    with Producer(store, linger_ms=60_000) as p:
+        for i in range(40):
+            p.send("t", value=bytes([i]) * 500, partition=i % 2)
+        p.flush()
+    paths = [s.path for s in store.partition("t", 0).state().segments]
+    assert paths[1] == "_log/00000000000000000001.json"
+    assert paths[2].startswith("_data/")
+    assert len(_data_objects(store, "t")) == 2
+    # Off: every flush writes a data object.
+    store.alter_topic_config("t", {"commit.inline.bytes": 0})
+    _flush(open_store(where), "t", 2, b"off")
+    assert open_store(where).partition("t", 1).state().segments[-1].path.startswith("_data/")
+
+
+def _carried_commit(store: Store) -> tuple[str, bytes]:
+    store.create_topic("t", 2)
+    _flush(store, "t", 2, b"a")
+    _flush(store, "t", 2, b"b")
+    path = f"{store.topic_logs('t')[0].directory}/{version_file(1)}"
+    return path, store.storage.read(path)
+
+
+def _rewrite(store: Store, path: str, data: bytes) -> None:
+    store.storage.delete([path])
+    store.storage.put_if_absent(path, data)
+
+
+def _info_line(raw: bytes) -> dict[str, Any]:
+    info: dict[str, Any] = json.loads(raw.split(b"\n", 1)[0])["commitInfo"]
+    return info
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["cut", "one byte more", "padding not spaces", "offset past the file", "offset not int"],
+)
+def test_a_damaged_carrying_commit_is_corrupt(local_store: Target, damage: str) -> None:
+    store = open_store(local_store)
+    path, raw = _carried_commit(store)
+    info = _info_line(raw)
+    offset = info["dataOffset"]
+    text_end = raw.rfind(b"\n", 0, offset) + 1
+    if damage == "cut":
+        bad = raw[:-1]
+    elif damage == "one byte more":
+        bad = raw + b"\0"
+    elif damage == "padding not spaces":
+        assert offset > text_end  # the writer leaves room for the ranges' digits
+        bad = raw[:text_end] + b"x" + raw[text_end + 1 :]
+    else:
+        value = b"99999999" if damage == "offset past the file" else b'"12"'
+        bad = raw.replace(b'"dataOffset":%d' % offset, b'"dataOffset":' + value, 1)
+    with pytest.raises(CorruptLogError):
+        decode_commit(bad, "the commit")
+    _rewrite(store, path, bad)
+    with pytest.raises(CorruptLogError):
+        open_store(local_store).partition("t", 0).state()
+
+
+@pytest.mark.parametrize("wrong", ["another commit", "outside the data", "no data"])
+def test_a_commit_whose_range_is_not_its_own_data_is_corrupt(
+    local_store: Target, wrong: str
+) -> None:
+    """A ranged add of a commit names the commit's own file, inside the data it carries."""
+    store = open_store(local_store)
+    path, raw = _carried_commit(store)
+    info, actions = decode_commit(raw, "v1")
+    offset = info["dataOffset"]
+    data = raw[offset:]
+    placed: list[dict[str, Any]] = []
+    for name, body in actions:
+        if name == "add":
+            start, length = body["range"]
+            start -= offset  # back to counting from the data's start
+            if wrong == "outside the data":
+                start = len(data) - length + 1
+            body = {**body, "path": "<carried>", "range": [start, length]}
+        placed.append({name: body})
+    own = "_log/00000000000000000001.json"
+    meta = {k: v for k, v in info.items() if k not in ("dataOffset", "dataBytes", "actions")}
+    if wrong == "no data":
+        # The adds name this very file, but it carries nothing.
+        text = [json.dumps({"commitInfo": {**meta, "actions": len(placed)}})]
+        for action in placed:
+            if "add" in action:
+                action = {"add": {**action["add"], "path": own, "range": [0, 10]}}
+            text.append(json.dumps(action))
+        bad = ("\n".join(text) + "\n").encode()
+    else:
+        name = "_log/00000000000000000000.json" if wrong == "another commit" else own
+        _, bad = encode_carrying_commit(placed, meta, data, name)
+    _rewrite(store, path, bad)
+    with pytest.raises(CorruptLogError, match=r"carries|carried"):
+        open_store(local_store).partition("t", 0).state()
+
+
+def test_only_log_paths_of_commit_files_name_carried_ranges() -> None:
+    assert is_carried_path("_log/00000000000000000001.json")
+    assert is_carried_path("_log.3/00000000000000000001.json")
+    for bad in (
+        "_log/1.json",
+        "_log.0/00000000000000000001.json",
+        "_log/../_log/00000000000000000001.json",
+        "_log/00000000000000000001.checkpoint.json",
+        "_logs/00000000000000000001.json",
+        "segments/00000000000000000001.json",
+    ):
+        assert not is_carried_path(bad), bad
+
+
+@pytest.mark.parametrize("target", ALL)
+def test_writers_racing_for_versions_carry_their_data_in_the_version_they_win(
+    target: str, request: pytest.FixtureRequest
+) -> None:
+    """Two producers take turns on one topic log: a lost race rebuilds the commit for the next
+    version, so every range names the commit file that holds it, and no record is lost."""
+    where: Target = request.getfixturevalue(target)
+    store = open_store(where)
+    store.create_topic("t", 2)
+    _flush(store, "t", 2, b"first")
+    rounds = 15 if target != "seaweed_store" else 6
+
+    def write(tag: bytes) -> None:
+        own = open_store(where)
+        with Producer(own, linger_ms=0) as producer:
+            for n in range(rounds):
+                for p in range(2):
+                    producer.send("t", value=tag + b"%d-%d" % (n, p), partition=p)
+                producer.flush()
+
+    threads = [threading.Thread(target=write, args=(tag,)) for tag in (b"x", b"y")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    fresh = open_store(where)
+    for p in range(2):
+        segments = fresh.partition("t", p).state().segments
+        for seg in segments[1:]:
+            assert is_carried_path(seg.path), seg.path
+        values = _values(fresh, "t", p)
+        for tag in (b"x", b"y"):
+            assert [v for v in values if v and v.startswith(tag)] == [
+                tag + b"%d-%d" % (n, p) for n in range(rounds)
+            ]
+    assert verify_topic(fresh, "t", read_data=True).findings == []
+
+
+def test_the_merge_rewrites_carried_ranges_and_vacuum_then_deletes_their_commits(
+    local_store: Target,
+) -> None:
+    """A commit file older than the log retention stays while a range in it is live, or
+    removed within the delete delay; once the merge has rewritten its ranges and the delay
+    has passed, vacuum deletes it with the other old versions. (Local disk: the log's files
+    are aged by their modification times, as if written ten days ago.)"""
+    where = local_store
+    store = open_store(where)
+    store.create_topic("t", 2, {"file.delete.delay.ms": 60_000, "checkpoint.interval": 2})
+    for n in range(5):
+        _flush(store, "t", 2, b"f%d" % n)
+    before = {p: _values(store, "t", p) for p in range(2)}
+    incarnation = topic_data_dir("t", store.topic("t").topic_id)
+    carried = {
+        f"{incarnation}/{s.path}"
+        for s in store.partition("t", 0).state().segments
+        if is_carried_path(s.path)
+    }
+    assert len(carried) == 4
+    log_dir = store.topic_logs("t")[0].directory
+    aged = (now_ms() - 10 * DAY) / 1000
+    for info in store.storage.list_dir(log_dir):
+        os.utime(store.storage.full_path(f"{log_dir}/{info.name}"), (aged, aged))
+    # Versions 1 to 3 lie below the newest checkpoint past the retention (version 4).
+    old = {path for path in carried if int(path.rsplit("/", 1)[1][:20]) < 4}
+    assert len(old) == 3
+    options = {"log_retention_ms": 3 * DAY, "orphan_age_ms": 3 * DAY}
+    # Without a merge: past the log retention, but their ranges are live.
+    summary = vacuum(None, *where, verbose=False, **options)
+    assert summary.errors == []
+    deleted = set(summary.files)
+    assert f"{log_dir}/{version_file(0)}" in deleted  # an old version with no carried data
+    assert not carried & deleted
+    assert all(store.storage.exists(path) for path in carried)
+    assert _values(open_store(where), "t", 1) == before[1]
+    # The merge rewrites the ranges into the partitions' own segments.
+    merged = merge_segments(None, open_store(where), verbose=False)
+    assert merged.count("committed") == 2
+    for p in range(2):
+        state = open_store(where).partition("t", p).state()
+        assert not any(is_carried_path(s.path) for s in state.segments)
+        assert _values(open_store(where), "t", p) == before[p]
+    # Removed moments ago: within the delete delay, kept.
+    soon = vacuum(None, *where, verbose=False, **options)
+    assert soon.errors == []
+    assert not carried & set(soon.files)
+    assert all(store.storage.exists(path) for path in old)
+    # Past the delay: the old ones go as old versions; version 4 is the kept checkpoint's.
+    later = vacuum(None, *where, verbose=False, now_ms=now_ms() + 120_000, **options)
+    assert later.errors == []
+    assert old <= set(later.files), sorted(old - set(later.files))
+    assert not any(store.storage.exists(path) for path in old)
+    fresh = open_store(where)
+    for p in range(2):
+        assert _values(fresh, "t", p) == before[p]
+        removed = fresh.partition("t", p).state().removed
+        assert not any(path in removed for path in (o.split("/", 3)[-1] for o in old))
+    assert verify_topic(fresh, "t", read_data=True).problems == []
+
+
+@pytest.mark.parametrize("target", FAST)
+def test_a_topic_at_4_5_writes_data_objects_until_the_upgrade_raises_it(
+    target: str, request: pytest.FixtureRequest
+) -> None:
+    where: Target = request.getfixturevalue(target)
+    store = open_store(where)
+    store.create_topic("t", 2)
+    topic_log = store.topic_logs("t")[0]
+    _flush(store, "t", 2, b"first")
+    # Set the topic as a writer of version 5 left it: its logs at 4/5.
+    from kstore.store import TopicState
+    from kstore.topic_log import TopicLogState
+
+    for log, state_cls in (
+        (topic_log.log, TopicLogState),
+        (store._topic_log("t"), TopicState),
+    ):
+        path = f"{log.directory}/{version_file(0)}"
+        raw = store.storage.read(path)
+        assert b'"minReaderVersion":5,"minWriterVersion":6' in raw
+        _rewrite(
+            store,
+            path,
+            raw.replace(
+                b'"minReaderVersion":5,"minWriterVersion":6',
+                b'"minReaderVersion":4,"minWriterVersion":5',
+            ),
+        )
+        assert state_cls  # both logs now say 4/5
+    old = open_store(where)
+    assert old.topic_logs("t")[0].state().min_reader_version == 4
+    _flush(old, "t", 2, b"old")
+    assert old.partition("t", 0).state().segments[-1].path.startswith("_data/")
+    upgrade_topic(open_store(where), "t")
+    raised = open_store(where)
+    state = raised.topic_logs("t")[0].state()
+    assert (state.min_reader_version, state.min_writer_version) == (5, 6)
+    _flush(raised, "t", 2, b"new")
+    assert is_carried_path(raised.partition("t", 0).state().segments[-1].path)
+    assert _values(raised, "t", 1)[-3:] == [b"new-1-%d" % i for i in range(3)]
