@@ -132,6 +132,9 @@ def topic_bytes(store: Store, topic: str) -> dict[str, int]:
         if name.startswith(".tmp-"):
             continue
         if any(p.startswith("_log") for p in parts[:-1]) or parts[0] == "_sidecars":
+            carried = carried_bytes(storage, f"{root}/{rel}") if name.endswith(".json") else 0
+            out["data"] += carried  # the flush's data a commit carries (PROTOCOL.md 11.8)
+            size -= carried
             out["log"] += size
             out["log_files"] += 1
             if ".checkpoint." in name or name == "_last_checkpoint" or parts[0] == "_sidecars":
@@ -142,6 +145,19 @@ def topic_bytes(store: Store, topic: str) -> dict[str, int]:
         else:
             out["other"] += size
     return out
+
+
+def carried_bytes(storage: Any, rel: str) -> int:
+    """The bytes of data a commit file carries (``commitInfo.dataBytes``), from its first
+    line; 0 for any other log file."""
+    (head,) = storage.read_ranges(rel, [(0, 4096)])
+    first = head.split(b"\n", 1)[0]
+    if b'"dataBytes"' not in first:
+        return 0
+    try:
+        return int(json.loads(first)["commitInfo"]["dataBytes"])
+    except (ValueError, KeyError, TypeError):
+        return 0
 
 
 def load_now() -> list[float]:
@@ -165,12 +181,20 @@ def counting(store: Store) -> Iterator[collections.Counter[str]]:
         yield collections.Counter()
 
 
+def create_topic(store: Store, partitions: int, layout: str) -> None:
+    """``layout``: "2"; "3", layout 3 as configured by default (a flush's data carried in its
+    commit, PROTOCOL.md 11.8); "3d", layout 3 with a data object per flush
+    (``commit.inline.bytes`` 0), the layout-3 format before version 5/6."""
+    config = {"commit.inline.bytes": 0} if layout == "3d" else None
+    store.create_topic(TOPIC, partitions=partitions, layout=int(layout[0]), config=config)
+
+
 def run_case(
-    url: str, options: dict[str, Any], partitions: int, layout: int, args: Any
+    url: str, options: dict[str, Any], partitions: int, layout: str, args: Any
 ) -> dict[str, Any]:
     load_before = load_now()
     store = Store(url, options)
-    store.create_topic(TOPIC, partitions=partitions, layout=layout)
+    create_topic(store, partitions, layout)
     consumer = Consumer(
         TOPIC,
         store=store,
@@ -338,7 +362,7 @@ def by_file(store: Store) -> Iterator[collections.Counter[str]]:
             direct.before_send.remove(classify_direct)
 
 
-def run_cost_case(url: str, options: dict[str, Any], layout: int, args: Any) -> dict[str, Any]:
+def run_cost_case(url: str, options: dict[str, Any], layout: str, args: Any) -> dict[str, Any]:
     """The shape of OPERATIONS.md's cost example: two producer processes (linger 100 ms)
     writing all 8 partitions of one topic, and one consumer-group member's share (partitions
     0 and 1, assigned) read with the consumer's defaults (``poll(timeout_ms=100)``, auto
@@ -346,7 +370,7 @@ def run_cost_case(url: str, options: dict[str, Any], layout: int, args: Any) -> 
     and per member, by kind."""
     load_before = load_now()
     store = Store(url, options)
-    store.create_topic(TOPIC, partitions=8, layout=layout)
+    create_topic(store, 8, layout)
     member = Consumer(store=store, auto_offset_reset="latest", enable_auto_commit=False)
     member.assign([TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)])
     member.poll(timeout_ms=0)
@@ -378,7 +402,7 @@ def run_cost_case(url: str, options: dict[str, Any], layout: int, args: Any) -> 
     member.close()
     # Before the group's phase, whose producer writes more: only the two producers' data.
     merge, merge_by_file = run_merge_phase(url, options)
-    group = run_group_phase(url, options, args) if layout == 3 else {}
+    group = run_group_phase(url, options, args) if layout.startswith("3") else {}
     flushes = sum(p["flushes"] for p in produced)
     producer_requests: collections.Counter[str] = collections.Counter()
     for p in produced:
@@ -516,7 +540,7 @@ COLUMNS = [
 
 
 def summarise(
-    runs: list[dict[str, Any]], counts: list[int], layouts: list[int]
+    runs: list[dict[str, Any]], counts: list[int], layouts: list[str]
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for layout in layouts:
@@ -538,7 +562,7 @@ def summarise(
     return rows
 
 
-def summarise_cost(runs: list[dict[str, Any]], layouts: list[int]) -> list[dict[str, Any]]:
+def summarise_cost(runs: list[dict[str, Any]], layouts: list[str]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for layout in layouts:
         mine = [r for r in runs if r["layout"] == layout]
@@ -555,10 +579,11 @@ def summarise_cost(runs: list[dict[str, Any]], layouts: list[int]) -> list[dict[
             row[f"merge {kind}/flush"] = statistics.median(
                 r.get("merge_requests_per_flush", {}).get(kind, 0) for r in mine
             )
-        files = "data object" if layout == 3 else "segment"
-        row[f"merge {files}s/flush"] = statistics.median(
-            r.get("merge_requests_by_file_per_flush", {}).get(files, 0) for r in mine
-        )
+        kinds = ("data object", "commit") if layout.startswith("3") else ("segment",)
+        for files in kinds:
+            row[f"merge {files}s/flush"] = statistics.median(
+                r.get("merge_requests_by_file_per_flush", {}).get(files, 0) for r in mine
+            )
         grouped = [r for r in mine if "group_requests_per_member_per_s" in r]
         for kind in ("PUT", "GET", "LIST") if grouped else ():
             row[f"group member {kind}/s"] = statistics.median(
@@ -590,7 +615,12 @@ def main() -> None:
         "--drain-seconds", type=float, default=30.0, help="how long the consumer may lag"
     )
     parser.add_argument("--partitions", default="1,8,64")
-    parser.add_argument("--layouts", default="2,3", help="layouts to run side by side")
+    parser.add_argument(
+        "--layouts",
+        default="2,3d,3",
+        help="layouts to run side by side: 2; 3 (data carried in commits, the default); 3d "
+        "(layout 3 with a data object per flush, commit.inline.bytes=0)",
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--backend", choices=["seaweedfs", "local"], default="seaweedfs")
     parser.add_argument(
@@ -606,9 +636,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     counts = parse_ints(args.partitions, "--partitions")
-    layouts = parse_ints(args.layouts, "--layouts")
-    if any(layout not in (2, 3) for layout in layouts):
-        raise SystemExit(f"--layouts must name layouts 2 and/or 3, got {args.layouts!r}")
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    if not layouts or any(layout not in ("2", "3", "3d") for layout in layouts):
+        raise SystemExit(f"--layouts must name layouts 2, 3 and/or 3d, got {args.layouts!r}")
     if args.rate <= 0 or args.seconds <= 0 or args.rounds < 1 or args.max_poll_records < 1:
         raise SystemExit(
             "--rate and --seconds must be positive, --rounds and --max-poll-records at least 1"

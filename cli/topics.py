@@ -645,10 +645,11 @@ _STEP_WORDS = {
     epilog="Examples:\n\n  kstore topics upgrade orders --dry-run\n\n"
     "  kstore topics upgrade orders\n\n"
     "Safe to run again: a run that stopped half-way is finished by the next one. A topic "
-    "already in layout 3 whose logs are below reader version 4 and writer version 5 has them "
+    "already in layout 3 whose logs are below reader version 5 and writer version 6 has them "
     "raised (incremental checkpoints; vacuum finds old checkpoint sidecars without listing the "
-    "log); one there is left alone. Readers older than version 4 cannot read the topic "
-    "afterwards, and writers older than version 5 cannot write it.",
+    "log; producers carry small flushes in the commit, one PUT instead of two); one there is "
+    "left alone. Readers older than version 5 cannot read the topic afterwards, and writers "
+    "older than version 6 cannot write it.",
 )
 def upgrade(
     ctx: typer.Context,
@@ -667,8 +668,8 @@ def upgrade(
     Seals every partition log, adopts each partition's state (segments by reference, nothing
     copied; open transactions and producer sequences carried) into the topic logs, then
     switches the topic's metadata to layout 3. A layout-3 topic whose logs are below reader
-    version 4 and writer version 5 gets them raised there (incremental checkpoints, and old
-    checkpoint sidecars that vacuum finds without listing the log).
+    version 5 and writer version 6 gets them raised there (incremental checkpoints, old
+    checkpoint sidecars that vacuum finds without listing the log, data carried in commits).
     """
     from kstore.upgrade import upgrade_topic
 
