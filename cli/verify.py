@@ -631,8 +631,7 @@ def _check_files(
             if found is None:
                 missing.add(seg.path)
                 out.error(
-                    f"{what} is missing from storage (range {start}+{length} of this "
-                    "partition)",
+                    f"{what} is missing from storage (range {start}+{length} of this partition)",
                     path,
                 )
             elif found.size < start + length:

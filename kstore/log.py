@@ -298,9 +298,7 @@ def carried_data_offset(data: bytes, where: str) -> int | None:
     if not isinstance(info, dict) or "dataOffset" not in info:
         return None  # the words in some other field's value: the usual checks follow
     offset, size = info.get("dataOffset"), info.get("dataBytes")
-    if not (
-        type(offset) is int and type(size) is int and size >= 1 and 0 < offset <= len(data)
-    ):
+    if not (type(offset) is int and type(size) is int and size >= 1 and 0 < offset <= len(data)):
         raise CorruptLogError(
             f"{where}: commitInfo's dataOffset {offset!r} and dataBytes {size!r} do not name a "
             "data section"

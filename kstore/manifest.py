@@ -171,9 +171,9 @@ class Segment:
             byte_range=byte_range,
         )
         prefix = "segments/" if byte_range is None else DATA_PREFIX
-        if (
-            not seg.path.startswith(prefix) or ".." in seg.path or "\\" in seg.path
-        ) and not (byte_range is not None and is_carried_path(seg.path)):
+        if (not seg.path.startswith(prefix) or ".." in seg.path or "\\" in seg.path) and not (
+            byte_range is not None and is_carried_path(seg.path)
+        ):
             raise CorruptLogError(f"add: illegal segment path {seg.path!r}")
         if byte_range is not None and (byte_range[1] != seg.size_bytes or seg.format != "arrow"):
             raise CorruptLogError(
