@@ -45,10 +45,12 @@ def values(store: Store, topic: str = "t") -> list[bytes]:
     return [] if not batches else pa.Table.from_batches(batches).column("value").to_pylist()
 
 
-def checkpointed_topic(target: StoreTarget, layout: int = 3) -> tuple[Store, str]:
+def checkpointed_topic(
+    target: StoreTarget, layout: int = 3, config: dict[str, Any] | None = None
+) -> tuple[Store, str]:
     """Topic "t" with a checkpoint every 2 commits and 5 commits: checkpoints at 2 and 4."""
     store = open_store(target)
-    store.create_topic("t", 1, {"checkpoint.interval": 2}, layout=layout)
+    store.create_topic("t", 1, {"checkpoint.interval": 2, **(config or {})}, layout=layout)
     with Producer(store, linger_ms=0) as p:
         for i in range(5):
             p.send("t", b"v%d" % i).get(10)
@@ -135,9 +137,10 @@ def test_a_boolean_checkpoint_version_is_not_version_1(
 ) -> None:
     """Regression: True == 1 in Python, so a header `"checkpointVersion": true` passed for
     checkpoint 1 (and `"actions": true` for a commit of one action). Layout 3: the checkpoint
-    of the topic log, with its sidecar."""
+    of the topic log, with its sidecar; the commit is rewritten as text, so its flush's data
+    goes to a data object rather than being carried by it (PROTOCOL.md 11.8)."""
     store = open_store(quick_store)
-    store.create_topic("t", 1, layout=layout)
+    store.create_topic("t", 1, {"commit.inline.bytes": 0}, layout=layout)
     part = store.partition("t", 0)
     with Producer(store, linger_ms=0) as p:
         for i in range(2):
@@ -221,8 +224,9 @@ def _future_sidecar(storage: Any, path: str) -> tuple[int, int]:
 @pytest.mark.parametrize("layout", [2, 3])
 def test_unknown_fields_and_actions_are_ignored(quick_store: StoreTarget, layout: int) -> None:
     """Layout 2: the partition log's checkpoint; layout 3: the topic log's checkpoint and the
-    partition's sidecar."""
-    store, log_dir = checkpointed_topic(quick_store, layout)
+    partition's sidecar. The commits the checkpoint covers are deleted, so their flushes' data
+    is in data objects, not carried by the commits (PROTOCOL.md 11.8)."""
+    store, log_dir = checkpointed_topic(quick_store, layout, {"commit.inline.bytes": 0})
     path = f"{log_dir}/{checkpoint_file(4)}"
     _, top = decode_commit(store.storage.read(path), path)
     actions = []
@@ -283,9 +287,10 @@ def test_a_log_whose_early_versions_are_gone_is_a_corrupt_log(quick_store: Store
 def test_truncated_and_swapped_arrow_segments_are_corrupt_records(
     quick_store: StoreTarget, how: str, layout: int
 ) -> None:
-    """Layout 2: segment files; layout 3: the data objects the segments are ranges of."""
+    """Layout 2: segment files; layout 3: the data objects the segments are ranges of (not
+    data the commits carry, PROTOCOL.md 11.8)."""
     store = open_store(quick_store)
-    store.create_topic("t", 1, layout=layout)
+    store.create_topic("t", 1, {"commit.inline.bytes": 0}, layout=layout)
     with Producer(store, linger_ms=0) as p:
         for i in range(3):
             p.send("t", b"value-%d" % i).get(10)

@@ -28,6 +28,8 @@ from kstore.topic_log import (
     CHAIN_VERSION,
     HORIZON_VERSION,
     SIDECARS,
+    TOPIC_LOG_VERSION,
+    TOPIC_LOG_WRITER_VERSION,
     TopicLog,
     TopicLogFiles,
     TopicLogState,
@@ -558,9 +560,12 @@ def test_a_version_3_log_keeps_whole_sidecars_until_the_upgrade_raises_it(
     assert report.metadata == "done"
     assert report.changed
     fresh = Store(*local_store)
-    assert fresh._topic_log("t").load().min_reader_version == CHAIN_VERSION
+    assert fresh._topic_log("t").load().min_reader_version == TOPIC_LOG_VERSION
     loaded = _files(shared).load()
-    assert (loaded.min_reader_version, loaded.min_writer_version) == (4, 5)
+    assert (loaded.min_reader_version, loaded.min_writer_version) == (
+        TOPIC_LOG_VERSION,
+        TOPIC_LOG_WRITER_VERSION,
+    )
     again = upgrade_topic(fresh, "t")
     assert not again.changed
     assert again.metadata == "already"
@@ -574,28 +579,31 @@ def test_a_version_3_log_keeps_whole_sidecars_until_the_upgrade_raises_it(
     _same(_files(shared)._read_checkpoint(45) or TopicLogState(), _replayed(shared, 45))
 
 
-def test_new_layout_3_topics_are_at_version_4_and_a_version_3_reader_is_refused(
-    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("reader", [3, CHAIN_VERSION])
+def test_new_layout_3_topics_are_at_the_newest_version_and_older_readers_are_refused(
+    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch, reader: int
 ) -> None:
+    """New topics are at reader version 5 (commits that carry data, PROTOCOL.md 11.8): a
+    reader of version 3 (no chains) or 4 (chains, no carried data) refuses them."""
     store, shared = _topic(local_store, partitions=2, interval=5)
     Workload(shared, [0, 1]).run(7)
-    assert shared.state().min_reader_version == CHAIN_VERSION
-    assert store._topic_log("t").load().min_reader_version == CHAIN_VERSION
-    monkeypatch.setattr("kstore.log.READER_VERSION", 3)
+    assert shared.state().min_reader_version == TOPIC_LOG_VERSION
+    assert store._topic_log("t").load().min_reader_version == TOPIC_LOG_VERSION
+    monkeypatch.setattr("kstore.log.READER_VERSION", reader)
     # The topic's metadata refuses it first, naming the log and both versions.
     with pytest.raises(UnsupportedFormatVersionError) as refused:
         Store(*local_store).topic("t")
     message = str(refused.value)
-    assert "reader version 4" in message
-    assert "reads up to 3" in message
+    assert f"reader version {TOPIC_LOG_VERSION}" in message
+    assert f"reads up to {reader}" in message
     assert "topics/t/_log/00000000000000000000.json" in message  # the metadata log's file
     # So does the topic log itself, from its checkpoint or from its version 0.
     with pytest.raises(UnsupportedFormatVersionError) as refused:
         _files(shared).load()
     message = str(refused.value)
     assert shared.directory in message
-    assert "reader version 4" in message
-    assert "reads up to 3" in message
+    assert f"reader version {TOPIC_LOG_VERSION}" in message
+    assert f"reads up to {reader}" in message
 
 
 # -- vacuum ------------------------------------------------------------------------------------------
@@ -654,21 +662,22 @@ def test_the_upgrade_command_raises_a_version_3_topic_with_a_dry_run(
         assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
         return result
 
+    newest = f"reader version {TOPIC_LOG_VERSION}, writer version {TOPIC_LOG_WRITER_VERSION}"
     dry = cli("--dry-run")
-    assert (
-        "Topic log 0 (_log): would be raised to reader version 4, writer version 5." in dry.stderr
-    )
-    assert "Metadata: would be raised to reader version 4, writer version 5." in dry.stderr
+    assert f"Topic log 0 (_log): would be raised to {newest}." in dry.stderr
+    assert f"Metadata: would be raised to {newest}." in dry.stderr
     assert "would be raised; nothing was changed" in dry.stderr
     assert _files(shared).load().min_reader_version == 3
     done = cli()
-    assert "Topic log 0 (_log): raised to reader version 4, writer version 5." in done.stderr
-    assert "its logs are now at reader version 4, writer version 5" in done.stderr
-    assert Store(*local_store)._topic_log("t").load().min_writer_version == HORIZON_VERSION
+    assert f"Topic log 0 (_log): raised to {newest}." in done.stderr
+    assert f"its logs are now at {newest}" in done.stderr
+    assert Store(*local_store)._topic_log("t").load().min_writer_version == (
+        TOPIC_LOG_WRITER_VERSION
+    )
     out = json.loads(cli("-o", "json").stdout)
     assert out["changed"] is False
     assert out["topic_logs"] == [{"index": 0, "raised": "already"}]
-    assert "in layout 3 already, at reader version 4, writer version 5" in cli().stderr
+    assert f"in layout 3 already, at {newest}" in cli().stderr
 
 
 @pytest.mark.s3
@@ -752,4 +761,5 @@ def test_no_checkpoint_names_a_sidecar_older_than_the_horizon(
                 rebased.add(partition)
     assert rebased == {1, 2}  # the idle partitions got new bases, with nothing new in them
     _same(_files(shared).load(), _replayed(shared, newest))
-    assert shared.state().min_writer_version == HORIZON_VERSION
+    # New topic logs are past writer version 5, which the horizon came with.
+    assert shared.state().min_writer_version == TOPIC_LOG_WRITER_VERSION > HORIZON_VERSION

@@ -17,7 +17,7 @@ from kstore import (
     Store,
 )
 from kstore.log import decode_commit, version_file
-from kstore.topic_log import TopicLogState
+from kstore.topic_log import TOPIC_LOG_VERSION, TopicLogState
 from tests.conftest import StoreTarget
 
 
@@ -256,8 +256,9 @@ def test_a_layout_3_topic_is_refused_by_older_readers(
     first = store.storage.read(f"topics/t/_log/{version_file(0)}")
     protocol = [json.loads(line) for line in first.decode().splitlines() if '"protocol"' in line]
     assert protocol
-    # Version 4: layout 3 with incremental checkpoints (PROTOCOL.md 3.2).
-    assert protocol[-1]["protocol"]["minReaderVersion"] == 4
+    # Version 5: layout 3 with incremental checkpoints and commits that carry data
+    # (PROTOCOL.md 3.2, 11.8).
+    assert protocol[-1]["protocol"]["minReaderVersion"] == TOPIC_LOG_VERSION
 
 
 @pytest.mark.s3
@@ -337,15 +338,18 @@ def test_sidecars_of_a_checkpoint_seen_long_ago_are_written_again(
     assert all(state.sidecars[p][0]["path"] != first[p][0]["path"] for p in first)
 
 
+@pytest.mark.parametrize("inline", [0, None], ids=["objects", "carried"])
 def test_writers_sharing_a_topic_log_look_before_they_write(
-    seaweed_store: tuple[str, dict[str, Any]],
+    seaweed_store: tuple[str, dict[str, Any]], inline: int | None
 ) -> None:
     """Two producer processes alternating on one topic log: after the first lost race, each
     looks for the other's newer version (a GET) before writing, instead of sending a commit
     that is refused (a PUT, which costs as much as twelve GETs). A lost race's winner is read
-    once."""
+    once. With flushes written as data objects, and carried by their commits (the default,
+    PROTOCOL.md 11.8)."""
     url, options = seaweed_store
-    Store(url, options).create_topic("shared", 4)
+    config = {} if inline is None else {"commit.inline.bytes": inline}
+    Store(url, options).create_topic("shared", 4, config)
     first, second = (Producer(Store(url, options), linger_ms=0) for _ in range(2))
     rounds = 12
     try:
@@ -358,9 +362,11 @@ def test_writers_sharing_a_topic_log_look_before_they_write(
                         producer.send("shared", value=b"%d-%d-%d" % (number, r, p), partition=p)
                     producer.flush()
         flushes = 2 * rounds
-        # Each flush: one data object and one commit. Refused commits: the first flush of the
-        # second producer and the second of the first (each finds out it shares the log).
-        refused = counts["PUT"] - 2 * flushes
+        # Each flush: one commit, and one data object unless the commit carries the data; the
+        # first commit of the topic log (version 0) never does, so it has one. Refused commits:
+        # one or two early flushes (each producer finds out it shares the log).
+        written = 2 * flushes if inline == 0 else flushes + 1
+        refused = counts["PUT"] - written
         assert 0 <= refused <= 3, dict(counts)
         # Each flush after that: a GET that finds the other's commit and one that finds none.
         assert counts["GET"] <= 2 * flushes + 2, dict(counts)

@@ -22,9 +22,16 @@ from kstore import Store
 from kstore.errors import StorageError
 from kstore.layout import topic_data_dir
 from kstore.log import decode_commit, parse_log_file_name
+from kstore.manifest import is_carried_path
 from kstore.partition import Segment
 from kstore.producer import Producer
-from kstore.topic_log import HORIZON_VERSION, SIDECARS
+from kstore.topic_log import (
+    CHAIN_VERSION,
+    HORIZON_VERSION,
+    SIDECARS,
+    TOPIC_LOG_VERSION,
+    TOPIC_LOG_WRITER_VERSION,
+)
 from kstore.upgrade import upgrade_topic
 from tests.test_jobs_support import Target, now_ms, open_store, rows
 
@@ -37,11 +44,16 @@ DELAY = 60_000
 
 ALL = ["memory_store", "local_store", pytest.param("seaweed_store", marks=pytest.mark.s3)]
 FAST = ["memory_store", "local_store"]
+# A topic whose producers write every flush as a data object: none is carried by its commit
+# (PROTOCOL.md 11.8, which the topic log's first commit never does either).
+OBJECTS = {"commit.inline.bytes": 0}
 
 
 def produce_one_flush(store: Store, topic: str, partitions: int, tag: bytes = b"v") -> str:
     """One record to each partition in one producer flush: one data object holding a range
-    per partition. Returns the object's manifest path (``_data/...``)."""
+    per partition, or the commit carrying that data (PROTOCOL.md 11.8: not the topic log's
+    first, nor in a topic with ``OBJECTS``). Returns its manifest path (``_data/...`` or
+    ``_log/<version>.json``)."""
     with Producer(store, linger_ms=60_000) as producer:
         for p in range(partitions):
             producer.send(topic, value=tag + b"%d" % p, key=b"k", partition=p)
@@ -49,7 +61,8 @@ def produce_one_flush(store: Store, topic: str, partitions: int, tag: bytes = b"
     paths = {store.partition(topic, p).state().segments[-1].path for p in range(partitions)}
     assert len(paths) == 1, paths  # the premise: the partitions share one object
     path = paths.pop()
-    assert path.startswith("_data/")
+    objects = int(store.topic(topic).effective_config["commit.inline.bytes"]) == 0
+    assert path.startswith("_data/") or (not objects and is_carried_path(path)), path
     return path
 
 
@@ -77,7 +90,7 @@ def test_a_shared_object_stays_until_every_partition_removed_it_and_the_delay_pa
 ) -> None:
     where: Target = request.getfixturevalue(target)
     store = open_store(where)
-    store.create_topic("t", 3, {"file.delete.delay.ms": DELAY})
+    store.create_topic("t", 3, {"file.delete.delay.ms": DELAY, **OBJECTS})
     path = produce_one_flush(store, "t", 3)
     location = object_location(store, "t", path)
 
@@ -145,7 +158,7 @@ def test_an_object_nothing_names_is_deleted_after_the_orphan_age_and_not_before(
 ) -> None:
     where: Target = request.getfixturevalue(target)
     store = open_store(where)
-    store.create_topic("t", 2)
+    store.create_topic("t", 2, OBJECTS)
     live = object_location(store, "t", produce_one_flush(store, "t", 2))
     data_dir = live.rsplit("/", 1)[0]
     written = now_ms()
@@ -210,7 +223,7 @@ def test_verify_passes_a_healthy_topic_and_reports_a_missing_object_and_a_bad_ra
 ) -> None:
     where: Target = request.getfixturevalue(target)
     store = open_store(where)
-    store.create_topic("t", 3, {"checkpoint.interval": 2})
+    store.create_topic("t", 3, {"checkpoint.interval": 2, **OBJECTS})
     first = produce_one_flush(store, "t", 3, tag=b"a")
     second = produce_one_flush(store, "t", 3, tag=b"b")
     third = produce_one_flush(store, "t", 3, tag=b"c")
@@ -246,7 +259,7 @@ def test_verify_passes_a_healthy_topic_and_reports_a_missing_object_and_a_bad_ra
 
 def test_objects_of_several_topic_logs_go_with_one_commit_per_log(memory_store: Target) -> None:
     store = open_store(memory_store)
-    store.create_topic("t", 4, {"file.delete.delay.ms": DELAY, "commit.logs": 2})
+    store.create_topic("t", 4, {"file.delete.delay.ms": DELAY, "commit.logs": 2, **OBJECTS})
     with Producer(store, linger_ms=60_000) as producer:
         for p in range(4):
             producer.send("t", value=b"v%d" % p, key=b"k", partition=p)
@@ -416,6 +429,8 @@ def test_a_log_of_writer_version_4_has_its_sidecars_vacuumed_by_listing_it(
     every kept checkpoint (22.5), and still deletes only the sidecars none of them names."""
     where: Target = request.getfixturevalue(target)
     with monkeypatch.context() as old:
+        old.setattr("kstore.topic_log.TOPIC_LOG_VERSION", CHAIN_VERSION)
+        old.setattr("kstore.store.TOPIC_LOG_VERSION", CHAIN_VERSION)
         old.setattr("kstore.topic_log.TOPIC_LOG_WRITER_VERSION", 4)
         old.setattr("kstore.store.TOPIC_LOG_WRITER_VERSION", 4)
         store = open_store(where)
@@ -423,7 +438,8 @@ def test_a_log_of_writer_version_4_has_its_sidecars_vacuumed_by_listing_it(
         for i in range(5):
             produce_one_flush(store, "t", 2, tag=b"%d-" % i)
     log_dir = store.topic_logs("t")[0].directory
-    assert store.topic_logs("t")[0].state().min_writer_version == 4
+    state = store.topic_logs("t")[0].state()
+    assert (state.min_reader_version, state.min_writer_version) == (4, 4)
     sidecar_dir = f"{topic_data_dir('t', store.topic('t').topic_id)}/{SIDECARS}"
     stray = f"{sidecar_dir}/0-{0:020d}-{uuid.uuid4().hex}.json"
     store.storage.put_if_absent(stray, b"{}")
@@ -439,13 +455,18 @@ def test_a_log_of_writer_version_4_has_its_sidecars_vacuumed_by_listing_it(
     remaining = {f"{SIDECARS}/{i.name}" for i in store.storage.list_dir(sidecar_dir)}
     assert remaining == set().union(*_checkpoints(store, log_dir).values())
     assert values(Store(*where), "t", 1) == [b"%d-1" % i for i in range(5)]
-    # Raised to 4/5 (27.4), the log keeps the horizon from then on; once the oldest checkpoint
-    # vacuum keeps is past the raise, old sidecars are found by their names.
+    # Raised to the newest versions (5/6, 27.4), past writer version 5, the log keeps the
+    # horizon from then on; once the oldest checkpoint vacuum keeps is past the raise, old
+    # sidecars are found by their names.
     report = upgrade_topic(store, "t")
     assert report.changed
     fresh = Store(*where)
-    assert fresh.topic_logs("t")[0].state().min_writer_version == HORIZON_VERSION
-    assert fresh._topic_log("t").load().min_writer_version == HORIZON_VERSION
+    newest = (TOPIC_LOG_VERSION, TOPIC_LOG_WRITER_VERSION)
+    raised = fresh.topic_logs("t")[0].state()
+    assert (raised.min_reader_version, raised.min_writer_version) == newest
+    metadata = fresh._topic_log("t").load()
+    assert (metadata.min_reader_version, metadata.min_writer_version) == newest
+    assert TOPIC_LOG_WRITER_VERSION > HORIZON_VERSION
     for i in range(5, 9):
         produce_one_flush(fresh, "t", 2, tag=b"%d-" % i)
     wholes.clear()
@@ -515,7 +536,7 @@ def test_the_merge_reads_each_data_object_once_for_all_partitions_of_its_log(
     object once (one coalesced GET of its 8 ranges), where one partition at a time fetched
     it 8 times, and replaces every partition's ranges in one commit."""
     store = open_store(seaweed_store)
-    store.create_topic("wide", 8)
+    store.create_topic("wide", 8, OBJECTS)
     _produce_flushes(store, "wide", 8, 12)
     before = {p: values(store, "wide", p) for p in range(8)}
     meta = store.topic("wide")
@@ -633,10 +654,11 @@ def test_a_missing_data_object_fails_the_merge_of_its_topic_log_and_nothing_else
     target: str, request: pytest.FixtureRequest
 ) -> None:
     """A data object gone from storage: the merge of its topic log's partitions reports the
-    missing object against each of them and commits nothing there; another topic merges."""
+    missing object against each of them and commits nothing there; another topic (whose
+    commits carry their data) merges."""
     where: Target = request.getfixturevalue(target)
     store = open_store(where)
-    store.create_topic("broken", 3)
+    store.create_topic("broken", 3, OBJECTS)
     store.create_topic("fine", 3)
     _produce_flushes(store, "broken", 3, 2)
     _produce_flushes(store, "fine", 3, 2)

@@ -227,21 +227,28 @@ def test_a_trigger_asks_each_topic_log_once(
 
 
 @pytest.mark.s3
-def test_a_read_task_on_s3_fetches_each_range_once(seaweed_bucket_url: Any) -> None:
+@pytest.mark.parametrize("inline", [0, None], ids=["objects", "carried"])
+def test_a_read_task_on_s3_fetches_each_range_once(
+    seaweed_bucket_url: Any, inline: int | None
+) -> None:
     """A task (run here, as an executor runs it) reads its partition's ranges of four data
     objects ahead, together, and decodes what it fetched: one GET per object, none twice,
-    and none for a segment already decoded in the executor's cache."""
+    and none for a segment already decoded in the executor's cache. The same when the
+    commits after the first carry their flushes' data (PROTOCOL.md 11.8): one GET per
+    commit file."""
     from kstore.spark_ext.options import parse_read_options
     from kstore.spark_ext.reading import ReadContext, ReadTask, read_task
     from kstore.spark_ext.schema import Projection
     from kstore.spark_ext.stores import get_store
 
     store = open_store(seaweed_bucket_url)
-    store.create_topic("t", 4)
+    store.create_topic("t", 4, {} if inline is None else {"commit.inline.bytes": inline})
     produce(store, "t", flushes=4, per_flush=64)
     meta = store.topic("t")
     state = store.partition_state("t", 1, meta)
     assert [s.byte_range is not None for s in state.segments] == [True] * 4
+    objects = [s.path.startswith("_data/") for s in state.segments]
+    assert objects == ([True] * 4 if inline == 0 else [True, False, False, False])
     options = parse_read_options(source_options(seaweed_bucket_url, subscribe="t"), streaming=True)
     context = ReadContext(
         store=options.store,

@@ -485,8 +485,10 @@ def test_zombie_transactional_producer_is_fenced(store: kstore.Store) -> None:
 
 def test_backpressure_blocks_then_times_out(local_store: tuple[str, dict[str, Any]]) -> None:
     faulty, store = faulty_local_store(local_store)
-    # Every segment write stalls, so the buffer cannot drain.
+    # Every write of records stalls, so the buffer cannot drain: a data object, or a commit
+    # that carries its flush's data (PROTOCOL.md 11.8).
     faulty.add(Fault("put_new", when="delay", delay_s=2.0, match=is_record_write))
+    faulty.add(Fault("put_if_absent", when="delay", delay_s=2.0, match=is_commit))
     producer = Producer(store, buffer_memory=5_000, batch_size=1_000, max_block_ms=300, linger_ms=0)
     started = time.monotonic()
 

@@ -73,9 +73,10 @@ def values(store: Store, topic: str) -> list[bytes]:
 def test_a_producer_paused_between_write_and_commit_never_commits_a_vacuumed_segment(
     tmp_path: Path, transactional: bool, layout: int
 ) -> None:
-    """Layout 2: a segment file; layout 3: a data object."""
+    """Layout 2: a segment file; layout 3: a data object (not data the commit carries,
+    PROTOCOL.md 11.8)."""
     url = f"file://{tmp_path}/store"
-    Store(url).create_topic("t", 1, layout=layout)
+    Store(url).create_topic("t", 1, {"commit.inline.bytes": 0}, layout=layout)
     clock = ManualClock()
     vacuumed: list[str] = []
 

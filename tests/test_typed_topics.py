@@ -36,6 +36,7 @@ from kstore.log import TYPED_TOPICS_VERSION
 from kstore.producer import Producer
 from kstore.records import ConsumerRecord, TopicPartition
 from kstore.schema import IncompatibleSchemaError, SchemaError
+from kstore.topic_log import TOPIC_LOG_VERSION, TOPIC_LOG_WRITER_VERSION
 from tests.conftest import StoreTarget
 
 UTC = dt.UTC
@@ -664,12 +665,12 @@ def test_typed_topic_logs_need_reader_version_2_and_binary_ones_stay_at_1(
     assert old.topic("raw").partitions == 1
 
 
-@pytest.mark.parametrize("reader", [1, 2, 3])
-def test_layout_3_topics_need_reader_version_4_typed_or_not(
+@pytest.mark.parametrize("reader", [1, 2, 3, 4])
+def test_layout_3_topics_need_the_newest_reader_version_typed_or_not(
     local: tuple[Store, Path], monkeypatch: pytest.MonkeyPatch, reader: int
 ) -> None:
     """Layout 3: the topic metadata log and the topic log of a topic created now need version
-    4 (incremental checkpoints), typed or not; a reader of version 1, 2 or 3 refuses both
+    5 (commits that carry data), typed or not; a reader of version 1 to 4 refuses both
     topics and still reads the layout-2 ones."""
     store, root = local
     store.create_topic("typed", 1, value_schema="v INT")
@@ -683,11 +684,16 @@ def test_layout_3_topics_need_reader_version_4_typed_or_not(
         metadata_log = store._topic_log(topic).load()
         topic_log = store.partition(topic, 0).log.load()
         for state in (metadata_log, topic_log):
-            assert (state.min_reader_version, state.min_writer_version) == (4, 5), topic
+            assert (state.min_reader_version, state.min_writer_version) == (
+                TOPIC_LOG_VERSION,
+                TOPIC_LOG_WRITER_VERSION,
+            ), topic
     monkeypatch.setattr(kstore_log, "READER_VERSION", reader)
     old = Store(root.as_uri())
     for topic in ("typed", "raw"):
-        with pytest.raises(UnsupportedFormatVersionError, match="reader version 4"):
+        with pytest.raises(
+            UnsupportedFormatVersionError, match=f"reader version {TOPIC_LOG_VERSION}"
+        ):
             old.topic(topic)
     readable = {"typed2": [{"v": 2}], "raw2": [b"r2"]} if reader >= 2 else {"raw2": [b"r2"]}
     for topic, values in readable.items():
@@ -736,9 +742,10 @@ def test_malformed_schema_entries_are_corrupt_logs(local: tuple[Store, Path]) ->
 
 @pytest.mark.parametrize("layout", [2, 3])
 def test_a_corrupt_typed_segment_is_refused(local: tuple[Store, Path], layout: int) -> None:
-    """Layout 2: the segment file; layout 3: the data object holding the segment."""
+    """Layout 2: the segment file; layout 3: the data object holding the segment (not data a
+    commit carries, PROTOCOL.md 11.8)."""
     store, root = local
-    store.create_topic("t", 1, value_schema=USERS, layout=layout)
+    store.create_topic("t", 1, {"commit.inline.bytes": 0}, value_schema=USERS, layout=layout)
     produce(store, "t", [(None, {"id": i, "name": "x" * 50}) for i in range(20)])
     # Usually one file; more when a slow machine split the records over several flushes.
     files = sorted(root.rglob("segments/*.arrow" if layout == 2 else "_data/*.kdat"))

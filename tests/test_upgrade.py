@@ -34,7 +34,7 @@ from kstore.producer import Producer
 from kstore.records import OffsetAndMetadata, TopicPartition
 from kstore.segments import TIMESTAMP_TYPE
 from kstore.store import TopicState
-from kstore.topic_log import TopicLogState
+from kstore.topic_log import TOPIC_LOG_VERSION, TOPIC_LOG_WRITER_VERSION, TopicLogState
 from kstore.upgrade import (
     Step,
     adopt_partitions,
@@ -225,14 +225,14 @@ def test_upgrade_writes_the_versions_and_adopts_segments_by_reference(
     upgrade_topic(store, TOPIC)
     meta = store.topic(TOPIC)
     incarnation = topic_data_dir(TOPIC, meta.topic_id)
-    # Topic metadata: protocol 4/5 (layout 3 with incremental checkpoints and the sidecar
-    # horizon) before the metaData
-    # that says layout 3.
+    # Topic metadata: the newest protocol, 5/6 (layout 3 with incremental checkpoints, the
+    # sidecar horizon and commits that carry data) before the metaData that says layout 3.
+    newest = {"minReaderVersion": TOPIC_LOG_VERSION, "minWriterVersion": TOPIC_LOG_WRITER_VERSION}
     metadata_log = Log(store.storage, topic_log_dir(TOPIC), TopicState)
     head = metadata_log.read_commit(metadata_log.load().version)
     assert head is not None
     assert head[1] == [
-        ("protocol", {"minReaderVersion": 4, "minWriterVersion": 5}),
+        ("protocol", newest),
         ("metaData", {**files_metadata(files_before), "layout": 3}),
     ]
     # Partition logs: sealed, writers of version 3 only, readers unchanged.
@@ -240,12 +240,12 @@ def test_upgrade_writes_the_versions_and_adopts_segments_by_reference(
         sealed = partition_log(store, p).load()
         assert sealed.sealed_layout == 3
         assert (sealed.min_reader_version, sealed.min_writer_version) == (1, 3)
-    # Topic log 0, version 0: protocol 4/5 and every partition, segments by reference.
+    # Topic log 0, version 0: the newest protocol and every partition, segments by reference.
     shared = Log(store.storage, f"{incarnation}/_log", TopicLogState)
     commit = shared.read_commit(0)
     assert commit is not None
     assert commit[0]["operation"] == "UPGRADE TOPIC"
-    assert commit[1][0] == ("protocol", {"minReaderVersion": 4, "minWriterVersion": 5})
+    assert commit[1][0] == ("protocol", newest)
     assert {body["partition"] for _, body in commit[1][1:]} == set(range(PARTITIONS))
     adds = [body for name, body in commit[1] if name == "add"]
     assert adds

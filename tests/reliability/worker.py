@@ -65,6 +65,10 @@ TOPICS: list[tuple[str, int, dict[str, Any]]] = [
             # Tombstones are dropped soon after a cleaning, so that a run sees it happen.
             "delete.retention.ms": 2_000,
             "max.compaction.lag.ms": 5_000,
+            # Every flush a data object (the other topics' commits carry theirs, PROTOCOL.md
+            # 11.8): a producer's segment-written crash point and pause, and the deadline of a
+            # data object waiting for its commit, stay in the runs.
+            "commit.inline.bytes": 0,
         },
     ),
 ]
