@@ -579,7 +579,7 @@ def summarise_cost(runs: list[dict[str, Any]], layouts: list[str]) -> list[dict[
             row[f"merge {kind}/flush"] = statistics.median(
                 r.get("merge_requests_per_flush", {}).get(kind, 0) for r in mine
             )
-        kinds = ("data object", "commit") if layout.startswith("3") else ("segment",)
+        kinds = ("data object", "commit log") if layout.startswith("3") else ("segment",)
         for files in kinds:
             row[f"merge {files}s/flush"] = statistics.median(
                 r.get("merge_requests_by_file_per_flush", {}).get(files, 0) for r in mine
