@@ -240,6 +240,22 @@ def encode_carrying_commit(
         offset = len(text) + 8 * (len(actions) + 1)
 
 
+def without_carried_data(data: bytes, where: str) -> bytes | None:
+    """A commit that carries data, as vacuum leaves it once no partition needs the data
+    (PROTOCOL.md 22.5): the same text, its ``commitInfo`` saying ``dataVacuumed`` instead of
+    where the data was. None for a commit that carries none."""
+    offset = carried_data_offset(data, where)
+    if offset is None:
+        return None
+    text = data[:offset].rstrip(b" ")
+    first, _, rest = text.partition(b"\n")
+    line = json.loads(first)
+    info = line["commitInfo"]
+    del info["dataOffset"], info["dataBytes"]
+    info["dataVacuumed"] = True
+    return json.dumps(line, separators=(",", ":")).encode() + b"\n" + rest
+
+
 def _placed(action: Action, path: str, offset: int) -> Action:
     body = action.get("add")
     if body is None or body.get("path") != CARRIED:
@@ -589,6 +605,8 @@ class Log(Generic[S]):
             if not path.startswith("_log"):
                 continue
             span = body.get("range")
+            if path == own and info.get("dataVacuumed") is True:
+                continue  # its data vacuumed once no partition needed it (22.5)
             if path != own or not isinstance(offset, int) or not isinstance(size, int):
                 raise CorruptLogError(
                     f"{self.describe(version)}: add names {path!r}, which is not data this "

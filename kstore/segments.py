@@ -26,7 +26,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from kstore.errors import CorruptRecordError, InvalidRecordError, MissingSegmentError
-from kstore.manifest import DATA_PREFIX, segment_location
+from kstore.manifest import DATA_PREFIX, is_carried_path, segment_location
 from kstore.storage import Storage, unique_id
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
@@ -662,6 +662,10 @@ def read_segment_data(storage: Storage, partition_dir: str, seg: Any, where: str
     except FileNotFoundError:
         raise MissingSegmentError(f"{where}: data object is missing from storage") from None
     if len(data) != length:
+        if is_carried_path(seg.path) and not data:
+            raise MissingSegmentError(
+                f"{where}: the data this commit carried was vacuumed (PROTOCOL.md 22.5)"
+            )
         raise CorruptRecordError(
             f"{where}: range {start}+{length} is cut short at {len(data)} bytes"
         )

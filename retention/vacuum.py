@@ -92,6 +92,7 @@ from kstore.log import (
     decode_commit,
     parse_log_file_name,
     version_file,
+    without_carried_data,
 )
 from kstore.manifest import DATA_PREFIX, in_incarnation, is_carried_path, segment_location
 from kstore.names import validate_topic_name
@@ -962,6 +963,9 @@ def vacuum_incarnation(
     # Commit files whose carried data a partition still reads, or removed too recently: they
     # outlive the log retention (PROTOCOL.md 22.5).
     carried_held = {f"{incarnation}/{path}" for path in data_live if is_carried_path(path)}
+    # Commit files whose data no partition needs any more: their data goes now, as a data
+    # object's would; the commit itself stays a log version (until the log retention).
+    strip: set[str] = set()
     for path, entries in sorted(data_removals.items()):
         # Shared: the object goes only when every partition is done with it.
         if path in data_live or not all(due for _, _, due in entries):
@@ -970,6 +974,8 @@ def vacuum_incarnation(
             continue
         for k, p, _ in entries:
             forget.setdefault(k, {}).setdefault(p, set()).add(path)
+        if is_carried_path(path):
+            strip.add(f"{incarnation}/{path}")
         # A commit file is deleted as a log version, below (only once past the log retention).
         info = data_by_name.get(path.removeprefix(DATA_PREFIX))
         if info is not None and path.startswith(DATA_PREFIX):
@@ -1034,31 +1040,53 @@ def vacuum_incarnation(
             going = forget.get(k, {}).get(p, set())
             for seg in partition_state.segments:
                 doomed.pop(segment_location(directory, seg.path), None)
+                strip.discard(segment_location(directory, seg.path))
             for path in partition_state.removed:
                 if path not in going:
                     doomed.pop(segment_location(directory, path), None)
+    strip -= set(doomed)  # deleted whole, as an old version
     result.files = sorted(doomed)
     result.files_deleted = len(doomed)
     result.bytes_deleted = sum(doomed.values())
     if not doomed and not forget:
         result.reason = "nothing to delete"
         return result
+    stripped = f", and the data of {len(strip)} commit(s)" if strip else ""
     if options.get("dry_run"):
         result.outcome = "dry-run"
-        result.reason = f"would delete {len(doomed)} file(s)"
+        result.reason = f"would delete {len(doomed)} file(s){stripped}"
         return result
     for k, kept in enumerate(keep_from):
         if kept is not None:
             _point_hint_at(storage, logs[k].directory, kept)
     storage.delete(result.files)
+    # Before the removals are forgotten below: a run that stops in between strips them next.
+    result.bytes_deleted += _strip_carried_data(storage, sorted(strip))
     result.outcome = "committed"
-    result.reason = f"deleted {len(doomed)} file(s)"
+    result.reason = f"deleted {len(doomed)} file(s){stripped}"
     for k, per_partition in sorted(forget.items()):
         builds = {p: _forget_build(paths) for p, paths in per_partition.items()}
         committed, _ = logs[k].commit(builds, operation="VACUUM")
         if committed is not None:
             result.commits += 1
     return result
+
+
+def _strip_carried_data(storage: Storage, paths: list[str]) -> int:
+    """Replace each commit file by its text alone (PROTOCOL.md 22.5): the data it carried is
+    no partition's any more. Returns the bytes freed. Readers see the old file or the new,
+    and replay the same actions from either."""
+    freed = 0
+    for path in paths:
+        data = storage.read_if_exists(path)
+        if data is None:
+            continue
+        text = without_carried_data(data, path)
+        if text is None:
+            continue  # stripped already (a run that stopped before forgetting the removals)
+        storage.put(path, text)
+        freed += len(data) - len(text)
+    return freed
 
 
 def _files(storage: Storage, directory: str) -> list[FileInfo]:
