@@ -59,6 +59,7 @@ from kstore import Store
 from kstore.consumer import Consumer
 from kstore.layout import topic_data_dir
 from kstore.records import TopicPartition
+from kstore.storage import Storage
 
 TOPIC = "req"
 
@@ -110,7 +111,9 @@ def topic_bytes(store: Store, topic: str) -> dict[str, int]:
     sidecars), and ``data`` (``_data/`` objects and ``segments/``)."""
     meta = store.topic(topic)
     root = topic_data_dir(topic, meta.topic_id)
-    storage = store.storage
+    # A storage of its own: the store's may hold commit files as they were read, before
+    # vacuum removed their data (Storage.remember).
+    storage = Storage(store.storage.url, store.storage.storage_options)
     sizes: list[tuple[str, int]] = []
     if storage.is_local:
         base = storage.full_path(root)
