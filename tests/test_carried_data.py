@@ -386,28 +386,19 @@ def test_a_topic_at_4_5_writes_data_objects_until_the_upgrade_raises_it(
     store.create_topic("t", 2)
     topic_log = store.topic_logs("t")[0]
     _flush(store, "t", 2, b"first")
-    # Set the topic as a writer of version 5 left it: its logs at 4/5.
-    from kstore.store import TopicState
-    from kstore.topic_log import TopicLogState
-
-    for log, state_cls in (
-        (topic_log.log, TopicLogState),
-        (store._topic_log("t"), TopicState),
-    ):
-        path = f"{log.directory}/{version_file(0)}"
+    # Set the topic as a writer of version 5 left it: its topic log and metadata log at 4/5.
+    for log_dir in (topic_log.log.directory, store._topic_log("t").directory):
+        path = f"{log_dir}/{version_file(0)}"
         raw = store.storage.read(path)
         assert b'"minReaderVersion":5,"minWriterVersion":6' in raw
-        _rewrite(
-            store,
-            path,
-            raw.replace(
-                b'"minReaderVersion":5,"minWriterVersion":6',
-                b'"minReaderVersion":4,"minWriterVersion":5',
-            ),
+        older = raw.replace(
+            b'"minReaderVersion":5,"minWriterVersion":6',
+            b'"minReaderVersion":4,"minWriterVersion":5',
         )
-        assert state_cls  # both logs now say 4/5
+        _rewrite(store, path, older)
     old = open_store(where)
     assert old.topic_logs("t")[0].state().min_reader_version == 4
+    assert old._topic_log("t").load().min_writer_version == 5
     _flush(old, "t", 2, b"old")
     assert old.partition("t", 0).state().segments[-1].path.startswith("_data/")
     upgrade_topic(open_store(where), "t")
