@@ -1075,18 +1075,27 @@ def vacuum_incarnation(
 def _strip_carried_data(storage: Storage, paths: list[str]) -> int:
     """Replace each commit file by its text alone (PROTOCOL.md 22.5): the data it carried is
     no partition's any more. Returns the bytes freed. Readers see the old file or the new,
-    and replay the same actions from either."""
+    and replay the same actions from either. A chunk at a time (each file up to about
+    ``commit.inline.bytes``), its reads and its writes concurrent: a run after a long pause
+    may have thousands to do."""
     freed = 0
-    for path in paths:
-        data = storage.read_if_exists(path)
-        if data is None:
-            continue
-        text = without_carried_data(data, path)
-        if text is None:
-            continue  # stripped already (a run that stopped before forgetting the removals)
-        storage.put(path, text)
-        freed += len(data) - len(text)
+    with ThreadPoolExecutor(max_workers=_STRIP_THREADS) as pool:
+        for first in range(0, len(paths), _STRIP_CHUNK):
+            found = storage.read_many(paths[first : first + _STRIP_CHUNK])
+            texts = {}
+            for path, data in found.items():
+                text = without_carried_data(data, path)
+                if text is not None:  # None: stripped already (a run that stopped before
+                    texts[path] = text  # forgetting the removals)
+                    freed += len(data) - len(text)
+            for done in pool.map(lambda item: storage.put(*item), texts.items()):
+                assert done is None
     return freed
+
+
+# Commit files read (and rewritten) at once when vacuum removes the data they carried.
+_STRIP_CHUNK = 64
+_STRIP_THREADS = 16
 
 
 def _files(storage: Storage, directory: str) -> list[FileInfo]:
