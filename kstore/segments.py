@@ -376,13 +376,23 @@ def write_data_object(
     """Layout 3: write the records of several partitions as ONE data object, each partition's
     records a dense arrow segment at its own byte range (PROTOCOL.md 11.7). Returns, per
     partition, the description of its range (not yet committed)."""
-    name = f"{DATA_PREFIX}{int(time.time() * 1000):013d}-{unique_id()}.kdat"
+    name = new_data_object_name()
     data, out = encode_data_object(parts, name, compression=compression)
-    view = memoryview(data)
-    storage.put_new(
-        f"{incarnation_dir}/{name}", view if storage.is_local else view.tobytes(), durable=durable
-    )
+    put_data_object(storage, f"{incarnation_dir}/{name}", data, durable=durable)
     return out
+
+
+def new_data_object_name() -> str:
+    """A new data object's manifest path (PROTOCOL.md 5.8): ``_data/<ms>-<32 hex>.kdat``."""
+    return f"{DATA_PREFIX}{int(time.time() * 1000):013d}-{unique_id()}.kdat"
+
+
+def put_data_object(
+    storage: Storage, location: str, data: pa.Buffer | bytes, *, durable: bool = True
+) -> None:
+    """Write an encoded data object (:func:`encode_data_object`) under a new name."""
+    view = memoryview(data)
+    storage.put_new(location, view if storage.is_local else view.tobytes(), durable=durable)
 
 
 def encode_data_object(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -47,7 +48,9 @@ from kstore.segments import (
     SegmentFile,
     encode_data_object,
     fixed_array,
+    new_data_object_name,
     numpy_values,
+    put_data_object,
     write_data_object,
 )
 from kstore.storage import Storage
@@ -439,16 +442,25 @@ class Sender:
         first = self.store.partition(meta.name, next(iter(tables)), meta)
         shared = self.store.topic_log(meta.name, meta, first.partition)
         parts = [(p, tables[p], first.layout) for p in sorted(tables)]
+        incarnation_dir = first.directory.rsplit("/", 1)[0]
         limit = int(meta.effective_config["commit.inline.bytes"])
         if limit > 0 and _carries_data(shared.state(refresh=False)):
             data, files = encode_data_object(parts, CARRIED, compression=info.compression)
             if len(data) <= limit:
                 blob = data if isinstance(data, bytes) else memoryview(data).tobytes()
                 return _Data(files, 0.0, blob)
+            # Too large to carry: the same bytes go to a data object (not encoded again).
+            written_at = shared.log.retry.clock()
+            name = new_data_object_name()
+            put_data_object(
+                self.store.storage, f"{incarnation_dir}/{name}", data, durable=self._durable
+            )
+            named = {p: dataclasses.replace(f, path=name) for p, f in files.items()}
+            return _Data(named, written_at, None)
         written_at = shared.log.retry.clock()
         files = write_data_object(
             self.store.storage,
-            first.directory.rsplit("/", 1)[0],
+            incarnation_dir,
             parts,
             compression=info.compression,
             durable=self._durable,

@@ -156,6 +156,9 @@ def test_a_flush_larger_than_the_limit_writes_a_data_object(
     assert paths[1] == "_log/00000000000000000001.json"
     assert paths[2].startswith("_data/")
     assert len(_data_objects(store, "t")) == 2
+    # The bytes encoded to be carried went to the data object as they were: read and verified.
+    for p in range(2):
+        assert _values(open_store(where), "t", p)[6:] == [bytes([i]) * 500 for i in range(p, 40, 2)]
     # Off: every flush writes a data object.
     store.alter_topic_config("t", {"commit.inline.bytes": 0})
     _flush(open_store(where), "t", 2, b"off")
