@@ -225,8 +225,9 @@ def encode_carrying_commit(
     ``dataOffset``, then the data. The ranged adds of ``actions`` whose path is
     :data:`CARRIED` count from the data's start; they come back naming ``path`` (the commit
     file, relative to the incarnation directory) with ranges counted from the file's start.
-    The offset is written in the text it follows, so it is found in a few passes: the
-    smallest that fits the text it makes."""
+    The offset is written in the text it follows, so it is found in two passes: the text's
+    length with room for the digits the ranges and the offset gain (at most 8 bytes of
+    spaces per action)."""
     size = len(data)
     if size < 1:
         raise ValueError("a commit carries at least one byte of data")
@@ -1011,12 +1012,18 @@ def check_writer_version(state: LogState) -> None:
         )
 
 
+def may_carry_data(state: LogState) -> bool:
+    """Whether a commit may carry data in a log at ``state``'s versions: reader version 5 and
+    writer version 6 (PROTOCOL.md 3.2)."""
+    return (
+        state.min_reader_version >= CARRIED_DATA_VERSION
+        and state.min_writer_version >= CARRIED_DATA_WRITER_VERSION
+    )
+
+
 def check_carries_data(state: LogState, where: str) -> None:
     """A commit may carry data only in a log at reader version 5 and writer version 6."""
-    if (
-        state.min_reader_version < CARRIED_DATA_VERSION
-        or state.min_writer_version < CARRIED_DATA_WRITER_VERSION
-    ):
+    if not may_carry_data(state):
         raise ValueError(
             f"{where}: a commit that carries data needs a log at reader version "
             f"{CARRIED_DATA_VERSION} and writer version {CARRIED_DATA_WRITER_VERSION}; this log "

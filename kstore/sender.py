@@ -39,7 +39,7 @@ from kstore.errors import (
     TopicUpgradedError,
     UnknownTopicOrPartitionError,
 )
-from kstore.log import CARRIED, CARRIED_DATA_VERSION, CARRIED_DATA_WRITER_VERSION
+from kstore.log import CARRIED, may_carry_data
 from kstore.partition import ProducerBatch
 from kstore.partitioner import NO_PARTITION, Partitioner, StickyPartitioner
 from kstore.schema import key_bytes
@@ -54,7 +54,7 @@ from kstore.segments import (
     write_data_object,
 )
 from kstore.storage import Storage
-from kstore.store import DELETED_WRITER_VERSION, Store
+from kstore.store import Store
 from kstore.topic_log import TopicLogState
 from kstore.transaction_manager import _Transaction
 
@@ -88,12 +88,7 @@ class _Data:
 def _carries_data(state: TopicLogState) -> bool:
     """Whether a commit to this topic log may carry its data: the log exists (its first
     commit sets its versions) at reader version 5 and writer version 6."""
-    return (
-        state.version >= 0
-        and state.min_reader_version >= CARRIED_DATA_VERSION
-        and state.min_writer_version >= CARRIED_DATA_WRITER_VERSION
-        and state.min_writer_version < DELETED_WRITER_VERSION
-    )
+    return state.version >= 0 and may_carry_data(state)
 
 
 @dataclass(eq=False)
