@@ -77,7 +77,7 @@ def prune_logs(
             metavar="DURATION",
             help="Keep log versions this long (at least 2d).",
         ),
-    ] = "30d",
+    ] = "2d",
     dry_run: DryRunOpt = False,
     store: StoreOpt = None,
     option: OptionOpt = None,

@@ -208,7 +208,7 @@ def vacuum(
         typer.Option(
             "--log-retention",
             metavar="DURATION",
-            help="Keep log versions this long (default 30d; at least the minimum the "
+            help="Keep log versions this long (default 2d, at least the minimum the "
             "library allows).",
             show_default=False,
         ),

@@ -93,6 +93,8 @@ _MAX_WINDOW = 64
 _MAX_VERSION_GAP_S = 1.0
 # A log none of whose versions came for this many average gaps is quiet: a look asks for one.
 _QUIET_GAPS = 4
+# A tailing look this share of the gap between versions after the last find is early.
+_EARLY_SHARE = 0.5
 
 
 class LogState:
@@ -413,6 +415,14 @@ class Log(Generic[S]):
         self._version_gap: float | None = None
         self._missed_at: float | None = None  # when a tailing look last found nothing new
         self._unconfirmed = False  # the last tailing look returned without asking past its find
+        # This look asks for the version a look moments ago missed, or comes well before the
+        # next version is due: a find then says nothing, or much, about versions behind it.
+        self._after_miss = False
+        self._early = False
+        # Decayed sums of the time between finding looks and of the versions they found: their
+        # ratio is the gap between versions (a look that finds two counts twice).
+        self._found_span = 0.0
+        self._found_count = 0.0
         # The background checkpoint being written, and the one due next (Log.commit's
         # ``background_checkpoint``).
         self._checkpointing: concurrent.futures.Future[None] | None = None
@@ -457,9 +467,9 @@ class Log(Generic[S]):
         ``tail``: for a reader that looks again soon (a consumer's poll). On an object store
         its first window is the number of versions due since it last found some (from the
         average gap between them). A reader keeping up (one due, or none yet) asks for the
-        next version alone and returns it as soon as it is there; its next look asks for the
-        version due and the one after, which confirms the newest (about 1.5 GETs per version
-        instead of 2). A reader with several due asks for them and the one after at once,
+        next version alone and returns it as soon as it is there. Only when that look came
+        well before the version was due (versions land faster than it expects) does its next
+        look ask for the version due and the one after. A reader with several due asks for them and the one after at once,
         where one request after another would cost a round trip of latency per version, and
         widens while it finds them all. A look at a log quiet for several gaps asks for one.
         """
@@ -494,7 +504,13 @@ class Log(Generic[S]):
                 break
             if not confirm and hits == first:
                 confirmed = False
-                self._unconfirmed = True
+                # Found moments after a look that missed it, the version just landed; found at
+                # a look about when it was due, it is the one due: another after it is
+                # unlikely, and the next look asks for the next alone (asking past it costs a
+                # GET that finds nothing, two when that look is early). Found by a look well
+                # before it was due, versions are landing faster than the reader expects:
+                # the next look asks past it, and widens if it finds them all.
+                self._unconfirmed = self._early and not self._after_miss
                 break
             # A reader that is keeping up finds one new version and then a miss: it stays at
             # one request per version. Only a reader that keeps finding versions (it is behind)
@@ -514,24 +530,27 @@ class Log(Generic[S]):
         """A tailing reader's first window, and whether it must confirm the newest when it
         finds every version it asked for (else its last look, moments ago, confirmed it)."""
         gap = self._version_gap
+        self._after_miss = self._early = False
         if self._found_at is None or not gap:
             return 1, True
         if self._missed_at is not None and now - self._missed_at < gap:
+            self._after_miss = True
             # It looked less than a gap ago and found nothing: the version due is the next
-            # one. Found, it is returned at once; the look after it confirms.
+            # one. Found, it is returned at once, and is most likely the newest.
             return 1, False
         elapsed = now - self._found_at
         if elapsed > _QUIET_GAPS * gap:
             return 1, True  # a quiet log: a look is one GET, not a window's worth
         due = round(elapsed / gap)
-        if due == 0 or (due == 1 and not self._unconfirmed):
+        self._early = elapsed < _EARLY_SHARE * gap
+        if due <= 1 and not self._unconfirmed:
             # Keeping up: the one version due (or a look ahead of it), returned as soon as it
             # is there; the next look when one is due confirms (asking for the one after it
             # every time costs a GET that finds nothing, two when the look is early).
             return 1, False
         # What is due (at least one) and the one after, at once: this confirms the newest, and
         # a reader that turns out to be behind widens from here.
-        return min(_MAX_WINDOW, due + 1), True
+        return min(_MAX_WINDOW, max(due, 1) + 1), True
 
     def _note_versions(self, now: float, count: int) -> None:
         if count == 0:
@@ -539,10 +558,12 @@ class Log(Generic[S]):
             return
         self._missed_at = None
         if self._found_at is not None:
-            gap = min(now - self._found_at, _MAX_VERSION_GAP_S) / count
-            self._version_gap = (
-                gap if self._version_gap is None else 0.8 * self._version_gap + 0.2 * gap
+            self._found_span = 0.8 * self._found_span + min(
+                now - self._found_at, _MAX_VERSION_GAP_S
             )
+            # At most two a look: many at once were a reader catching up, not the rate.
+            self._found_count = 0.8 * self._found_count + min(count, 2)
+            self._version_gap = self._found_span / self._found_count
         self._found_at = now
 
     def load_version(self, version: int) -> S:

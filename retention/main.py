@@ -45,7 +45,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "--log-retention-ms",
         type=int,
         default=DEFAULT_LOG_RETENTION_MS,
-        help="vacuum: keep log versions this long (default 30 days)",
+        help="vacuum: keep log versions this long (default 2 days, the least allowed)",
     )
     args = parser.parse_args(argv)
     options = parse_storage_options(args.option)

@@ -19,7 +19,8 @@ which writes nothing, too), never a time another machine wrote into a file.
    their monotonic clock) of starting to write it, or never; the orphan age is at least
    twice that (10 minutes; default 1 hour).
 3. **Old log versions**: with K the newest checkpoint written more than the log retention ago
-   (Delta's ``logRetentionDuration``, 30 days by default), every commit and checkpoint below K.
+   (Delta's ``logRetentionDuration``; 2 days by default, the least allowed), every commit and
+   checkpoint below K.
    K itself and everything after it always stay, so the newest state, and time travel back to
    K, remain possible. A writer could otherwise still build on a state older than K and take
    a deleted version's name: writers and readers reload a cached state that has not been
@@ -30,8 +31,8 @@ The directories are listed *before* the newest state is read, and that state is 
 again just before deleting, so a file committed while vacuum runs is seen as referenced.
 
 **How much of ``_log/`` is listed** (:class:`LogScan`; PROTOCOL.md 22.5). Not the whole
-directory, which holds every version of the log retention (30 days at 20 commits/s: 52 million
-files): the listing goes in name order (version order: names are 20-digit versions) from the
+directory, which holds every version of the log retention (2 days at 20 commits/s: 3.5 million
+files; 52 million with 30 days): the listing goes in name order (version order: names are 20-digit versions) from the
 log's start, a page (one S3 LIST) at a time, and stops after the first page that shows a
 commit the storage recorded within the log retention. Earlier runs deleted everything below
 their K, so the files this run may delete, and K, are in that listing; so are the ``.tmp-*``
@@ -111,10 +112,13 @@ from kstore.topic_log import (
 OPERATION = "vacuum"
 DEFAULT_ORPHAN_AGE_MS = 60 * 60_000
 _PROBE = ".probe-"
-DEFAULT_LOG_RETENTION_MS = 30 * 24 * 60 * 60_000
 # Writers and readers reload a cached state not confirmed as the newest for STALE_STATE_S, so
 # that they never build on, or poll past, log versions vacuum deleted; keep versions longer.
 MIN_LOG_RETENTION_MS = int(2 * STALE_STATE_S * 1000)
+# Old log versions are history no reader needs (PROTOCOL.md 17.5): kept the minimum by
+# default. In a topic log at 5/6 a longer retention keeps each commit's data as long, or costs
+# a PUT per commit to remove it (22.5 step 4).
+DEFAULT_LOG_RETENTION_MS = MIN_LOG_RETENTION_MS
 _TOPIC_ID = re.compile(r"[0-9a-f]{32}")
 # Names per page when vacuum and log pruning list a log from its start (PROTOCOL.md 22.5):
 # S3's largest page, one LIST request each.
@@ -963,8 +967,11 @@ def vacuum_incarnation(
     # Commit files whose carried data a partition still reads, or removed too recently: they
     # outlive the log retention (PROTOCOL.md 22.5).
     carried_held = {f"{incarnation}/{path}" for path in data_live if is_carried_path(path)}
-    # Commit files whose data no partition needs any more: their data goes now, as a data
-    # object's would; the commit itself stays a log version (until the log retention).
+    # Commit files whose data no partition needs any more. At the minimum log retention the
+    # data goes with the file, an old version within about two days (a DELETE, free on S3);
+    # a longer retention would keep it that long, so it goes now, the file rewritten without
+    # it (a PUT each), and the commit stays a log version.
+    strip_carried = log_retention > MIN_LOG_RETENTION_MS
     strip: set[str] = set()
     for path, entries in sorted(data_removals.items()):
         # Shared: the object goes only when every partition is done with it.
@@ -974,7 +981,7 @@ def vacuum_incarnation(
             continue
         for k, p, _ in entries:
             forget.setdefault(k, {}).setdefault(p, set()).add(path)
-        if is_carried_path(path):
+        if is_carried_path(path) and strip_carried:
             strip.add(f"{incarnation}/{path}")
         # A commit file is deleted as a log version, below (only once past the log retention).
         info = data_by_name.get(path.removeprefix(DATA_PREFIX))

@@ -380,6 +380,98 @@ def test_the_merge_rewrites_carried_ranges_and_vacuum_then_deletes_their_commits
     assert verify_topic(fresh, "t", read_data=True).problems == []
 
 
+@pytest.mark.parametrize("target", ALL)
+def test_with_a_longer_log_retention_vacuum_removes_carried_data_from_the_commits(
+    target: str, request: pytest.FixtureRequest
+) -> None:
+    """Above the minimum log retention a commit whose data no partition needs keeps its text
+    (a log version) and loses its data: every such commit, on every backend."""
+    where: Target = request.getfixturevalue(target)
+    store = open_store(where)
+    store.create_topic("t", 2, {"file.delete.delay.ms": 60_000})
+    for n in range(4):
+        _flush(store, "t", 2, b"f%d" % n)
+    before = {p: _values(store, "t", p) for p in range(2)}
+    incarnation = topic_data_dir("t", store.topic("t").topic_id)
+    carried = sorted(
+        f"{incarnation}/{s.path}"
+        for s in store.partition("t", 0).state().segments
+        if is_carried_path(s.path)
+    )
+    assert len(carried) == 3
+    sizes = {path: len(store.storage.read(path)) for path in carried}
+    assert merge_segments(None, open_store(where), verbose=False).count("committed") == 2
+    done = vacuum(
+        None,
+        *where,
+        verbose=False,
+        now_ms=now_ms() + 120_000,
+        log_retention_ms=3 * DAY,
+        orphan_age_ms=3 * DAY,
+    )
+    assert done.errors == []
+    assert "the data of 3 commit(s)" in done.partitions[0].reason, done.partitions[0].reason
+    plain = open_store(where).storage  # not one that kept the files as it read them
+    for path in carried:
+        text = plain.read(path)
+        assert len(text) < sizes[path] // 2, path
+        assert json.loads(text.split(b"\n", 1)[0])["commitInfo"]["dataVacuumed"] is True
+    for p in range(2):
+        assert _values(open_store(where), "t", p) == before[p]
+
+
+def test_at_the_minimum_log_retention_carried_data_goes_with_its_commit_file(
+    local_store: Target,
+) -> None:
+    """At the default log retention (the minimum, 2 days) vacuum does not rewrite a commit
+    whose data no partition needs (a PUT each on S3): it forgets the removals, and the file,
+    data and all, goes as an old version once a checkpoint past the retention follows it."""
+    from kstore.retention import DEFAULT_LOG_RETENTION_MS, MIN_LOG_RETENTION_MS
+
+    assert DEFAULT_LOG_RETENTION_MS == MIN_LOG_RETENTION_MS == 2 * DAY
+    where = local_store
+    store = open_store(where)
+    store.create_topic("t", 2, {"file.delete.delay.ms": 60_000, "checkpoint.interval": 2})
+    for n in range(5):
+        _flush(store, "t", 2, b"f%d" % n)
+    before = {p: _values(store, "t", p) for p in range(2)}
+    incarnation = topic_data_dir("t", store.topic("t").topic_id)
+    carried = {
+        f"{incarnation}/{s.path}"
+        for s in store.partition("t", 0).state().segments
+        if is_carried_path(s.path)
+    }
+    assert len(carried) == 4
+    merged = merge_segments(None, open_store(where), verbose=False)
+    assert merged.count("committed") == 2
+    sizes = {path: len(store.storage.read(path)) for path in carried}
+    options = {"orphan_age_ms": 3 * DAY}  # the log retention left at its default
+    # Past the delete delay, within the log retention: the removals are forgotten, the commit
+    # files stay whole (no rewrite).
+    due = vacuum(None, *where, verbose=False, now_ms=now_ms() + 120_000, **options)
+    assert due.errors == []
+    assert not carried & set(due.files)
+    assert {path: len(store.storage.read(path)) for path in carried} == sizes
+    for p in range(2):
+        removed = open_store(where).partition("t", p).state().removed
+        assert not any(path.split("/", 3)[-1] in removed for path in carried)
+    # Three days on, the versions below the newest checkpoint past the retention go, data and
+    # all (the merge's and vacuum's commits, and a checkpoint, came after them).
+    log_dir = store.topic_logs("t")[0].directory
+    aged = (now_ms() - 3 * DAY) / 1000
+    for info in store.storage.list_dir(log_dir):
+        os.utime(store.storage.full_path(f"{log_dir}/{info.name}"), (aged, aged))
+    later = vacuum(None, *where, verbose=False, **options)
+    assert later.errors == []
+    assert carried <= set(later.files), sorted(carried - set(later.files))
+    assert not any(store.storage.exists(path) for path in carried)
+    assert later.bytes_deleted >= sum(sizes.values())
+    fresh = open_store(where)
+    for p in range(2):
+        assert _values(fresh, "t", p) == before[p]
+    assert verify_topic(fresh, "t", read_data=True).problems == []
+
+
 @pytest.mark.parametrize("target", FAST)
 def test_a_topic_at_4_5_writes_data_objects_until_the_upgrade_raises_it(
     target: str, request: pytest.FixtureRequest

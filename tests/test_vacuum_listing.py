@@ -51,7 +51,7 @@ PAGE = 100  # names per LIST page in these tests (vacuum's LOG_PAGE_SIZE)
 EVERY = 50  # a checkpoint every this many versions in the old phase
 OLD = 300  # versions of the old phase
 DAY = 24 * 3_600_000
-RETENTION = 30 * DAY  # vacuum's default log retention
+RETENTION = 30 * DAY  # the log retention these tests give vacuum (its default is 2 days)
 ORPHAN_AGE = 3_600_000  # vacuum's default orphan age
 BACKENDS = ["memory", "local", pytest.param("moto", marks=pytest.mark.s3)]
 
@@ -306,7 +306,14 @@ def test_lists_do_not_grow_with_the_retained_versions_and_delete_what_the_full_l
         assert any(f.startswith(f"{fx.data_root}/") and "/_log" not in f for f in expected)
         with monkeypatch.context() as patch:
             counter = ListCounter(patch, fx.log_dir)
-            dry = vacuum(None, *fx.where, verbose=False, dry_run=True, now_ms=fx.now)
+            dry = vacuum(
+                None,
+                *fx.where,
+                verbose=False,
+                log_retention_ms=RETENTION,
+                dry_run=True,
+                now_ms=fx.now,
+            )
         assert set(dry.files) == expected
         assert dry.count("dry-run") == 1
         storage = fx.store().storage
@@ -314,10 +321,14 @@ def test_lists_do_not_grow_with_the_retained_versions_and_delete_what_the_full_l
             counter = ListCounter(patch, fx.log_dir)
             if kind == "moto":
                 with storage.count_requests() as counts:
-                    done = vacuum(None, *fx.where, verbose=False, now_ms=fx.now)
+                    done = vacuum(
+                        None, *fx.where, verbose=False, log_retention_ms=RETENTION, now_ms=fx.now
+                    )
                 s3_lists.append(counts["LIST"])
             else:
-                done = vacuum(None, *fx.where, verbose=False, now_ms=fx.now)
+                done = vacuum(
+                    None, *fx.where, verbose=False, log_retention_ms=RETENTION, now_ms=fx.now
+                )
         pages.append(counter.pages)
         assert set(done.files) == expected
         names = log_names(fx)
@@ -360,9 +371,9 @@ def test_removal_times_gate_deletion_whether_looked_up_or_listed(
     # it) are not, ...
     store.alter_topic_config("t", {"file.delete.delay.ms": RETENTION - 1000})
     _, expected = reference(fx, RETENTION - 1000)
-    assert vacuum(None, *fx.where, verbose=False, dry_run=True, now_ms=fx.now).files == sorted(
-        expected
-    )
+    assert vacuum(
+        None, *fx.where, verbose=False, log_retention_ms=RETENTION, dry_run=True, now_ms=fx.now
+    ).files == sorted(expected)
     # ... with an hour, every removal is due.
     store.alter_topic_config("t", {"file.delete.delay.ms": 3_600_000})
     _, everything = reference(fx, 3_600_000)
@@ -372,13 +383,20 @@ def test_removal_times_gate_deletion_whether_looked_up_or_listed(
         with monkeypatch.context() as patch:
             patch.setattr(vacuum_module, "HEADS_PER_LIST", heads_per_list)
             counter = ListCounter(patch, fx.log_dir)
-            dry = vacuum(None, *fx.where, verbose=False, dry_run=True, now_ms=fx.now)
+            dry = vacuum(
+                None,
+                *fx.where,
+                verbose=False,
+                log_retention_ms=RETENTION,
+                dry_run=True,
+                now_ms=fx.now,
+            )
         assert set(dry.files) == everything
         pages.append(counter.pages)
     # The removal deep in the retained phase (the one near the boundary is in the listing of
     # the log's start): one HEAD, or one more page listed from its version.
     assert pages[1] == pages[0] + 1, pages
-    done = vacuum(None, *fx.where, verbose=False, now_ms=fx.now)
+    done = vacuum(None, *fx.where, verbose=False, log_retention_ms=RETENTION, now_ms=fx.now)
     assert set(done.files) == everything
     state = fx.log(store.storage).load()
     removed = state.removed if layout == 2 else state.partitions[0].removed
@@ -416,7 +434,7 @@ def test_a_checkpoint_past_the_listing_older_than_the_commits_before_it_only_kee
     full_k, full = reference(fx, RETENTION)
     assert full_k == late  # the full listing would delete 1,000 retained versions
     before = log_names(fx)
-    done = vacuum(None, *fx.where, verbose=False, now_ms=fx.now)
+    done = vacuum(None, *fx.where, verbose=False, log_retention_ms=RETENTION, now_ms=fx.now)
     deleted = set(done.files)
     assert deleted < full
     after = log_names(fx)
