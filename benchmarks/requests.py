@@ -405,7 +405,7 @@ def run_cost_case(url: str, options: dict[str, Any], layout: str, args: Any) -> 
     member.close()
     # Before the group's phase, whose producer writes more: only the two producers' data.
     merge, merge_by_file = run_merge_phase(url, options)
-    vacuumed = run_vacuum_phase(url, options)
+    vacuumed, vacuum_by_file = run_vacuum_phase(url, options)
     group = run_group_phase(url, options, args) if layout.startswith("3") else {}
     flushes = sum(p["flushes"] for p in produced)
     producer_requests: collections.Counter[str] = collections.Counter()
@@ -438,6 +438,9 @@ def run_cost_case(url: str, options: dict[str, Any], layout: str, args: Any) -> 
         },
         "vacuum_requests": vacuumed,
         "vacuum_requests_per_flush": {k: v / max(flushes, 1) for k, v in vacuumed.items()},
+        "vacuum_requests_by_file_per_flush": {
+            k: v / max(flushes, 1) for k, v in vacuum_by_file.items()
+        },
         "load_before": load_before,
         "load_after": load_now(),
     }
@@ -456,23 +459,23 @@ def run_merge_phase(url: str, options: dict[str, Any]) -> tuple[dict[str, int], 
     return dict(counts), dict(kinds)
 
 
-def run_vacuum_phase(url: str, options: dict[str, Any]) -> dict[str, int]:
+def run_vacuum_phase(url: str, options: dict[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
     """Vacuum (in this process) right after the merge, at a time when the merge's removals
     are due (``file.delete.delay.ms`` past) and the log retention is not: in layout 3 the
     data objects the merge rewrote are deleted (DELETE, free on S3), or the commits that
     carried the data lose it (a GET and a PUT each, PROTOCOL.md 22.5). Its requests by
-    kind."""
+    kind and by file."""
     from kstore.retention import vacuum
 
     store = Store(url, options, create=False)
     delay = int(store.topic(TOPIC).effective_config["file.delete.delay.ms"])
-    with counting(store) as counts:
+    with counting(store) as counts, by_file(store) as kinds:
         summary = vacuum(
             None, store, topics=[TOPIC], verbose=False, now_ms=int(time.time() * 1000) + 2 * delay
         )
     if summary.errors:
         raise SystemExit(f"vacuum failed: {summary.errors[0].reason}")
-    return dict(counts)
+    return dict(counts), dict(kinds)
 
 
 GROUP_MEMBERS = 4

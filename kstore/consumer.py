@@ -381,6 +381,10 @@ class Consumer:
         interval = self.config["heartbeat_interval_ms"] / 1000
         metadata_age = self.config["metadata_max_age_ms"] / 1000
         last_metadata = time.monotonic()
+        # The heartbeats in a session timeout: each member lists the leases at least that often.
+        lease_check_every = max(
+            1, self.config["session_timeout_ms"] // self.config["heartbeat_interval_ms"]
+        )
         while not self._heartbeat_stop.wait(interval):
             try:
                 with self._lock:
@@ -407,7 +411,11 @@ class Consumer:
                         ):
                             self._needs_rejoin = True  # poll() rejoins with the new topic list
                             continue
-                    self._group.heartbeat(self._member_id, check_metadata=check)
+                    self._group.heartbeat(
+                        self._member_id,
+                        check_metadata=check,
+                        lease_check_every=lease_check_every,
+                    )
             except CommitFailedError as exc:
                 log.warning("consumer %s: %s", self.client_id, exc)
                 self._needs_rejoin = True

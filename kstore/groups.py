@@ -391,6 +391,7 @@ class Group:
         )
         self._state: GroupState | None = None
         self._members_dir = group_members_dir(group_id)
+        self._beats = 0  # heartbeats sent through this object (which of them list the leases)
 
     def state(self) -> GroupState:
         self._state = self.log.load() if self._state is None else self.log.update(self._state)
@@ -561,10 +562,19 @@ class Group:
                     self.drop_lease(old_id)
         return self.state()
 
-    def heartbeat(self, member_id: str, *, check_metadata: bool = False) -> GroupState:
+    def heartbeat(
+        self, member_id: str, *, check_metadata: bool = False, lease_check_every: int = 1
+    ) -> GroupState:
         """Renew the member's lease; when a member's lease expired (or, with
         ``check_metadata``, a subscribed topic changed its partition count) commit the expiry
-        and a new generation. Raises CommitFailedError if this member is no longer in the group."""
+        and a new generation. Raises CommitFailedError if this member is no longer in the group.
+
+        ``lease_check_every``: the members share the listing of the leases (a LIST on S3)
+        that finds an expired one: each member lists at one heartbeat in
+        ``min(members, lease_check_every)``, so a group of n members lists about once per
+        heartbeat interval, not n times. Joins need no listing: they are commits to the group
+        log, which every heartbeat reads. A caller passes at most the heartbeats in a session
+        timeout, so every member still lists at least once per session timeout."""
         self.write_lease(member_id)
         state = self.state()
         if member_id not in state.members:
@@ -572,6 +582,10 @@ class Group:
                 f"group {self.group_id!r}: member {member_id} is no longer in the group "
                 "(session expired or fenced); it must rejoin"
             )
+        self._beats += 1
+        every = max(1, min(len(state.members), lease_check_every))
+        if self._beats % every and not check_metadata:
+            return state
         leases = self.leases()
         reference = leases.get(member_id) or self.storage_now_ms()
         live = set(self.live_members(state, reference_ms=reference, leases=leases))

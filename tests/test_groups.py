@@ -208,6 +208,46 @@ def test_a_heartbeat_does_not_expel_a_member_that_joined_after_its_listing(
     assert "member-b.json" in {f.name for f in store.storage.list_dir(group_members_dir("g"))}
 
 
+def test_members_share_the_listing_of_leases_and_still_expel_a_dead_one(
+    monkeypatch: pytest.MonkeyPatch, target: tuple[str, str, dict[str, Any]]
+) -> None:
+    """Of 3 members each lists the leases at one heartbeat in 3 (at most the heartbeats in a
+    session timeout, here 2: then one in 2); a member whose lease is gone is expelled at the
+    first heartbeat that lists."""
+    _, url, options = target
+    store = kstore.Store(url, options)
+    store.create_topic("t", partitions=3)
+    groups = {m: Group(store, "g") for m in ("member-a", "member-b", "member-c")}
+    for m, group in groups.items():
+        group.join(member(m))
+        group.write_lease(m)
+    listings: list[str] = []
+    real = Group.leases
+
+    def counted(self: Group) -> dict[str, int]:
+        listings.append("LIST")
+        return real(self)
+
+    monkeypatch.setattr(Group, "leases", counted)
+    a = groups["member-a"]
+    for _ in range(6):
+        a.heartbeat("member-a", lease_check_every=10)
+    assert len(listings) == 2  # every third heartbeat: one per member
+    listings.clear()
+    for _ in range(6):
+        a.heartbeat("member-a", lease_check_every=2)
+    assert len(listings) == 3
+    # member-c dies: its lease is gone. Within a member's listing period it is expelled.
+    groups["member-c"].drop_lease("member-c")
+    listings.clear()
+    for _ in range(3):
+        a.heartbeat("member-a", lease_check_every=10)
+    assert len(listings) >= 1
+    state = Group(store, "g").state()
+    assert set(state.members) == {"member-a", "member-b"}
+    assert sorted(len(parts) for parts in state.assignment.values()) == [1, 2]
+
+
 def test_zombie_commit_is_rejected(store: kstore.Store) -> None:
     store.create_topic("t", partitions=2)
     produce(store, "t", 20)
