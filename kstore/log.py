@@ -95,6 +95,8 @@ _MAX_VERSION_GAP_S = 1.0
 _QUIET_GAPS = 4
 # A tailing look this share of the gap between versions after the last find is early.
 _EARLY_SHARE = 0.5
+# A tailing reader keeping up asks past the version due at least once in this many finds.
+_CONFIRM_AFTER_FINDS = 4
 
 
 class LogState:
@@ -419,6 +421,10 @@ class Log(Generic[S]):
         # next version is due: a find then says nothing, or much, about versions behind it.
         self._after_miss = False
         self._early = False
+        # The last look that asked past the version due found all it asked for: versions land
+        # faster than this reader looks, so its looks keep asking past (and widening).
+        self._behind = False
+        self._finds_unconfirmed = 0  # finds in a row by looks that did not ask past them
         # Decayed sums of the time between finding looks and of the versions they found: their
         # ratio is the gap between versions (a look that finds two counts twice).
         self._found_span = 0.0
@@ -481,6 +487,7 @@ class Log(Generic[S]):
         remote = self.storage.is_remote
         window, confirm = self._first_window(now) if tail and remote else (1, True)
         first, hits, confirmed = window, 0, True
+        first_round_full = False
         while True:
             paths = [self._path(version_file(v)) for v in range(version + 1, version + 1 + window)]
             found = self.storage.read_many(paths)
@@ -502,15 +509,21 @@ class Log(Generic[S]):
             hits += applied
             if applied < window:
                 break
+            if hits == first:
+                first_round_full = True
             if not confirm and hits == first:
                 confirmed = False
                 # Found moments after a look that missed it, the version just landed; found at
-                # a look about when it was due, it is the one due: another after it is
-                # unlikely, and the next look asks for the next alone (asking past it costs a
-                # GET that finds nothing, two when that look is early). Found by a look well
-                # before it was due, versions are landing faster than the reader expects:
-                # the next look asks past it, and widens if it finds them all.
-                self._unconfirmed = self._early and not self._after_miss
+                # a look about when it was due, it is most likely the one due: the next look
+                # asks for the next alone (asking past it costs a GET that finds nothing, two
+                # when that look is early). It asks past it when this look came well before
+                # the version was due, when the reader's last look past a find showed it
+                # behind, and every few finds in any case: a reader whose looks are slower
+                # than the versions would otherwise take one a look and never learn it.
+                self._finds_unconfirmed += 1
+                self._unconfirmed = not self._after_miss and (
+                    self._early or self._behind or self._finds_unconfirmed >= _CONFIRM_AFTER_FINDS
+                )
                 break
             # A reader that is keeping up finds one new version and then a miss: it stays at
             # one request per version. Only a reader that keeps finding versions (it is behind)
@@ -524,6 +537,9 @@ class Log(Generic[S]):
         newest.confirmed_at = now if confirmed else state.confirmed_at
         if confirmed:
             self._unconfirmed = False
+            self._finds_unconfirmed = 0
+            if tail and remote:
+                self._behind = first_round_full
         return newest
 
     def _first_window(self, now: float) -> tuple[int, bool]:

@@ -548,3 +548,51 @@ def test_a_forked_child_does_not_wait_for_its_parents_background_checkpoints(
         _, status = os.waitpid(pid, 0)
         release.set()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_tailing_reader_whose_looks_are_slower_than_the_versions_learns_it_and_keeps_up(
+    moto_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two versions land between every two looks, at the pace the reader looks: a look that
+    asks for the version due alone finds it, as if it were keeping up. Within a few finds a
+    look asks past it, finds it behind, and from then on its looks ask past the version due
+    (and widen): it stays at most a few versions behind instead of falling further behind at
+    every look."""
+    import kstore.log as log_module
+    from kstore.log import Log, LogState
+
+    url, options = moto_store
+    storage = kstore.Store(url, options).storage
+    clock = _Clock()
+    monkeypatch.setattr(log_module, "time", clock)
+    directory = "slow-look-test/_log"
+    reader = Log(storage, directory, LogState)
+    rounds: list[int] = []
+    original = storage.read_many
+
+    def counted(rels: list[str]) -> dict[str, bytes]:
+        rounds.append(len(rels))
+        return original(rels)
+
+    monkeypatch.setattr(storage, "read_many", counted)
+    newest = -1
+
+    def commit(count: int) -> None:
+        nonlocal newest
+        for _ in range(count):
+            newest += 1
+            storage.put_if_absent(
+                f"{directory}/{newest:020d}.json",
+                encode_commit([{"test": {"n": newest}}], {"timestamp": 1, "operation": "TEST"}),
+            )
+
+    state = reader.update(LogState(), tail=True)
+    lags = []
+    for _ in range(16):
+        commit(2)
+        clock.now += 0.05
+        state = reader.update(state, tail=True)
+        lags.append(newest - state.version)
+    assert max(lags) <= 4, lags
+    assert lags[-4:] == [0, 0, 0, 0], lags
+    assert any(n >= 2 for n in rounds), rounds
