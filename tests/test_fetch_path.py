@@ -587,8 +587,13 @@ def test_a_tailing_reader_whose_looks_are_slower_than_the_versions_learns_it_and
             )
 
     state = reader.update(LogState(), tail=True)
+    for _ in range(6):  # one version a look: the reader learns a gap of 50 ms
+        commit(1)
+        clock.now += 0.05
+        state = reader.update(state, tail=True)
+    assert state.version == newest
     lags = []
-    for _ in range(16):
+    for _ in range(16):  # now two a look
         commit(2)
         clock.now += 0.05
         state = reader.update(state, tail=True)
