@@ -39,6 +39,7 @@ from kstore.errors import (
     UnknownTopicOrPartitionError,
 )
 from kstore.groups import Group, GroupState, Member, normalized_offsets
+from kstore.log import Log
 from kstore.names import validate_group_id, validate_topic_name
 from kstore.partition import Partition, PartitionState, prefetch
 from kstore.records import (
@@ -226,6 +227,8 @@ class Consumer:
         # Topic metadata the fetch path reuses for METADATA_RECHECK_S: re-reading it for every
         # partition of every poll cost a request each on an object store.
         self._metadata: dict[str, tuple[TopicMetadata, float]] = {}
+        # The logs the last fetch tailed: when their writers' next commits are due.
+        self._tailed: list[Log[Any]] = []
 
         self._group: Group | None = Group(self.store, self.group_id) if self.group_id else None
         self._member_id: str | None = None
@@ -748,6 +751,7 @@ class Consumer:
         # Which partitions to read, and from where. In layout 3 the partitions of one topic
         # log share its state: one request per topic log per poll, not one per partition.
         asked: set[int] = set()
+        tailed: dict[int, Log[Any]] = {}
         plan: list[tuple[TopicPartition, Partition, PartitionState]] = []
         for tp in parts[start:] + parts[:start]:
             if not self._fetchable(tp) or tp in self._buffer:
@@ -756,13 +760,16 @@ class Consumer:
             shared = partition.topic_log
             if shared is None:
                 state = partition.state(tail=True)
+                tailed[id(partition.log)] = partition.log
             else:
                 state = partition.state(refresh=id(shared) not in asked, tail=True)
                 asked.add(id(shared))
+                tailed[id(shared.log)] = shared.log
             if state.sealed_layout is not None:
                 # Upgraded (PROTOCOL.md 8.29): the topic log is read from the next poll on.
                 self._metadata.pop(tp.topic, None)
             plan.append((tp, partition, state))
+        self._tailed = list(tailed.values())
         # Only partitions with a position: establishing one here would commit it later, for a
         # partition this poll may not reach (a never-read partition has no committed offset).
         prefetch(
@@ -816,6 +823,12 @@ class Consumer:
             self._next_arrival = now + ARRIVAL_EARLY * self._arrival_gap
         self._last_arrival = now
 
+    def _next_due(self) -> float | None:
+        """Seconds until the next commit a tailed log's writers are due to land (negative: one
+        is late), or None when no writer's rhythm is known (kstore.rhythm)."""
+        dues = [d for log in self._tailed if (d := log.next_due()) is not None]
+        return min(dues) if dues else None
+
     def _visible_end(self, state: PartitionState) -> int:
         return state.last_stable_offset if self._read_committed else state.end_offset
 
@@ -836,9 +849,12 @@ class Consumer:
             self._maybe_auto_commit()
             if not self._buffer and remote:
                 # On an object store every look is a GET: none before new data is due, within
-                # what this poll may wait.
+                # what this poll may wait. When the producers' rhythms are known, when the
+                # next of their commits is due; else a little before the average gap.
                 now = time.monotonic()
-                early = min(self._next_arrival - now, deadline - now, cap)
+                due = self._next_due()
+                wait = self._next_arrival - now if due is None else due
+                early = min(wait, deadline - now, cap)
                 if early > 0:
                     time.sleep(early)
             result = fetch()
@@ -848,6 +864,11 @@ class Consumer:
             left = deadline - now
             if left <= 0:
                 return {}
+            due = self._next_due() if remote else None
+            if due is not None and due > backoff:
+                # Nothing was late: the next commit due is further off than a backoff step.
+                time.sleep(min(due, left))
+                continue
             time.sleep(min(backoff, left))
             recent = self._last_arrival is not None and now - self._last_arrival < ARRIVAL_GAP_MAX_S
             limit = min(cap, LOCAL_LOOK_MAX_S) if recent and not remote else cap

@@ -38,6 +38,7 @@ from kstore.errors import (
     TopicDeletedError,
     UnsupportedFormatVersionError,
 )
+from kstore.rhythm import WriterRhythms
 from kstore.storage import Storage, unique_id
 
 log = logging.getLogger(__name__)
@@ -429,6 +430,7 @@ class Log(Generic[S]):
         # ratio is the gap between versions (a look that finds two counts twice).
         self._found_span = 0.0
         self._found_count = 0.0
+        self.rhythms = WriterRhythms()  # when its writers' next commits are due (a reader's)
         # The background checkpoint being written, and the one due next (Log.commit's
         # ``background_checkpoint``).
         self._checkpointing: concurrent.futures.Future[None] | None = None
@@ -505,6 +507,8 @@ class Log(Generic[S]):
                     self.storage.remember(path, data)
                 self._apply_commit(next_state, version + 1 + offset, info, actions)
                 applied += 1
+                if tail and remote:
+                    self._note_writer(info, actions)
             version += applied
             hits += applied
             if applied < window:
@@ -557,8 +561,13 @@ class Log(Generic[S]):
         elapsed = now - self._found_at
         if elapsed > _QUIET_GAPS * gap:
             return 1, True  # a quiet log: a look is one GET, not a window's worth
-        due = round(elapsed / gap)
-        self._early = elapsed < _EARLY_SHARE * gap
+        in_rhythm = self.rhythms.due_count(time.time())
+        if in_rhythm is not None:
+            # The writers' rhythms say how many of their commits are due by now.
+            due, self._early = in_rhythm, in_rhythm == 0
+        else:
+            due = round(elapsed / gap)
+            self._early = elapsed < _EARLY_SHARE * gap
         if due <= 1 and not self._unconfirmed:
             # Keeping up: the one version due (or a look ahead of it), returned as soon as it
             # is there; the next look when one is due confirms (asking for the one after it
@@ -567,6 +576,21 @@ class Log(Generic[S]):
         # What is due (at least one) and the one after, at once: this confirms the newest, and
         # a reader that turns out to be behind widens from here.
         return min(_MAX_WINDOW, max(due, 1) + 1), True
+
+    def _note_writer(self, info: dict[str, Any], actions: list[tuple[str, dict[str, Any]]]) -> None:
+        """Learn the rhythm of the producer that wrote a commit a tailing look found (its
+        idempotent identity, 15; commits without one have no rhythm to learn)."""
+        stamp = info.get("timestamp")
+        writer = next((body.get("id") for name, body in actions if name == "producer"), None)
+        if isinstance(stamp, int) and isinstance(writer, str):
+            self.rhythms.note(writer, stamp, time.time(), tight=self._after_miss)
+
+    def next_due(self) -> float | None:
+        """Seconds until a writer in rhythm is expected to land its next commit (negative: it
+        is late), from what tailing looks found; None when none is in a rhythm."""
+        now = time.time()
+        due = self.rhythms.next_due(now)
+        return None if due is None else due - now
 
     def _note_versions(self, now: float, count: int) -> None:
         if count == 0:

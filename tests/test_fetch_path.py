@@ -601,3 +601,50 @@ def test_a_tailing_reader_whose_looks_are_slower_than_the_versions_learns_it_and
     assert max(lags) <= 4, lags
     assert lags[-4:] == [0, 0, 0, 0], lags
     assert any(n >= 2 for n in rounds), rounds
+
+
+def test_a_reader_that_knows_its_writers_rhythms_looks_when_the_next_commit_is_due(
+    moto_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a writer's next commit due in 40 ms, a poll waits that long before its first look
+    (not 80% of the average gap), and after a look that finds nothing while a commit is due
+    later (another writer's) it waits for that one, not a backoff step; once a commit is late,
+    the backoff from 5% of the gap resumes."""
+    import kstore.consumer as consumer_module
+
+    class SleepClock(_Clock):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sleeps: list[float] = []
+
+        def sleep(self, seconds: float) -> None:
+            self.sleeps.append(round(seconds, 6))
+            self.now += seconds
+
+    class TailedLog:
+        def __init__(self, dues: list[float | None]) -> None:
+            self.dues = dues
+
+        def next_due(self) -> float | None:
+            return self.dues.pop(0) if self.dues else -0.001
+
+    store = kstore.Store(*moto_store)
+    store.create_topic("t", partitions=1)
+    consumer = Consumer("t", store=store, fetch_max_wait_ms=500)
+    clock = SleepClock()
+    monkeypatch.setattr(consumer_module, "time", clock)
+    consumer._arrival_gap = 0.2
+    consumer._next_arrival = clock.now + 0.16  # what the average gap alone would say
+    # Due in 40 ms; after that look missed, another writer's in 30 ms; then late.
+    consumer._tailed = [TailedLog([0.04, 0.03])]  # type: ignore[list-item]
+    looks = 0
+
+    def fetch() -> dict[Any, Any]:
+        nonlocal looks
+        looks += 1
+        return {}
+
+    assert consumer._poll_loop(100, fetch) == {}
+    assert clock.sleeps[:4] == [0.04, 0.03, 0.01, 0.02], clock.sleeps
+    assert looks >= 3
+    consumer.close()
