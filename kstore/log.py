@@ -96,8 +96,10 @@ _MAX_VERSION_GAP_S = 1.0
 _QUIET_GAPS = 4
 # A tailing look this share of the gap between versions after the last find is early.
 _EARLY_SHARE = 0.5
-# A tailing reader keeping up asks past the version due at least once in this many finds.
+# A tailing reader keeping up asks past the version due at least once in this many finds (a
+# reader that knows its writers' rhythms learns it is behind from them, sooner).
 _CONFIRM_AFTER_FINDS = 4
+_CONFIRM_AFTER_FINDS_IN_RHYTHM = 16
 
 
 class LogState:
@@ -425,6 +427,7 @@ class Log(Generic[S]):
         # The last look that asked past the version due found all it asked for: versions land
         # faster than this reader looks, so its looks keep asking past (and widening).
         self._behind = False
+        self._in_rhythm = False  # the last look's count of versions due came from rhythms
         self._finds_unconfirmed = 0  # finds in a row by looks that did not ask past them
         # Decayed sums of the time between finding looks and of the versions they found: their
         # ratio is the gap between versions (a look that finds two counts twice).
@@ -526,7 +529,7 @@ class Log(Generic[S]):
                 # than the versions would otherwise take one a look and never learn it.
                 self._finds_unconfirmed += 1
                 self._unconfirmed = not self._after_miss and (
-                    self._early or self._behind or self._finds_unconfirmed >= _CONFIRM_AFTER_FINDS
+                    self._early or self._behind or self._finds_unconfirmed >= self._confirm_after()
                 )
                 break
             # A reader that is keeping up finds one new version and then a miss: it stays at
@@ -546,6 +549,9 @@ class Log(Generic[S]):
                 self._behind = first_round_full
         return newest
 
+    def _confirm_after(self) -> int:
+        return _CONFIRM_AFTER_FINDS_IN_RHYTHM if self._in_rhythm else _CONFIRM_AFTER_FINDS
+
     def _first_window(self, now: float) -> tuple[int, bool]:
         """A tailing reader's first window, and whether it must confirm the newest when it
         finds every version it asked for (else its last look, moments ago, confirmed it)."""
@@ -562,6 +568,7 @@ class Log(Generic[S]):
         if elapsed > _QUIET_GAPS * gap:
             return 1, True  # a quiet log: a look is one GET, not a window's worth
         in_rhythm = self.rhythms.due_count(time.time())
+        self._in_rhythm = in_rhythm is not None
         if in_rhythm is not None:
             # The writers' rhythms say how many of their commits are due by now.
             due, self._early = in_rhythm, in_rhythm == 0
