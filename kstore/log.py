@@ -99,6 +99,8 @@ _EARLY_SHARE = 0.5
 # A tailing reader keeping up asks past the version due at least once in this many finds (a
 # reader that knows its writers' rhythms learns it is behind from them, sooner).
 _CONFIRM_AFTER_FINDS = 4
+# The most versions a look asks for at first because the writers' rhythms count them due.
+_RHYTHM_MAX_DUE = 4
 _CONFIRM_AFTER_FINDS_IN_RHYTHM = 16
 
 
@@ -538,6 +540,9 @@ class Log(Generic[S]):
             if hits >= 2 and remote:
                 window = min(window * 2, _MAX_WINDOW)
         if tail:
+            if hits == 0 and first > 1 and self._in_rhythm:
+                # The rhythms said several were due and none was there: they are out of date.
+                self.rhythms.forget_overdue(time.time())
             self._note_versions(now, hits)
         newest = next_state if next_state is not None else state
         # Bookkeeping only (the state's content is unchanged): when it was last known newest.
@@ -556,7 +561,7 @@ class Log(Generic[S]):
         """A tailing reader's first window, and whether it must confirm the newest when it
         finds every version it asked for (else its last look, moments ago, confirmed it)."""
         gap = self._version_gap
-        self._after_miss = self._early = False
+        self._after_miss = self._early = self._in_rhythm = False
         if self._found_at is None or not gap:
             return 1, True
         if self._missed_at is not None and now - self._missed_at < gap:
@@ -570,8 +575,10 @@ class Log(Generic[S]):
         in_rhythm = self.rhythms.due_count(time.time())
         self._in_rhythm = in_rhythm is not None
         if in_rhythm is not None:
-            # The writers' rhythms say how many of their commits are due by now.
-            due, self._early = in_rhythm, in_rhythm == 0
+            # The writers' rhythms say how many of their commits are due by now; at most a few
+            # are asked for at first (a writer that stopped still counts commits due until a
+            # look finds none), and a reader that finds them all widens from there.
+            due, self._early = min(in_rhythm, _RHYTHM_MAX_DUE), in_rhythm == 0
         else:
             due = round(elapsed / gap)
             self._early = elapsed < _EARLY_SHARE * gap

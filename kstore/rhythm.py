@@ -26,6 +26,8 @@ _STOPPED_S = 2.0
 _MAX_PERIOD_S = 1.0
 _LAGS_KEPT = 16
 _WRITERS_KEPT = 64
+# Share of a period before its due time at which a writer's next commit counts as due.
+_DUE_TOLERANCE = 0.1
 
 
 def _lag(writer: _Writer) -> float:
@@ -80,20 +82,34 @@ class WriterRhythms:
         count: int | None = None
         for writer, lag in self._in_rhythm(now):
             assert writer.period is not None
-            count = (count or 0) + max(0, int((now - writer.last_ts - lag) / writer.period))
+            # A look a little before the due time counts it due: that is when looks are made.
+            late = (now - writer.last_ts - lag) / writer.period + _DUE_TOLERANCE
+            count = (count or 0) + max(0, int(late))
         return count
+
+    def forget_overdue(self, now: float) -> None:
+        """A look asked for the commits the rhythms said were due and found none: the writers
+        whose commit is overdue have stopped or paused, and predict nothing until their next
+        commits teach them again (a stopped writer would otherwise make every look ask for a
+        window of versions that do not exist)."""
+        for key, (writer, lag) in list(self._keyed_in_rhythm(now).items()):
+            assert writer.period is not None
+            if now > writer.last_ts + writer.period + lag:
+                del self._writers[key]
 
     def _in_rhythm(self, now: float) -> list[tuple[_Writer, float]]:
         """The writers in a rhythm, each with its lag."""
-        out = []
-        for writer in self._writers.values():
+        return list(self._keyed_in_rhythm(now).values())
+
+    def _keyed_in_rhythm(self, now: float) -> dict[str, tuple[_Writer, float]]:
+        out = {}
+        for key, writer in self._writers.items():
             period = writer.period
             if period is None or now - writer.seen_at > max(_STOPPED_PERIODS * period, _STOPPED_S):
                 continue
             if not writer.lags and not writer.loose:
                 continue
-            lag = _lag(writer)
-            out.append((writer, lag))
+            out[key] = (writer, _lag(writer))
         return out
 
     def next_due(self, now: float) -> float | None:

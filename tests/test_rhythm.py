@@ -67,3 +67,24 @@ def test_without_tight_finds_the_least_lag_seen_is_used() -> None:
     assert rhythms.next_due(last) == pytest.approx(last + 0.1 + 0.02, abs=1e-3)
     rhythms.note("a", int(ts * 1000), ts + 0.006, tight=True)
     assert rhythms.next_due(ts) == pytest.approx(ts + 0.1 + 0.006, abs=1e-3)
+
+
+def test_a_look_a_little_before_the_due_time_counts_the_commit_due() -> None:
+    rhythms = WriterRhythms()
+    last = _learn(rhythms, "a", 1000.0, 0.1, 0.01)
+    due = last + 0.1 + 0.01
+    assert rhythms.due_count(due - 0.005) == 1  # within a tenth of the period
+    assert rhythms.due_count(due - 0.02) == 0
+
+
+def test_writers_whose_commits_are_overdue_are_forgotten_when_a_look_finds_none() -> None:
+    """A producer that stopped would otherwise have its commits counted due, more and more of
+    them, for 2 s: every look would ask for a window of versions that do not exist."""
+    rhythms = WriterRhythms()
+    a = _learn(rhythms, "a", 1000.0, 0.005, 0.002)
+    b = _learn(rhythms, "b", 991.0, 1.0, 0.002)
+    now = a + 0.5
+    assert 95 <= (rhythms.due_count(now) or 0) <= 100  # a's, by its rhythm; b's not yet due
+    rhythms.forget_overdue(now)
+    assert rhythms.due_count(now) == 0  # b's rhythm stays
+    assert rhythms.next_due(now) == pytest.approx(b + 1.0 + 0.002, abs=1e-3)
