@@ -50,6 +50,16 @@ def _data_objects(store: Store, topic: str) -> list[str]:
     return [i.name for i in store.storage.list_dir(directory) if i.name != own]
 
 
+def _carried_files(store: Store, topic: str) -> set[str]:
+    """The commit files whose carried data partition 0 of ``topic`` reads (store paths)."""
+    incarnation = topic_data_dir(topic, store.topic(topic).topic_id)
+    return {
+        f"{incarnation}/{s.path}"
+        for s in store.partition(topic, 0).state().segments
+        if is_carried_path(s.path)
+    }
+
+
 @pytest.mark.parametrize("target", ALL)
 def test_a_flush_after_the_first_carries_its_data_in_the_commit(
     target: str, request: pytest.FixtureRequest
@@ -312,12 +322,7 @@ def test_the_merge_rewrites_carried_ranges_and_vacuum_then_deletes_their_commits
     for n in range(5):
         _flush(store, "t", 2, b"f%d" % n)
     before = {p: _values(store, "t", p) for p in range(2)}
-    incarnation = topic_data_dir("t", store.topic("t").topic_id)
-    carried = {
-        f"{incarnation}/{s.path}"
-        for s in store.partition("t", 0).state().segments
-        if is_carried_path(s.path)
-    }
+    carried = _carried_files(store, "t")
     assert len(carried) == 4
     log_dir = store.topic_logs("t")[0].directory
     aged = (now_ms() - 10 * DAY) / 1000
@@ -392,12 +397,7 @@ def test_with_a_longer_log_retention_vacuum_removes_carried_data_from_the_commit
     for n in range(4):
         _flush(store, "t", 2, b"f%d" % n)
     before = {p: _values(store, "t", p) for p in range(2)}
-    incarnation = topic_data_dir("t", store.topic("t").topic_id)
-    carried = sorted(
-        f"{incarnation}/{s.path}"
-        for s in store.partition("t", 0).state().segments
-        if is_carried_path(s.path)
-    )
+    carried = sorted(_carried_files(store, "t"))
     assert len(carried) == 3
     sizes = {path: len(store.storage.read(path)) for path in carried}
     assert merge_segments(None, open_store(where), verbose=False).count("committed") == 2
@@ -435,12 +435,7 @@ def test_at_the_minimum_log_retention_carried_data_goes_with_its_commit_file(
     for n in range(5):
         _flush(store, "t", 2, b"f%d" % n)
     before = {p: _values(store, "t", p) for p in range(2)}
-    incarnation = topic_data_dir("t", store.topic("t").topic_id)
-    carried = {
-        f"{incarnation}/{s.path}"
-        for s in store.partition("t", 0).state().segments
-        if is_carried_path(s.path)
-    }
+    carried = _carried_files(store, "t")
     assert len(carried) == 4
     merged = merge_segments(None, open_store(where), verbose=False)
     assert merged.count("committed") == 2

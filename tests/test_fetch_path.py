@@ -337,6 +337,45 @@ class _Clock:
         return getattr(time, name)
 
 
+class _TailedLog:
+    """A log on moto tailed by a reader whose monotonic clock the test moves: the test's
+    commits to it, and how many versions each of the reader's requests asked for."""
+
+    def __init__(
+        self,
+        moto_store: tuple[str, dict[str, Any]],
+        monkeypatch: pytest.MonkeyPatch,
+        directory: str,
+    ) -> None:
+        import kstore.log as log_module
+        from kstore.log import Log, LogState
+
+        self.storage = kstore.Store(*moto_store).storage
+        self.clock = _Clock()
+        monkeypatch.setattr(log_module, "time", self.clock)
+        self.directory = directory
+        self.reader: Log[LogState] = Log(self.storage, directory, LogState)
+        self.rounds: list[int] = []
+        self.newest = -1
+        original = self.storage.read_many
+
+        def counted(rels: list[str]) -> dict[str, bytes]:
+            self.rounds.append(len(rels))
+            return original(rels)
+
+        monkeypatch.setattr(self.storage, "read_many", counted)
+
+    def commit(self, count: int) -> None:
+        for _ in range(count):
+            self.newest += 1
+            self.storage.put_if_absent(
+                f"{self.directory}/{self.newest:020d}.json",
+                encode_commit(
+                    [{"test": {"n": self.newest}}], {"timestamp": 1, "operation": "TEST"}
+                ),
+            )
+
+
 def test_a_look_that_finds_nothing_looks_again_after_a_share_of_the_arrival_gap(
     moto_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -383,45 +422,28 @@ def test_a_tailing_reader_fetches_the_versions_due_and_the_next_in_one_round(
     versions due and the one after them at once: one round trip that finds what is new and
     confirms it is the newest. Asked one by one, that was four round trips (three finds, one
     miss), a round trip of latency per version."""
-    import kstore.log as log_module
     from kstore.log import Log, LogState
 
-    url, options = moto_store
-    storage = kstore.Store(url, options).storage
-    clock = _Clock()
-    monkeypatch.setattr(log_module, "time", clock)
-    directory = "tail-test/_log"
-    reader = Log(storage, directory, LogState)
-    rounds: list[int] = []
-    original = storage.read_many
-
-    def counted(rels: list[str]) -> dict[str, bytes]:
-        rounds.append(len(rels))
-        return original(rels)
-
-    monkeypatch.setattr(storage, "read_many", counted)
-    newest = -1
-
-    def commit(count: int) -> None:
-        nonlocal newest
-        for _ in range(count):
-            newest += 1
-            storage.put_if_absent(
-                f"{directory}/{newest:020d}.json",
-                encode_commit([{"test": {"n": newest}}], {"timestamp": 1, "operation": "TEST"}),
-            )
+    tailed = _TailedLog(moto_store, monkeypatch, "tail-test/_log")
+    storage, clock, reader, rounds, commit = (
+        tailed.storage,
+        tailed.clock,
+        tailed.reader,
+        tailed.rounds,
+        tailed.commit,
+    )
 
     state = reader.update(LogState(), tail=True)
     for _ in range(4):  # the reader learns a version every 50 ms
         commit(1)
         clock.now += 0.05
         state = reader.update(state, tail=True)
-    assert state.version == newest
+    assert state.version == tailed.newest
     commit(3)  # three land while the reader is away
     clock.now += 0.15
     rounds.clear()
     state = reader.update(state, tail=True)
-    assert state.version == newest
+    assert state.version == tailed.newest
     assert rounds == [4], rounds  # the three due and the next, in one round trip
     # Keeping up, one version due at each look: it is returned at once, one GET a version (a
     # look about when the version was due does not ask past it: that GET would find nothing).
@@ -430,7 +452,7 @@ def test_a_tailing_reader_fetches_the_versions_due_and_the_next_in_one_round(
         commit(1)
         clock.now += 0.05
         state = reader.update(state, tail=True)
-        assert state.version == newest
+        assert state.version == tailed.newest
     assert rounds == [1, 1, 1], rounds
     # Far behind without knowing it (40 land at once): the look takes the version due; the
     # poll after it, at once, finds the next one well before one was due, so the one after
@@ -439,11 +461,11 @@ def test_a_tailing_reader_fetches_the_versions_due_and_the_next_in_one_round(
     clock.now += 0.05
     rounds.clear()
     state = reader.update(state, tail=True)
-    assert state.version == newest - 39
+    assert state.version == tailed.newest - 39
     for _ in range(2):
         clock.now += 0.001
         state = reader.update(state, tail=True)
-    assert state.version == newest
+    assert state.version == tailed.newest
     assert len(rounds) <= 8, rounds
     assert sum(rounds) < 40 + 32, rounds
     # A look that finds nothing; the next, moments later, asks for the next version alone
@@ -454,7 +476,7 @@ def test_a_tailing_reader_fetches_the_versions_due_and_the_next_in_one_round(
     commit(1)
     clock.now += 0.005
     state = reader.update(state, tail=True)
-    assert state.version == newest
+    assert state.version == tailed.newest
     assert rounds == [1, 1], rounds
     # An early look that finds what it asks for: the next look asks past it (here one found,
     # one missed).
@@ -462,10 +484,10 @@ def test_a_tailing_reader_fetches_the_versions_due_and_the_next_in_one_round(
     clock.now += 0.005
     rounds.clear()
     state = reader.update(state, tail=True)
-    assert state.version == newest - 1
+    assert state.version == tailed.newest - 1
     clock.now += 0.005
     state = reader.update(state, tail=True)
-    assert state.version == newest
+    assert state.version == tailed.newest
     assert rounds == [1, 2], rounds
     # An idle topic: every look is one GET, however long it has been quiet.
     rounds.clear()
@@ -476,7 +498,7 @@ def test_a_tailing_reader_fetches_the_versions_due_and_the_next_in_one_round(
     # A reader that is not tailing (a writer about to commit) starts with one version.
     commit(1)
     rounds.clear()
-    assert Log(storage, directory, LogState).update(state).version == newest
+    assert Log(storage, tailed.directory, LogState).update(state).version == tailed.newest
     assert rounds == [1, 1], rounds
 
 
@@ -558,46 +580,23 @@ def test_a_tailing_reader_whose_looks_are_slower_than_the_versions_learns_it_and
     look asks past it, finds it behind, and from then on its looks ask past the version due
     (and widen): it stays at most a few versions behind instead of falling further behind at
     every look."""
-    import kstore.log as log_module
-    from kstore.log import Log, LogState
+    from kstore.log import LogState
 
-    url, options = moto_store
-    storage = kstore.Store(url, options).storage
-    clock = _Clock()
-    monkeypatch.setattr(log_module, "time", clock)
-    directory = "slow-look-test/_log"
-    reader = Log(storage, directory, LogState)
-    rounds: list[int] = []
-    original = storage.read_many
-
-    def counted(rels: list[str]) -> dict[str, bytes]:
-        rounds.append(len(rels))
-        return original(rels)
-
-    monkeypatch.setattr(storage, "read_many", counted)
-    newest = -1
-
-    def commit(count: int) -> None:
-        nonlocal newest
-        for _ in range(count):
-            newest += 1
-            storage.put_if_absent(
-                f"{directory}/{newest:020d}.json",
-                encode_commit([{"test": {"n": newest}}], {"timestamp": 1, "operation": "TEST"}),
-            )
+    tailed = _TailedLog(moto_store, monkeypatch, "slow-look-test/_log")
+    clock, reader, rounds, commit = tailed.clock, tailed.reader, tailed.rounds, tailed.commit
 
     state = reader.update(LogState(), tail=True)
     for _ in range(6):  # one version a look: the reader learns a gap of 50 ms
         commit(1)
         clock.now += 0.05
         state = reader.update(state, tail=True)
-    assert state.version == newest
+    assert state.version == tailed.newest
     lags = []
     for _ in range(16):  # now two a look
         commit(2)
         clock.now += 0.05
         state = reader.update(state, tail=True)
-        lags.append(newest - state.version)
+        lags.append(tailed.newest - state.version)
     assert max(lags) <= 4, lags
     assert lags[-4:] == [0, 0, 0, 0], lags
     assert any(n >= 2 for n in rounds), rounds
