@@ -406,7 +406,9 @@ def test_vacuum_finds_old_sidecars_by_their_names_without_listing_the_log(
     monkeypatch.setattr(
         vacuum_module.LogScan, "whole", lambda self: wholes.append(self.directory) or original(self)
     )
-    summary = vacuum(None, *where, verbose=False, now_ms=boundary + 30 * DAY + 1)
+    summary = vacuum(
+        None, *where, verbose=False, now_ms=boundary + 30 * DAY + 1, log_retention_ms=30 * DAY
+    )
     assert summary.errors == []
     assert wholes == []  # the log was not listed whole
     gone = {path.rsplit("/", 1)[-1] for path in summary.files if f"/{SIDECARS}/" in path}
