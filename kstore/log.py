@@ -480,9 +480,12 @@ class Log(Generic[S]):
         ``tail``: for a reader that looks again soon (a consumer's poll). On an object store
         its first window is the number of versions due since it last found some (from the
         average gap between them). A reader keeping up (one due, or none yet) asks for the
-        next version alone and returns it as soon as it is there. Only when that look came
-        well before the version was due (versions land faster than it expects) does its next
-        look ask for the version due and the one after. A reader with several due asks for them and the one after at once,
+        next version alone and returns it as soon as it is there. Its next look asks for the
+        version due and the one after only when that find came well before the version was
+        due, when its last such look showed it behind, or after several finds without one (so
+        a reader whose looks are slower than the versions learns it). The versions due come
+        from the writers' rhythms (kstore.rhythm) when known. A reader with several due asks
+        for them and the one after at once,
         where one request after another would cost a round trip of latency per version, and
         widens while it finds them all. A look at a log quiet for several gaps asks for one.
         """

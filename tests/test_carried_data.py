@@ -60,6 +60,19 @@ def _carried_files(store: Store, topic: str) -> set[str]:
     }
 
 
+def _four_carried_flushes(where: Target) -> tuple[Store, dict[int, list[bytes | None]], set[str]]:
+    """Topic ``t`` (2 partitions, a checkpoint every 2 commits) after five flushes, the last
+    four carried: the store, each partition's values, the carried commit files."""
+    store = open_store(where)
+    store.create_topic("t", 2, {"file.delete.delay.ms": 60_000, "checkpoint.interval": 2})
+    for n in range(5):
+        _flush(store, "t", 2, b"f%d" % n)
+    before = {p: _values(store, "t", p) for p in range(2)}
+    carried = _carried_files(store, "t")
+    assert len(carried) == 4
+    return store, before, carried
+
+
 @pytest.mark.parametrize("target", ALL)
 def test_a_flush_after_the_first_carries_its_data_in_the_commit(
     target: str, request: pytest.FixtureRequest
@@ -317,13 +330,7 @@ def test_the_merge_rewrites_carried_ranges_and_vacuum_then_deletes_their_commits
     has passed, vacuum deletes it with the other old versions. (Local disk: the log's files
     are aged by their modification times, as if written ten days ago.)"""
     where = local_store
-    store = open_store(where)
-    store.create_topic("t", 2, {"file.delete.delay.ms": 60_000, "checkpoint.interval": 2})
-    for n in range(5):
-        _flush(store, "t", 2, b"f%d" % n)
-    before = {p: _values(store, "t", p) for p in range(2)}
-    carried = _carried_files(store, "t")
-    assert len(carried) == 4
+    store, before, carried = _four_carried_flushes(where)
     log_dir = store.topic_logs("t")[0].directory
     aged = (now_ms() - 10 * DAY) / 1000
     for info in store.storage.list_dir(log_dir):
@@ -430,13 +437,7 @@ def test_at_the_minimum_log_retention_carried_data_goes_with_its_commit_file(
 
     assert DEFAULT_LOG_RETENTION_MS == MIN_LOG_RETENTION_MS == 2 * DAY
     where = local_store
-    store = open_store(where)
-    store.create_topic("t", 2, {"file.delete.delay.ms": 60_000, "checkpoint.interval": 2})
-    for n in range(5):
-        _flush(store, "t", 2, b"f%d" % n)
-    before = {p: _values(store, "t", p) for p in range(2)}
-    carried = _carried_files(store, "t")
-    assert len(carried) == 4
+    store, before, carried = _four_carried_flushes(where)
     merged = merge_segments(None, open_store(where), verbose=False)
     assert merged.count("committed") == 2
     sizes = {path: len(store.storage.read(path)) for path in carried}

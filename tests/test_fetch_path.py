@@ -337,6 +337,18 @@ class _Clock:
         return getattr(time, name)
 
 
+class _SleepClock(_Clock):
+    """A clock whose sleeps move it, and that records them (the consumer's ``time``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(round(seconds, 6))
+        self.now += seconds
+
+
 class _TailedLog:
     """A log on moto tailed by a reader whose monotonic clock the test moves: the test's
     commits to it, and how many versions each of the reader's requests asked for."""
@@ -385,20 +397,11 @@ def test_a_look_that_finds_nothing_looks_again_after_a_share_of_the_arrival_gap(
     On the local disk a look costs microseconds, and it still starts at half a millisecond."""
     import kstore.consumer as consumer_module
 
-    class SleepClock(_Clock):
-        def __init__(self) -> None:
-            super().__init__()
-            self.sleeps: list[float] = []
-
-        def sleep(self, seconds: float) -> None:
-            self.sleeps.append(round(seconds, 6))
-            self.now += seconds
-
     for url, options, first in ((*moto_store, 0.01), (None, None, 0.0005)):
         store = kstore.Store(url, options) if url else kstore.Store(tempfile.mkdtemp())
         store.create_topic("t", partitions=1)
         consumer = Consumer("t", store=store, fetch_max_wait_ms=500)
-        clock = SleepClock()
+        clock = _SleepClock()
         monkeypatch.setattr(consumer_module, "time", clock)
         consumer._arrival_gap = 0.2  # learnt from earlier arrivals
         consumer._next_arrival = clock.now  # due now: no wait before the first look
@@ -611,15 +614,6 @@ def test_a_reader_that_knows_its_writers_rhythms_looks_when_the_next_commit_is_d
     the backoff from 5% of the gap resumes."""
     import kstore.consumer as consumer_module
 
-    class SleepClock(_Clock):
-        def __init__(self) -> None:
-            super().__init__()
-            self.sleeps: list[float] = []
-
-        def sleep(self, seconds: float) -> None:
-            self.sleeps.append(round(seconds, 6))
-            self.now += seconds
-
     class TailedLog:
         def __init__(self, dues: list[float | None]) -> None:
             self.dues = dues
@@ -630,7 +624,7 @@ def test_a_reader_that_knows_its_writers_rhythms_looks_when_the_next_commit_is_d
     store = kstore.Store(*moto_store)
     store.create_topic("t", partitions=1)
     consumer = Consumer("t", store=store, fetch_max_wait_ms=500)
-    clock = SleepClock()
+    clock = _SleepClock()
     monkeypatch.setattr(consumer_module, "time", clock)
     consumer._arrival_gap = 0.2
     consumer._next_arrival = clock.now + 0.16  # what the average gap alone would say
