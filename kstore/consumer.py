@@ -222,6 +222,13 @@ class Consumer:
         self._last_arrival: float | None = None
         self._arrival_gap: float | None = None
         self._next_arrival = 0.0
+        # Object stores: after a look that found nothing, the earliest time the next is worth
+        # making, and the backoff it reached. Kept across polls until records arrive: a loop
+        # of short polls over a quiet topic backs off as one long poll does, where each poll
+        # started again from a few milliseconds (on S3, dozens of GETs a second per idle
+        # consumer).
+        self._next_look = 0.0
+        self._look_backoff: float | None = None
         self._closed = False
         self._timestamp_types: dict[str, int] = {}
         # Topic metadata the fetch path reuses for METADATA_RECHECK_S: re-reading it for every
@@ -318,6 +325,12 @@ class Consumer:
         self._positions = {tp: o for tp, o in self._positions.items() if tp in keep}
         self._buffer = {tp: e for tp, e in self._buffer.items() if tp in keep}
         self._paused &= keep
+        self._look_soon()
+
+    def _look_soon(self) -> None:
+        """The next poll looks at once: what it reads changed (assignment, position, pause)."""
+        self._next_look = 0.0
+        self._look_backoff = None
 
     def _matching_topics(self) -> set[str]:
         assert self._pattern is not None
@@ -607,6 +620,7 @@ class Consumer:
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
             raise ValueError(f"seek offset must be a non-negative integer, got {offset!r}")
         self._positions[partition] = offset
+        self._look_soon()
 
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         for tp in partitions or tuple(self._assigned):
@@ -651,6 +665,7 @@ class Consumer:
 
     def resume(self, *partitions: TopicPartition) -> None:
         self._paused -= set(partitions)
+        self._look_soon()
 
     def paused(self) -> set[TopicPartition]:
         return set(self._paused)
@@ -815,6 +830,7 @@ class Consumer:
         an object store then asks for the next version about once per producer flush instead
         of on a backoff from half a millisecond (several GETs that find nothing per flush)."""
         now = time.monotonic()
+        self._next_look, self._look_backoff = 0.0, None
         if self._last_arrival is not None:
             gap = min(now - self._last_arrival, ARRIVAL_GAP_MAX_S)
             self._arrival_gap = (
@@ -844,35 +860,48 @@ class Consumer:
         backoff = 0.0005
         if remote and self._arrival_gap is not None:
             backoff = min(cap, max(backoff, ARRIVAL_STEP * self._arrival_gap))
+        if remote and self._look_backoff is not None:
+            backoff = self._look_backoff  # the backoff the last polls' misses reached
         while True:
             self._refresh_group()
             self._maybe_auto_commit()
             if not self._buffer and remote:
                 # On an object store every look is a GET: none before new data is due, within
                 # what this poll may wait. When the producers' rhythms are known, when the
-                # next of their commits is due; else a little before the average gap.
+                # next of their commits is due; else a little before the average gap; and
+                # after a look that found nothing, not before its backoff has passed. A poll
+                # that ends before then returns nothing without a look.
                 now = time.monotonic()
                 due = self._next_due()
-                wait = self._next_arrival - now if due is None else due
-                early = min(wait, deadline - now, cap)
-                if early > 0:
-                    time.sleep(early)
+                wait = max(self._next_look - now, self._next_arrival - now if due is None else due)
+                left = deadline - now
+                if min(wait, cap) > left:
+                    if left > 0:
+                        time.sleep(left)
+                    return {}
+                if wait > 0:
+                    time.sleep(min(wait, cap))
             result = fetch()
             if result:
                 return result
             now = time.monotonic()
             left = deadline - now
-            if left <= 0:
-                return {}
             due = self._next_due() if remote else None
             if due is not None and due > backoff:
                 # Nothing was late: the next commit due is further off than a backoff step.
-                time.sleep(min(due, left))
-                continue
-            time.sleep(min(backoff, left))
-            recent = self._last_arrival is not None and now - self._last_arrival < ARRIVAL_GAP_MAX_S
-            limit = min(cap, LOCAL_LOOK_MAX_S) if recent and not remote else cap
-            backoff = min(limit, backoff * 2)
+                step = due
+            else:
+                step = backoff
+                recent = (
+                    self._last_arrival is not None and now - self._last_arrival < ARRIVAL_GAP_MAX_S
+                )
+                limit = min(cap, LOCAL_LOOK_MAX_S) if recent and not remote else cap
+                backoff = min(limit, backoff * 2)
+            if remote:
+                self._next_look, self._look_backoff = now + step, backoff
+            if left <= 0:
+                return {}
+            time.sleep(min(step, left))
 
     def poll(
         self, timeout_ms: float = 0, max_records: int | None = None, update_offsets: bool = True

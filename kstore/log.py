@@ -585,11 +585,13 @@ class Log(Generic[S]):
         else:
             due = round(elapsed / gap)
             self._early = elapsed < _EARLY_SHARE * gap
-        if due <= 1 and not self._unconfirmed:
-            # Keeping up: the one version due (or a look ahead of it), returned as soon as it
-            # is there; the next look when one is due confirms (asking for the one after it
-            # every time costs a GET that finds nothing, two when the look is early).
-            return 1, False
+        if not self._unconfirmed and (due <= 1 or self._in_rhythm):
+            # Keeping up: the versions due (or a look ahead of the one due), returned as soon
+            # as they are there; a later look confirms (asking for the one after them every
+            # time costs a GET that finds nothing, two when the look is early). Writers in
+            # rhythm whose commits fall due together (producers flushing in step) are asked
+            # for together, without the one after.
+            return max(due, 1), False
         # What is due (at least one) and the one after, at once: this confirms the newest, and
         # a reader that turns out to be behind widens from here.
         return min(_MAX_WINDOW, max(due, 1) + 1), True

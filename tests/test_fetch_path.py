@@ -5,6 +5,7 @@ delivery's commit lands."""
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import threading
 import time
@@ -640,4 +641,95 @@ def test_a_reader_that_knows_its_writers_rhythms_looks_when_the_next_commit_is_d
     assert consumer._poll_loop(100, fetch) == {}
     assert clock.sleeps[:4] == [0.04, 0.03, 0.01, 0.02], clock.sleeps
     assert looks >= 3
+    consumer.close()
+
+
+def test_writers_in_rhythm_whose_commits_fall_due_together_are_asked_for_without_the_next(
+    moto_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two producers flushing in step: the rhythms say two commits are due, and the look asks
+    for those two alone. Asking for the one after as well cost a GET that found nothing at
+    every look (half a GET per version). Every few finds a look still asks past them."""
+    from kstore.log import LogState
+
+    tailed = _TailedLog(moto_store, monkeypatch, "rhythm-test/_log")
+    clock, reader, rounds, commit = tailed.clock, tailed.reader, tailed.rounds, tailed.commit
+
+    class InStep:
+        """Two writers in rhythm, both due at every look."""
+
+        def due_count(self, now: float) -> int:
+            return 2
+
+        def note(self, *args: Any, **kwargs: Any) -> None: ...
+
+        def forget_overdue(self, now: float) -> None: ...
+
+    state = reader.update(LogState(), tail=True)
+    for _ in range(4):  # the reader learns the gap between versions
+        commit(1)
+        clock.now += 0.05
+        state = reader.update(state, tail=True)
+    monkeypatch.setattr(reader, "rhythms", InStep())
+    rounds.clear()
+    for _ in range(6):
+        commit(2)
+        clock.now += 0.1
+        state = reader.update(state, tail=True)
+        assert state.version == tailed.newest
+    assert rounds == [2] * 6, rounds
+    # After enough finds without a look past them, one asks past them and confirms.
+    for _ in range(16):
+        commit(2)
+        clock.now += 0.1
+        state = reader.update(state, tail=True)
+        assert state.version == tailed.newest
+    assert 3 in rounds, rounds
+
+
+def test_short_polls_over_a_quiet_topic_back_off_as_one_long_poll_does(
+    moto_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop of 20 ms polls over a topic where nothing comes: the backoff after a look that
+    found nothing carries from one poll to the next, up to ``fetch_max_wait_ms``, so a second
+    of such polls makes about a dozen looks (GETs on an object store). Each poll starting its
+    backoff again from 5% of the gap made two or three looks per poll, over a hundred. Records
+    that arrive, or a seek, bring the next look back at once."""
+    import kstore.consumer as consumer_module
+
+    store = kstore.Store(*moto_store)
+    store.create_topic("t", partitions=1)
+    consumer = Consumer("t", store=store, fetch_max_wait_ms=100)
+    clock = _SleepClock()
+    monkeypatch.setattr(consumer_module, "time", clock)
+    consumer._arrival_gap = 0.2
+    consumer._next_arrival = clock.now
+    looks: list[float] = []
+    found = False
+
+    def fetch() -> dict[Any, Any]:
+        looks.append(clock.now)
+        return {"records": 1} if found else {}
+
+    start = clock.now
+    while clock.now - start < 1.0:
+        assert consumer._poll_loop(20, fetch) == {}
+    assert 8 <= len(looks) <= 15, len(looks)
+    gaps = [round(b - a, 3) for a, b in itertools.pairwise(looks)]
+    assert gaps[-3:] == [0.1, 0.1, 0.1], gaps  # backed off to fetch_max_wait_ms
+    # A seek: the next poll looks at once.
+    consumer._assigned = [kstore.TopicPartition("t", 0)]
+    consumer.seek(kstore.TopicPartition("t", 0), 0)
+    before = len(looks)
+    consumer._poll_loop(0, fetch)
+    assert len(looks) == before + 1
+    # Records found: the next miss backs off from the start again.
+    found = True
+    assert consumer._poll_loop(20, fetch)
+    consumer._note_arrival()
+    found = False
+    looks.clear()
+    consumer._next_arrival = clock.now
+    consumer._poll_loop(20, fetch)
+    assert len(looks) >= 2, looks
     consumer.close()
