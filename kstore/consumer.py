@@ -70,7 +70,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "fetch_max_bytes": 52_428_800,
     "max_partition_fetch_bytes": 1_048_576,
     "fetch_max_wait_ms": 100,  # an idle poll looks for new commits at most this far apart
-    "session_timeout_ms": 10_000,
+    "session_timeout_ms": 45_000,
     "heartbeat_interval_ms": 3_000,
     "max_poll_interval_ms": 300_000,
     "partition_assignment_strategy": ("sticky", "range", "roundrobin"),
@@ -401,6 +401,10 @@ class Consumer:
         lease_check_every = max(
             1, self.config["session_timeout_ms"] // self.config["heartbeat_interval_ms"]
         )
+        # The lease (a PUT on S3) at the last heartbeat that keeps renewals at most a third of
+        # the session timeout apart, not at every heartbeat: with Kafka's defaults (45 s, 3 s)
+        # every 12 s. The heartbeat still reads the group log every interval.
+        lease_renewal_s = max(0.0, self.config["session_timeout_ms"] / 3_000 - interval)
         while not self._heartbeat_stop.wait(interval):
             try:
                 with self._lock:
@@ -431,6 +435,7 @@ class Consumer:
                         self._member_id,
                         check_metadata=check,
                         lease_check_every=lease_check_every,
+                        lease_renewal_s=lease_renewal_s,
                     )
             except CommitFailedError as exc:
                 log.warning("consumer %s: %s", self.client_id, exc)

@@ -392,6 +392,7 @@ class Group:
         self._state: GroupState | None = None
         self._members_dir = group_members_dir(group_id)
         self._beats = 0  # heartbeats sent through this object (which of them list the leases)
+        self._renewed: dict[str, float] = {}  # member id -> when (monotonic) its lease was written
 
     def state(self) -> GroupState:
         self._state = self.log.load() if self._state is None else self.log.update(self._state)
@@ -407,6 +408,7 @@ class Group:
         """Renew a member's lease: one overwrite of its own file, no log commit."""
         body = json.dumps({"memberId": member_id, "time": _now_ms()}).encode()
         self.store.storage.put(f"{self._members_dir}/{_lease_name(member_id)}", body, durable=False)
+        self._renewed[member_id] = time.monotonic()
 
     def drop_lease(self, member_id: str) -> None:
         self.store.storage.delete([f"{self._members_dir}/{_lease_name(member_id)}"])
@@ -563,11 +565,22 @@ class Group:
         return self.state()
 
     def heartbeat(
-        self, member_id: str, *, check_metadata: bool = False, lease_check_every: int = 1
+        self,
+        member_id: str,
+        *,
+        check_metadata: bool = False,
+        lease_check_every: int = 1,
+        lease_renewal_s: float = 0.0,
     ) -> GroupState:
-        """Renew the member's lease; when a member's lease expired (or, with
-        ``check_metadata``, a subscribed topic changed its partition count) commit the expiry
-        and a new generation. Raises CommitFailedError if this member is no longer in the group.
+        """Look at the group log and renew the member's lease when due; when a member's lease
+        expired (or, with ``check_metadata``, a subscribed topic changed its partition count)
+        commit the expiry and a new generation. Raises CommitFailedError if this member is no
+        longer in the group.
+
+        ``lease_renewal_s``: the lease (a PUT on S3) is written when its last write is at least
+        this old, and before every listing of the leases, so the lister's own lease is a fresh
+        reading of the storage's clock. A caller renews well within the session timeout (the
+        consumer: at least every third of it).
 
         ``lease_check_every``: the members share the listing of the leases (a LIST on S3)
         that finds an expired one: each member lists at one heartbeat in
@@ -575,7 +588,6 @@ class Group:
         heartbeat interval, not n times. Joins need no listing: they are commits to the group
         log, which every heartbeat reads. A caller passes at most the heartbeats in a session
         timeout, so every member still lists at least once per session timeout."""
-        self.write_lease(member_id)
         state = self.state()
         if member_id not in state.members:
             raise CommitFailedError(
@@ -584,7 +596,11 @@ class Group:
             )
         self._beats += 1
         every = max(1, min(len(state.members), lease_check_every))
-        if self._beats % every and not check_metadata:
+        listing = check_metadata or self._beats % every == 0
+        renewed = self._renewed.get(member_id)
+        if listing or renewed is None or time.monotonic() - renewed >= lease_renewal_s:
+            self.write_lease(member_id)
+        if not listing:
             return state
         leases = self.leases()
         reference = leases.get(member_id) or self.storage_now_ms()

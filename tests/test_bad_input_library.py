@@ -535,7 +535,7 @@ CONSUMER_CONFIGS: list[tuple[str, Any, str]] = [
     ("session_timeout_ms", 0, "'session_timeout_ms'"),
     (
         "heartbeat_interval_ms",
-        20_000,
+        60_000,
         "heartbeat_interval_ms must be lower than session_timeout_ms",
     ),
     ("auto_commit_interval_ms", 1.5, "'auto_commit_interval_ms'"),

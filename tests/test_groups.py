@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import operator
 import os
@@ -246,6 +247,65 @@ def test_members_share_the_listing_of_leases_and_still_expel_a_dead_one(
     state = Group(store, "g").state()
     assert set(state.members) == {"member-a", "member-b"}
     assert sorted(len(parts) for parts in state.assignment.values()) == [1, 2]
+
+
+def test_a_lease_is_renewed_when_due_and_before_every_listing(
+    monkeypatch: pytest.MonkeyPatch, target: tuple[str, str, dict[str, Any]]
+) -> None:
+    """With Kafka's defaults (session 45 s, heartbeat 3 s) a member writes its lease (a PUT on
+    S3) when the last write is 12 s old, not at every heartbeat, and always before it lists the
+    leases, so its own lease is a fresh reading of the storage's clock; a member that stops
+    renewing is still expelled by the others."""
+    import kstore.groups as groups_module
+
+    _, url, options = target
+    store = kstore.Store(url, options)
+    store.create_topic("t", partitions=2)
+    a, b = Group(store, "g"), Group(store, "g")
+    a.join(member("member-a"))
+    b.join(member("member-b"))
+
+    class Clock:
+        now = 1_000.0
+
+        def monotonic(self) -> float:
+            return self.now
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+    clock = Clock()
+    monkeypatch.setattr(groups_module, "time", clock)
+    a.write_lease("member-a")
+    beats: list[str] = []
+    real_write, real_list = Group.write_lease, Group.leases
+
+    def write(self: Group, member_id: str) -> None:
+        beats.append("PUT")
+        real_write(self, member_id)
+
+    def listed(self: Group) -> dict[str, int]:
+        beats.append("LIST")
+        return real_list(self)
+
+    monkeypatch.setattr(Group, "write_lease", write)
+    monkeypatch.setattr(Group, "leases", listed)
+    per_beat = []
+    for _ in range(12):  # 36 s of heartbeats every 3 s
+        clock.now += 3
+        beats.clear()
+        a.heartbeat("member-a", lease_check_every=15, lease_renewal_s=12.0)
+        per_beat.append("+".join(beats) or "-")
+    # Lists at one heartbeat in two (two members), renewing first; else renews every 12 s.
+    assert per_beat[1::2] == ["PUT+LIST"] * 6, per_beat
+    renewals = [i for i, beat in enumerate(per_beat) if beat.startswith("PUT")]
+    assert all(b - a <= 4 for a, b in itertools.pairwise(renewals)), per_beat
+    assert per_beat.count("-") >= 4, per_beat  # heartbeats that send no PUT
+    # member-b's lease lapses (its process died): a listing heartbeat of a expels it.
+    b.drop_lease("member-b")
+    for _ in range(2):
+        a.heartbeat("member-a", lease_check_every=15, lease_renewal_s=12.0)
+    assert set(Group(store, "g").state().members) == {"member-a"}
 
 
 def test_zombie_commit_is_rejected(store: kstore.Store) -> None:
