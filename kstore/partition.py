@@ -632,6 +632,8 @@ def prefetch(
     wanted: list[tuple[Partition, Segment]] = []
     budget = max_bytes
     for partition, state, position, end in reads:
+        if position >= end:
+            continue  # caught up: most partitions of a tailing reader, at every poll
         remote = partition.storage.is_remote
         i = state.segment_index_for(position)
         for seg in state.segments[i : i + 32]:
