@@ -378,6 +378,12 @@ class _TailedLog:
 
         monkeypatch.setattr(self.storage, "read_many", counted)
 
+    def step(self, state: Any, commits: int, seconds: float) -> Any:
+        """``commits`` land, the reader's clock moves ``seconds``, and it looks (tailing)."""
+        self.commit(commits)
+        self.clock.now += seconds
+        return self.reader.update(state, tail=True)
+
     def commit(self, count: int) -> None:
         for _ in range(count):
             self.newest += 1
@@ -453,9 +459,7 @@ def test_a_tailing_reader_fetches_the_versions_due_and_the_next_in_one_round(
     # look about when the version was due does not ask past it: that GET would find nothing).
     rounds.clear()
     for _ in range(3):
-        commit(1)
-        clock.now += 0.05
-        state = reader.update(state, tail=True)
+        state = tailed.step(state, 1, 0.05)
         assert state.version == tailed.newest
     assert rounds == [1, 1, 1], rounds
     # Far behind without knowing it (40 land at once): the look takes the version due; the
@@ -606,6 +610,27 @@ def test_a_tailing_reader_whose_looks_are_slower_than_the_versions_learns_it_and
     assert any(n >= 2 for n in rounds), rounds
 
 
+def _paced_consumer(
+    moto_store: tuple[str, dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    fetch_max_wait_ms: int,
+    next_arrival_in: float,
+) -> tuple[Consumer, _SleepClock]:
+    """A consumer of a 1-partition topic on moto whose ``time`` is a _SleepClock, having learnt
+    a 200 ms gap between arrivals and expecting the next ``next_arrival_in`` s from now."""
+    import kstore.consumer as consumer_module
+
+    store = kstore.Store(*moto_store)
+    store.create_topic("t", partitions=1)
+    consumer = Consumer("t", store=store, fetch_max_wait_ms=fetch_max_wait_ms)
+    clock = _SleepClock()
+    monkeypatch.setattr(consumer_module, "time", clock)
+    consumer._arrival_gap = 0.2
+    consumer._next_arrival = clock.now + next_arrival_in
+    return consumer, clock
+
+
 def test_a_reader_that_knows_its_writers_rhythms_looks_when_the_next_commit_is_due(
     moto_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -613,7 +638,6 @@ def test_a_reader_that_knows_its_writers_rhythms_looks_when_the_next_commit_is_d
     (not 80% of the average gap), and after a look that finds nothing while a commit is due
     later (another writer's) it waits for that one, not a backoff step; once a commit is late,
     the backoff from 5% of the gap resumes."""
-    import kstore.consumer as consumer_module
 
     class TailedLog:
         def __init__(self, dues: list[float | None]) -> None:
@@ -622,13 +646,10 @@ def test_a_reader_that_knows_its_writers_rhythms_looks_when_the_next_commit_is_d
         def next_due(self) -> float | None:
             return self.dues.pop(0) if self.dues else -0.001
 
-    store = kstore.Store(*moto_store)
-    store.create_topic("t", partitions=1)
-    consumer = Consumer("t", store=store, fetch_max_wait_ms=500)
-    clock = _SleepClock()
-    monkeypatch.setattr(consumer_module, "time", clock)
-    consumer._arrival_gap = 0.2
-    consumer._next_arrival = clock.now + 0.16  # what the average gap alone would say
+    # 160 ms: what the average gap alone would say.
+    consumer, clock = _paced_consumer(
+        moto_store, monkeypatch, fetch_max_wait_ms=500, next_arrival_in=0.16
+    )
     # Due in 40 ms; after that look missed, another writer's in 30 ms; then late.
     consumer._tailed = [TailedLog([0.04, 0.03])]  # type: ignore[list-item]
     looks = 0
@@ -653,7 +674,7 @@ def test_writers_in_rhythm_whose_commits_fall_due_together_are_asked_for_without
     from kstore.log import LogState
 
     tailed = _TailedLog(moto_store, monkeypatch, "rhythm-test/_log")
-    clock, reader, rounds, commit = tailed.clock, tailed.reader, tailed.rounds, tailed.commit
+    reader, rounds = tailed.reader, tailed.rounds
 
     class InStep:
         """Two writers in rhythm, both due at every look."""
@@ -667,22 +688,16 @@ def test_writers_in_rhythm_whose_commits_fall_due_together_are_asked_for_without
 
     state = reader.update(LogState(), tail=True)
     for _ in range(4):  # the reader learns the gap between versions
-        commit(1)
-        clock.now += 0.05
-        state = reader.update(state, tail=True)
+        state = tailed.step(state, 1, 0.05)
     monkeypatch.setattr(reader, "rhythms", InStep())
     rounds.clear()
     for _ in range(6):
-        commit(2)
-        clock.now += 0.1
-        state = reader.update(state, tail=True)
+        state = tailed.step(state, 2, 0.1)
         assert state.version == tailed.newest
     assert rounds == [2] * 6, rounds
     # After enough finds without a look past them, one asks past them and confirms.
     for _ in range(16):
-        commit(2)
-        clock.now += 0.1
-        state = reader.update(state, tail=True)
+        state = tailed.step(state, 2, 0.1)
         assert state.version == tailed.newest
     assert 3 in rounds, rounds
 
@@ -695,15 +710,9 @@ def test_short_polls_over_a_quiet_topic_back_off_as_one_long_poll_does(
     of such polls makes about a dozen looks (GETs on an object store). Each poll starting its
     backoff again from 5% of the gap made two or three looks per poll, over a hundred. Records
     that arrive, or a seek, bring the next look back at once."""
-    import kstore.consumer as consumer_module
-
-    store = kstore.Store(*moto_store)
-    store.create_topic("t", partitions=1)
-    consumer = Consumer("t", store=store, fetch_max_wait_ms=100)
-    clock = _SleepClock()
-    monkeypatch.setattr(consumer_module, "time", clock)
-    consumer._arrival_gap = 0.2
-    consumer._next_arrival = clock.now
+    consumer, clock = _paced_consumer(
+        moto_store, monkeypatch, fetch_max_wait_ms=100, next_arrival_in=0.0
+    )
     looks: list[float] = []
     found = False
 
