@@ -23,6 +23,7 @@ RESULTS = HERE / "results"
 FULL: list[list[str]] = [
     ["partitioner.py"],
     ["open_partition.py"],
+    ["state_copy.py"],
     ["produce.py", "--records", "1000000"],
     ["consume.py", "--records", "10000000"],
     ["spark_read.py"],
@@ -33,6 +34,7 @@ FULL: list[list[str]] = [
 QUICK: list[list[str]] = [
     ["partitioner.py"],
     ["open_partition.py", "--large", "2000", "--repeat", "3"],
+    ["state_copy.py", "--commits", "500", "--rounds", "3"],
     ["produce.py", "--records", "200000", "--latency-samples", "100", "--repeat", "1"],
     ["consume.py", "--records", "1000000", "--latency-seconds", "4"],
     ["spark_read.py", "--records", "500000"],

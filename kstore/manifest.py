@@ -211,6 +211,55 @@ class AppendResult:
     duplicate: bool = False
 
 
+class _LiveIndex:
+    """Live segments by path, cheap to copy: a base dict shared by copies and never changed
+    once built, and this copy's additions and removals since. A reader or writer copies the
+    state of every partition a commit changes; copying a dict of thousands of live segments
+    for each cost more than the rest of the commit. The changes are folded into a new base once
+    they outnumber the square root of its size (at least 64): copies stay small, and folding
+    costs a constant share per change."""
+
+    __slots__ = ("_added", "_base", "_dropped")
+
+    def __init__(self, base: dict[str, Segment] | None = None) -> None:
+        self._base: dict[str, Segment] = {} if base is None else base
+        self._added: dict[str, Segment] = {}
+        self._dropped: set[str] = set()
+
+    def copy(self) -> _LiveIndex:
+        clone = _LiveIndex.__new__(_LiveIndex)
+        clone._base, clone._added, clone._dropped = (
+            self._base,
+            dict(self._added),
+            set(self._dropped),
+        )
+        return clone
+
+    def __contains__(self, path: str) -> bool:
+        return path in self._added or (path in self._base and path not in self._dropped)
+
+    def add(self, seg: Segment) -> None:
+        self._added[seg.path] = seg
+        self._fold_when_due()
+
+    def pop(self, path: str) -> Segment | None:
+        """Remove ``path`` and return its segment; None when it is not live."""
+        seg = self._added.pop(path, None)
+        if seg is None and path not in self._dropped:
+            seg = self._base.get(path)
+            if seg is not None:
+                self._dropped.add(path)
+        self._fold_when_due()
+        return seg
+
+    def _fold_when_due(self) -> None:
+        changes = len(self._added) + len(self._dropped)
+        if changes > 64 and changes * changes > len(self._base):
+            base = {k: v for k, v in self._base.items() if k not in self._dropped}
+            base.update(self._added)
+            self._base, self._added, self._dropped = base, {}, set()
+
+
 class PartitionState(LogState):
     """A partition's replayed manifest."""
 
@@ -219,12 +268,16 @@ class PartitionState(LogState):
         self._segments: list[Segment] = []  # sorted by base_offset, non-overlapping
         # The same segments by path: replay checks and removes a path in constant time, where
         # a scan of the list made opening a partition quadratic in its live segments.
-        self._live: dict[str, Segment] = {}
+        self._live = _LiveIndex()
         self.end_offset = 0  # the next offset to assign (Kafka's log end offset)
         self.log_start_offset = 0
         self.producers: dict[str, ProducerEntry] = {}
         self.txns: dict[str, int] = {}  # app id -> highest committed version
         self.removed: dict[str, int] = {}  # path -> time removed (for vacuum)
+        # Whether ``removed`` is this state's own: copies share it until one changes it (it
+        # holds every removed file until vacuum deletes it, tens of thousands after merges,
+        # and a commit that adds a segment does not touch it).
+        self._removed_owned = True
         self.cleaned_offset = 0  # compaction's cleaner point: below it the log is compacted
         self._time_index: list[int] | None = None  # running max of segment max timestamps
         self.open_transactions: dict[str, int] = {}  # "<producer>:<version>" -> first offset
@@ -235,10 +288,10 @@ class PartitionState(LogState):
     def copy(self) -> PartitionState:
         clone: PartitionState = super().copy()  # type: ignore[assignment]
         clone._segments = list(self._segments)
-        clone._live = dict(self._live)
+        clone._live = self._live.copy()
         clone.producers = dict(self.producers)
         clone.txns = dict(self.txns)
-        clone.removed = dict(self.removed)
+        self._removed_owned = clone._removed_owned = False
         clone._time_index = None
         clone.open_transactions = dict(self.open_transactions)
         clone.ended_transactions = dict(self.ended_transactions)
@@ -271,7 +324,7 @@ class PartitionState(LogState):
                 segments.append(seg)
             else:
                 bisect.insort(segments, seg, key=_BASE_OFFSET)
-            self._live[seg.path] = seg
+            self._live.add(seg)
             self._time_index = None
             self.end_offset = max(self.end_offset, seg.last_offset + 1)
             if seg.transaction is not None:
@@ -279,10 +332,11 @@ class PartitionState(LogState):
                 self.open_transactions[seg.transaction] = (
                     seg.base_offset if first is None else min(first, seg.base_offset)
                 )
-            self.removed.pop(seg.path, None)
+            if seg.path in self.removed:
+                self._own_removed().pop(seg.path)
         elif name == "remove":
             path = _str(body, "path")
-            gone = self._live.pop(path, None)
+            gone = self._live.pop(path)
             if gone is None:
                 raise CorruptLogError(f"remove {path}: not a live segment")
             segments = self._segments
@@ -292,7 +346,7 @@ class PartitionState(LogState):
                 i += 1
             del segments[i]
             self._time_index = None
-            self.removed[path] = _int(body, "deletionTimestamp")
+            self._own_removed()[path] = _int(body, "deletionTimestamp")
         elif name == "logStart":
             self.log_start_offset = max(self.log_start_offset, _int(body, "offset"))
         elif name == "endOffset":  # only in checkpoints: the end survives removal of all segments
@@ -333,15 +387,23 @@ class PartitionState(LogState):
         elif name == "cleaned":
             self.cleaned_offset = max(self.cleaned_offset, _int(body, "offset"))
         elif name == "tombstone":  # only in checkpoints: a removed file awaiting vacuum
-            self.removed[_str(body, "path")] = _int(body, "deletionTimestamp")
+            self._own_removed()[_str(body, "path")] = _int(body, "deletionTimestamp")
         elif name == "vacuumed":  # removed files now deleted from storage: forget them
             paths = body.get("paths")
             if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
                 raise CorruptLogError(f"field 'paths' must be a list of strings, got {paths!r}")
             for path in paths:
-                self.removed.pop(path, None)
+                if path in self.removed:
+                    self._own_removed().pop(path)
         else:
             super().apply(name, body)
+
+    def _own_removed(self) -> dict[str, int]:
+        """``removed``, copied first if a copy of this state shares it."""
+        if not self._removed_owned:
+            self.removed = dict(self.removed)
+            self._removed_owned = True
+        return self.removed
 
     def _overlaps(self, seg: Segment) -> bool:
         segments = self._segments
@@ -359,7 +421,7 @@ class PartitionState(LogState):
     @segments.setter
     def segments(self, segments: list[Segment]) -> None:
         self._segments = list(segments)
-        self._live = {s.path: s for s in self._segments}
+        self._live = _LiveIndex({s.path: s for s in self._segments})
         self._time_index = None
 
     def checkpoint_actions(self) -> list[Action]:

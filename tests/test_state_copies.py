@@ -1,0 +1,108 @@
+"""A partition state's copies share what they have not changed (kstore.manifest): every reader
+and writer copies the state of each partition a commit changes, so a copy must not cost the
+live segments or the removed files awaiting vacuum, and must never let one copy's changes show
+in another."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from kstore.errors import CorruptLogError
+from kstore.manifest import PartitionState
+
+
+def _add(n: int) -> dict[str, Any]:
+    return {
+        "path": f"segments/{n:020d}.arrow",
+        "baseOffset": n * 10,
+        "lastOffset": n * 10 + 9,
+        "records": 10,
+        "size": 100,
+        "minTimestamp": 1,
+        "maxTimestamp": 2,
+        "checksum": "x",
+        "format": "arrow",
+    }
+
+
+def _snapshot(state: PartitionState) -> tuple[list[str], dict[str, int]]:
+    return [s.path for s in state.segments], dict(state.removed)
+
+
+def test_a_copy_and_its_original_change_independently() -> None:
+    original = PartitionState()
+    for n in range(10):
+        original.apply("add", _add(n))
+    original.apply("tombstone", {"path": "segments/old.arrow", "deletionTimestamp": 5})
+    copy = original.copy()
+    before = _snapshot(original)
+    copy.apply("remove", {"path": _add(3)["path"], "deletionTimestamp": 7})
+    copy.apply("vacuumed", {"paths": ["segments/old.arrow"]})
+    copy.apply("add", _add(10))
+    assert _snapshot(original) == before
+    assert _add(3)["path"] not in [s.path for s in copy.segments]
+    assert copy.removed == {_add(3)["path"]: 7}
+    # And the other way round: the original changing after the copy leaves the copy alone.
+    mirror = _snapshot(copy)
+    original.apply("remove", {"path": _add(5)["path"], "deletionTimestamp": 9})
+    original.apply("add", _add(10))
+    assert _snapshot(copy) == mirror
+    assert original.removed == {"segments/old.arrow": 5, _add(5)["path"]: 9}
+    # The checks replay makes still hold in each: a live path cannot be added twice, a path
+    # that is not live cannot be removed.
+    with pytest.raises(CorruptLogError, match="not a live segment"):
+        copy.apply("remove", {"path": _add(3)["path"], "deletionTimestamp": 8})
+    original.apply("remove", {"path": _add(0)["path"], "deletionTimestamp": 9})
+    with pytest.raises(CorruptLogError, match="not a live segment"):
+        original.apply("remove", {"path": _add(0)["path"], "deletionTimestamp": 9})
+
+
+def test_copies_agree_with_a_plain_model_through_many_changes() -> None:
+    """Random adds, removals, tombstones and vacuums on a tree of copies (past the point where
+    a copy folds its changes into a new shared base), checked against plain dicts."""
+    rng = random.Random(17)
+    states: list[tuple[PartitionState, dict[str, int], dict[str, int], int]] = [
+        (PartitionState(), {}, {}, 0)
+    ]
+    for step in range(3_000):
+        i = rng.randrange(len(states))
+        state, live, removed, next_n = states[i]
+        if rng.random() < 0.1 and len(states) < 12:
+            state = state.copy()
+            live, removed = dict(live), dict(removed)
+            states.append((state, live, removed, next_n))
+            i = len(states) - 1
+        choice = rng.random()
+        if choice < 0.55 or not live:
+            body = _add(next_n)
+            state.apply("add", body)
+            live[body["path"]] = next_n
+            next_n += 1
+        elif choice < 0.85:
+            path = rng.choice(sorted(live))
+            state.apply("remove", {"path": path, "deletionTimestamp": step})
+            del live[path]
+            removed[path] = step
+        elif removed:
+            gone = rng.sample(sorted(removed), k=min(len(removed), rng.randint(1, 5)))
+            state.apply("vacuumed", {"paths": gone})
+            for path in gone:
+                del removed[path]
+        states[i] = (state, live, removed, next_n)
+        for other, other_live, other_removed, _ in states:
+            assert [s.path for s in other.segments] == sorted(
+                other_live, key=lambda p: other_live[p]
+            )
+            assert other.removed == other_removed
+    # The path index agrees too: each live path refuses a second add, each removed one is gone.
+    for state, live, removed, _ in states:
+        for path in list(live)[:20]:
+            n = live[path]
+            with pytest.raises(CorruptLogError):
+                state.apply("add", {**_add(n), "baseOffset": 10**9 + n, "lastOffset": 10**9 + n})
+        for path in list(removed)[:20]:
+            with pytest.raises(CorruptLogError, match="not a live segment"):
+                state.apply("remove", {"path": path, "deletionTimestamp": 0})
