@@ -11,21 +11,26 @@ from typing import Any
 import pytest
 
 from kstore.errors import CorruptLogError
-from kstore.manifest import PartitionState
+from kstore.manifest import PartitionState, Segment
 
 
 def _add(n: int) -> dict[str, Any]:
-    return {
-        "path": f"segments/{n:020d}.arrow",
-        "baseOffset": n * 10,
-        "lastOffset": n * 10 + 9,
-        "records": 10,
-        "size": 100,
-        "minTimestamp": 1,
-        "maxTimestamp": 2,
-        "checksum": "x",
-        "format": "arrow",
-    }
+    """The ``add`` body of segment ``n``: ten records from offset 10 n."""
+    segment = Segment(
+        path=f"segments/{n:020d}.arrow",
+        base_offset=n * 10,
+        last_offset=n * 10 + 9,
+        record_count=10,
+        min_timestamp_ms=1,
+        max_timestamp_ms=2,
+        size_bytes=100,
+        checksum="x",
+        format="arrow",
+        sparse=False,
+        created_ms=0,
+    )
+    body: dict[str, Any] = segment.to_action()["add"]
+    return body
 
 
 def _snapshot(state: PartitionState) -> tuple[list[str], dict[str, int]]:
