@@ -301,6 +301,9 @@ class PartitionState(LogState):
         """A shallow copy (shares the lists and dicts): for read-only use of a published state."""
         clone = object.__new__(PartitionState)
         clone.__dict__.update(self.__dict__)
+        # Neither changes the removed files they share in place (a copy of the view may
+        # change its own).
+        self._removed_owned = clone._removed_owned = False
         return clone
 
     # -- replay --------------------------------------------------------------------------------

@@ -111,3 +111,17 @@ def test_copies_agree_with_a_plain_model_through_many_changes() -> None:
         for path in list(removed)[:20]:
             with pytest.raises(CorruptLogError, match="not a live segment"):
                 state.apply("remove", {"path": path, "deletionTimestamp": 0})
+
+
+def test_a_copy_of_a_view_does_not_share_what_the_state_changes_later() -> None:
+    """A view shares everything with its state (read-only use of a published state); a copy
+    made from the view and the state changing afterwards do not see each other's removals."""
+    state = PartitionState()
+    for n in range(5):
+        state.apply("add", _add(n))
+    copy = state.view().copy()
+    state.apply("remove", {"path": _add(1)["path"], "deletionTimestamp": 3})
+    copy.apply("remove", {"path": _add(2)["path"], "deletionTimestamp": 4})
+    assert state.removed == {_add(1)["path"]: 3}
+    assert copy.removed == {_add(2)["path"]: 4}
+    assert [s.path for s in copy.segments] == [_add(n)["path"] for n in (0, 1, 3, 4)]
