@@ -835,7 +835,7 @@ class Consumer:
         an object store then asks for the next version about once per producer flush instead
         of on a backoff from half a millisecond (several GETs that find nothing per flush)."""
         now = time.monotonic()
-        self._next_look, self._look_backoff = 0.0, None
+        self._look_soon()
         if self._last_arrival is not None:
             gap = min(now - self._last_arrival, ARRIVAL_GAP_MAX_S)
             self._arrival_gap = (

@@ -484,8 +484,8 @@ class Log(Generic[S]):
         version due and the one after only when that find came well before the version was
         due, when its last such look showed it behind, or after several finds without one (so
         a reader whose looks are slower than the versions learns it). The versions due come
-        from the writers' rhythms (kstore.rhythm) when known. A reader with several due asks
-        for them and the one after at once,
+        from the writers' rhythms (kstore.rhythm) when known; then it asks for those alone.
+        Otherwise a reader with several due asks for them and the one after at once,
         where one request after another would cost a round trip of latency per version, and
         widens while it finds them all. A look at a log quiet for several gaps asks for one.
         """
