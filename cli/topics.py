@@ -645,11 +645,12 @@ _STEP_WORDS = {
     epilog="Examples:\n\n  kstore topics upgrade orders --dry-run\n\n"
     "  kstore topics upgrade orders\n\n"
     "Safe to run again: a run that stopped half-way is finished by the next one. A topic "
-    "already in layout 3 whose logs are below reader version 5 and writer version 6 has them "
+    "already in layout 3 whose logs are below reader version 6 and writer version 7 has them "
     "raised (incremental checkpoints; vacuum finds old checkpoint sidecars without listing the "
-    "log; producers carry small flushes in the commit, one PUT instead of two); one there is "
-    "left alone. Readers older than version 5 cannot read the topic afterwards, and writers "
-    "older than version 6 cannot write it.",
+    "log; producers carry small flushes in the commit, one PUT instead of two; a checkpoint "
+    "writes one sidecar file, not one per changed partition); one there is left alone. Readers "
+    "older than version 6 cannot read the topic afterwards, and writers older than version 7 "
+    "cannot write it.",
 )
 def upgrade(
     ctx: typer.Context,
@@ -668,8 +669,9 @@ def upgrade(
     Seals every partition log, adopts each partition's state (segments by reference, nothing
     copied; open transactions and producer sequences carried) into the topic logs, then
     switches the topic's metadata to layout 3. A layout-3 topic whose logs are below reader
-    version 5 and writer version 6 gets them raised there (incremental checkpoints, old
-    checkpoint sidecars that vacuum finds without listing the log, data carried in commits).
+    version 6 and writer version 7 gets them raised there (incremental checkpoints, old
+    checkpoint sidecars that vacuum finds without listing the log, data carried in commits,
+    one sidecar file per checkpoint).
     """
     from kstore.upgrade import upgrade_topic
 

@@ -43,8 +43,8 @@ from kstore.storage import Storage, unique_id
 
 log = logging.getLogger(__name__)
 
-READER_VERSION = 5  # highest minReaderVersion this code can read
-WRITER_VERSION = 6  # highest minWriterVersion this code can write
+READER_VERSION = 6  # highest minReaderVersion this code can read
+WRITER_VERSION = 7  # highest minWriterVersion this code can write
 # Version 2 adds typed topics (PROTOCOL.md 25); only the logs of typed topics require it, so
 # every other log stays readable by version-1 readers.
 TYPED_TOPICS_VERSION = 2

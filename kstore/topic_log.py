@@ -22,8 +22,6 @@ from typing import Any
 
 from kstore.errors import CorruptLogError, UnsupportedFormatVersionError
 from kstore.log import (
-    CARRIED_DATA_VERSION,
-    CARRIED_DATA_WRITER_VERSION,
     MAX_LOG_FILE_BYTES,
     Action,
     CommitResult,
@@ -53,10 +51,15 @@ CHAIN_VERSION = 4
 # {minReaderVersion 4, minWriterVersion 5}.
 HORIZON_VERSION = 5
 # Reader version 5, writer version 6: a commit may carry its flush's data (PROTOCOL.md 11.8),
-# which a reader of version 4 would take for a corrupt file. New topic logs, and the metadata
-# logs of their topics, start at {minReaderVersion 5, minWriterVersion 6}.
-TOPIC_LOG_VERSION = CARRIED_DATA_VERSION
-TOPIC_LOG_WRITER_VERSION = CARRIED_DATA_WRITER_VERSION
+# which a reader of version 4 would take for a corrupt file.
+# Reader version 6, writer version 7: one sidecar file holds the new sidecars of a checkpoint,
+# each named by its byte range (7.4), which a reader of version 5 would take for a corrupt
+# sidecar. New topic logs, and the metadata logs of their topics, start at
+# {minReaderVersion 6, minWriterVersion 7}.
+SHARED_SIDECAR_VERSION = 6
+SHARED_SIDECAR_WRITER_VERSION = 7
+TOPIC_LOG_VERSION = SHARED_SIDECAR_VERSION
+TOPIC_LOG_WRITER_VERSION = SHARED_SIDECAR_WRITER_VERSION
 SIDECAR_HORIZON = 10_000
 # The bounds of a chain (PROTOCOL.md 13.4): a writer starts a new base rather than name more
 # deltas than this, or deltas whose sizes add up to more than the base's: so loading a
@@ -71,6 +74,15 @@ SIDECAR_GZIP_LEVEL = 6
 # A partition build: receives the partition's state as of the commit's base version and
 # returns its actions (None: nothing to commit for it) or raises to refuse the commit.
 PartitionBuild = Callable[[PartitionState], "list[Action] | None"]
+
+
+def shares_sidecars(state: LogState) -> bool:
+    """Whether a checkpoint of a log at ``state``'s versions may write its new sidecars as one
+    shared file (PROTOCOL.md 7.4): reader version 6 and writer version 7."""
+    return (
+        state.min_reader_version >= SHARED_SIDECAR_VERSION
+        and state.min_writer_version >= SHARED_SIDECAR_WRITER_VERSION
+    )
 
 
 def topic_log_protocol() -> Action:
@@ -413,9 +425,8 @@ class TopicLogFiles(Log[TopicLogState]):
         # readers of version 3 can read.
         v4 = min(state.min_reader_version, state.min_writer_version) >= CHAIN_VERSION
         # Every new sidecar (a base or a delta per changed partition) is encoded first and
-        # then written at once: one after another, 64 changed partitions held a producer's
-        # commit for 64 PUTs on S3, every checkpoint interval.
-        files: dict[str, bytes] = {}
+        # then written at once: at 6/7 as the members of one file (7.4), else a file each.
+        new: list[tuple[Action, bytes]] = []
         for partition in sorted(state.partitions):
             known = state.sidecars.get(partition) if fresh else None
             if known is not None and not within_horizon(known, state.version):
@@ -423,7 +434,7 @@ class TopicLogFiles(Log[TopicLogState]):
             if known is not None and state.changed.get(partition, 0) <= state.sidecar_version:
                 chains[partition] = known
                 continue
-            chain = self._extended(state, partition, known, files) if v4 and known else None
+            chain = self._extended(state, partition, known, new) if v4 and known else None
             if chain is None:
                 actions = [
                     a
@@ -431,14 +442,12 @@ class TopicLogFiles(Log[TopicLogState]):
                     if "protocol" not in a
                 ]
                 payload = encode_sidecar(partition, state.version, actions, delta=None, compress=v4)
-                body = self._new_sidecar(
-                    files, partition, state.version, payload, len(actions), compress=v4
-                )
+                body = self._new_sidecar(new, partition, payload, len(actions))
                 if v4:
                     body["version"] = state.version
                 chain = [body]
             chains[partition] = chain
-        self.storage.put_new_many(files)
+        self.storage.put_new_many(self._sidecar_files(state, new, compress=v4))
         top: list[Action] = [*LogState.checkpoint_actions(state)]
         for partition in sorted(chains):
             top.extend({"sidecar": body} for body in chains[partition])
@@ -453,10 +462,10 @@ class TopicLogFiles(Log[TopicLogState]):
         state: TopicLogState,
         partition: int,
         chain: list[Action],
-        files: dict[str, bytes],
+        new: list[tuple[Action, bytes]],
     ) -> list[Action] | None:
-        """``chain`` and a new delta of the partition's actions since it (13.4), its file added
-        to ``files`` (to be written), or None when the chain cannot be extended or would exceed
+        """``chain`` and a new delta of the partition's actions since it (13.4), added to
+        ``new`` (to be written), or None when the chain cannot be extended or would exceed
         its bounds (then a new base is due)."""
         end = _chain_end(chain)
         complete = state.keeps_pending and state.pending_since <= state.sidecar_version
@@ -472,30 +481,42 @@ class TopicLogFiles(Log[TopicLogState]):
         payload = encode_sidecar(partition, state.version, actions, delta=span, compress=True)
         if sum(int(d["size"]) for d in deltas) + len(payload) > int(chain[0]["size"]):
             return None  # reading the chain would cost more than twice the state: a new base
-        body = self._new_sidecar(files, partition, state.version, payload, len(actions))
+        body = self._new_sidecar(new, partition, payload, len(actions))
         body["delta"] = list(span)
         return [*chain, body]
 
+    @staticmethod
     def _new_sidecar(
-        self,
-        files: dict[str, bytes],
-        partition: int,
-        version: int,
-        payload: bytes,
-        count: int,
-        *,
-        compress: bool = True,
+        new: list[tuple[Action, bytes]], partition: int, payload: bytes, count: int
     ) -> Action:
-        """A sidecar's file, named and added to ``files`` (to be written), and the action that
-        names it."""
-        name = f"{partition}-{version:020d}-{unique_id()}.json" + (".gz" if compress else "")
-        files[f"{self._sidecar_dir()}/{name}"] = payload
-        return {
-            "partition": partition,
-            "path": f"{SIDECARS}/{name}",
-            "actions": count,
-            "size": len(payload),
-        }
+        """The action naming a new sidecar, added with its bytes to ``new``: its path (and, in
+        a shared file, its range) are set when the checkpoint's files are (:meth:`_sidecar_files`)."""
+        body: Action = {"partition": partition, "actions": count, "size": len(payload)}
+        new.append((body, payload))
+        return body
+
+    def _sidecar_files(
+        self, state: TopicLogState, new: list[tuple[Action, bytes]], *, compress: bool
+    ) -> dict[str, bytes]:
+        """The files of a checkpoint's new sidecars, named (5.8) and their actions completed:
+        at 6/7 one shared file whose members they are, each named by its byte range (7.4), so
+        that a checkpoint writes one file however many partitions changed; below, a file each."""
+        suffix = ".json.gz" if compress else ".json"
+        version = state.version
+        if len(new) > 1 and shares_sidecars(state):
+            name = f"{min(body['partition'] for body, _ in new)}-{version:020d}-{unique_id()}"
+            offset = 0
+            for body, payload in new:
+                body["path"] = f"{SIDECARS}/{name}{suffix}"
+                body["range"] = [offset, len(payload)]
+                offset += len(payload)
+            return {f"{self._sidecar_dir()}/{name}{suffix}": b"".join(p for _, p in new)}
+        files: dict[str, bytes] = {}
+        for body, payload in new:
+            name = f"{body['partition']}-{version:020d}-{unique_id()}{suffix}"
+            body["path"] = f"{SIDECARS}/{name}"
+            files[f"{self._sidecar_dir()}/{name}"] = payload
+        return files
 
     def _read_checkpoint(self, version: int) -> TopicLogState | None:
         where = f"{self.storage.display_url}/{self._path(checkpoint_file(version))}"
@@ -548,10 +569,24 @@ class TopicLogFiles(Log[TopicLogState]):
     ) -> None:
         """Every partition's chain checked (7.4, 13.4) and applied: its base, then its deltas."""
         v4 = min(state.min_reader_version, state.min_writer_version) >= CHAIN_VERSION
+        shared = shares_sidecars(state)
         for partition, chain in chains.items():
             for position, body in enumerate(chain):
                 if not _nonneg_int(body.get("actions")) or not _nonneg_int(body.get("size")):
                     raise CorruptLogError(f"sidecar: illegal actions or size in {body!r}")
+                member = body.get("range")
+                if member is not None and not (
+                    shared
+                    and type(member) is list
+                    and len(member) == 2
+                    and all(_nonneg_int(v) for v in member)
+                    and member[1] == body["size"]
+                    and member[1] >= 1
+                ):
+                    raise CorruptLogError(
+                        f"sidecar: illegal range in {body!r}"
+                        + ("" if shared else " (a shared sidecar file below version 6/7)")
+                    )
                 if not v4 and (position or _is_compressed(body["path"]) or "delta" in body):
                     raise CorruptLogError(
                         f"partition {partition}: a chain of sidecars or a compressed one in a "
@@ -570,7 +605,12 @@ class TopicLogFiles(Log[TopicLogState]):
                 ):
                     raise CorruptLogError(f"sidecar: illegal delta range in {body!r}")
         incarnation = self.directory.rsplit("/", 1)[0]
-        paths = [f"{incarnation}/{body['path']}" for chain in chains.values() for body in chain]
+        # A shared file (7.4) is read once for all the members the checkpoint names in it.
+        paths = list(
+            dict.fromkeys(
+                f"{incarnation}/{body['path']}" for chain in chains.values() for body in chain
+            )
+        )
         found = self.storage.read_many(paths)
         for partition, chain in chains.items():
             end = -1
@@ -579,7 +619,16 @@ class TopicLogFiles(Log[TopicLogState]):
                 content = found.get(path)
                 if content is None:
                     raise CorruptLogError(f"sidecar {path} of partition {partition} is missing")
-                if len(content) != body["size"]:
+                member = body.get("range")
+                if member is not None:
+                    start, length = member
+                    if start + length > len(content):
+                        raise CorruptLogError(
+                            f"sidecar {path} has {len(content)} bytes, shorter than the range "
+                            f"{member!r} of partition {partition}'s member"
+                        )
+                    content = content[start : start + length]
+                elif len(content) != body["size"]:
                     raise CorruptLogError(
                         f"sidecar {path} has {len(content)} bytes, the checkpoint records "
                         f"{body['size']!r}"

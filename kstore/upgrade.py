@@ -8,19 +8,20 @@ again (docs/PROTOCOL.md 27):
    then on writers of this version refuse it with :class:`~kstore.errors.TopicUpgradedError`
    and older writers refuse it by its version, so its state is final.
 2. :func:`adopt_partitions`: version 0 of every topic log (put-if-absent) holds ``protocol``
-   5/6 (reader 5, writer 6; 4/5, 4/4 and 3/3 before) and the whole final state of each of its partitions, as that
+   6/7 (reader 6, writer 7; 5/6, 4/5, 4/4 and 3/3 before) and the whole final state of each of its partitions, as that
    partition's checkpoint actions naming the partition. Segments are adopted by reference:
    their ``segments/`` paths stay relative to the partition directory, nothing is copied.
 3. :func:`switch_layout`: the topic's metadata log gets ``metaData`` with ``layout: 3`` (every
-   other field carried, schemas included) and ``protocol`` 5/6, so that readers that predate
+   other field carried, schemas included) and ``protocol`` 6/7, so that readers that predate
    layout 3 refuse the topic instead of reading partition logs nobody writes any more.
 
 Between steps 1 and 3 the topic is readable as before but not writable: writers are told to
 run the upgrade again. Administration only: reads manifests, never segment data (no pyarrow).
 
-A topic already in layout 3 whose logs are below 5/6 (version 3: written before incremental
+A topic already in layout 3 whose logs are below 6/7 (version 3: written before incremental
 checkpoints; 4/4: before the sidecar horizon of writer version 5; 4/5: before commits carried
-their data) gets them raised to 5/6 instead: :func:`raise_topic_logs` (27.4).
+their data; 5/6: before a checkpoint's sidecars shared one file) gets them raised to 6/7
+instead: :func:`raise_topic_logs` (27.4).
 """
 
 from __future__ import annotations
@@ -104,9 +105,9 @@ class UpgradeReport:
     dry_run: bool
     layout_before: int  # 3: the topic was in layout 3 already: only versions were raised
     partitions: tuple[PartitionUpgrade, ...]
-    # (index, what step 2 did to its version 0; layout 3 before: what raising it to 5/6 did)
+    # (index, what step 2 did to its version 0; layout 3 before: what raising it to 6/7 did)
     topic_logs: tuple[tuple[int, Step], ...]
-    metadata: Step  # layout 3 before: what raising the metadata log to 5/6 did
+    metadata: Step  # layout 3 before: what raising the metadata log to 6/7 did
 
     @property
     def changed(self) -> bool:
@@ -126,7 +127,7 @@ class UpgradeReport:
             "changed": self.changed,
             "metadata": str(self.metadata),
             # Layout 2 before: what step 2 did to each topic log's version 0; layout 3 before:
-            # what raising each topic log to 5/6 did (27.4).
+            # what raising each topic log to 6/7 did (27.4).
             "topic_logs": [
                 {
                     "index": i,
@@ -143,8 +144,9 @@ class UpgradeReport:
 
 def upgrade_topic(store: Store, topic: str, *, dry_run: bool = False) -> UpgradeReport:
     """Upgrade ``topic`` from layout 2 to layout 3 (all three steps; see the module). A topic
-    already in layout 3 gets its topic logs and metadata log raised to 5/6 (incremental
-    checkpoints, the sidecar horizon, data carried in commits) if they are below. ``dry_run``: report what would be done, write nothing.
+    already in layout 3 gets its topic logs and metadata log raised to 6/7 (incremental
+    checkpoints, the sidecar horizon, data carried in commits, shared sidecar files) if they
+    are below. ``dry_run``: report what would be done, write nothing.
 
     Partitions added while the upgrade runs are sealed and adopted too before the layout
     switches (PROTOCOL.md 27.1)."""
@@ -411,16 +413,16 @@ def _check_adopted(
             )
 
 
-# -- layout 3: topic logs from version 3 or 4 to 5/6 -----------------------------------------------
+# -- layout 3: topic logs from version 3, 4 or 5 to 6/7 -----------------------------------------------
 
 
 def raise_topic_logs(
     store: Store, meta: TopicMetadata, *, dry_run: bool = False
 ) -> tuple[dict[int, Step], Step]:
-    """A layout-3 topic's topic logs, then its metadata log, raised to reader version 5 and
-    writer version 6 (incremental checkpoints, the sidecar horizon, data carried in commits,
-    PROTOCOL.md 27.4): what was done to each topic log and to the metadata. A log not created
-    yet is left alone (its first commit creates it at 5/6)."""
+    """A layout-3 topic's topic logs, then its metadata log, raised to reader version 6 and
+    writer version 7 (incremental checkpoints, the sidecar horizon, data carried in commits,
+    shared sidecar files, PROTOCOL.md 27.4): what was done to each topic log and to the
+    metadata. A log not created yet is left alone (its first commit creates it at 6/7)."""
     new = Step.planned if dry_run else Step.done
     steps: dict[int, Step] = {}
     for topic_log in store.topic_logs(meta.name, meta):

@@ -762,21 +762,26 @@ def test_verify_checks_topic_log_checkpoints_sidecars_and_orphans(local_cli: Cli
     # A checkpoint whose sidecar disagrees with the commits is a problem, for that partition.
     checkpoint = f"{log_dir}/00000000000000000003.checkpoint.json"
     _, actions = decode_commit(store.storage.read(checkpoint), checkpoint)
-    sidecars = {body["partition"]: body["path"] for name, body in actions if name == "sidecar"}
+    sidecars = {body["partition"]: body for name, body in actions if name == "sidecar"}
     assert set(sidecars) == {0, 1}
-    sidecar = f"{incarnation}/{sidecars[1]}"
+    # Version 6: both partitions' bases are members of one file, partition 1's the second.
+    assert sidecars[0]["path"] == sidecars[1]["path"]
+    start, length = sidecars[1]["range"]
+    sidecar = f"{incarnation}/{sidecars[1]['path']}"
+    content = store.storage.read(sidecar)
+    assert start + length == len(content)
     # Compressed (version 4): rewritten, with the size the checkpoint records kept right.
-    text = gzip.decompress(store.storage.read(sidecar)).decode()
+    text = gzip.decompress(content[start:]).decode()
     assert '"endOffset":{"offset":4}' in text  # version 0 is the first append
     payload = gzip.compress(
         text.replace('"endOffset":{"offset":4}', '"endOffset":{"offset":9}').encode()
     )
-    store.storage.put(sidecar, payload)
+    store.storage.put(sidecar, content[:start] + payload)
     info, _ = decode_commit(store.storage.read(checkpoint), checkpoint)
     lines = [json.dumps({"commitInfo": info})]
     for name, body in actions:
-        if name == "sidecar" and body["path"] == sidecars[1]:
-            body = {**body, "size": len(payload)}
+        if name == "sidecar" and body["partition"] == 1:
+            body = {**body, "size": len(payload), "range": [start, len(payload)]}
         lines.append(json.dumps({name: body}))
     store.storage.put(checkpoint, ("\n".join(lines) + "\n").encode())
     report = cli.json("verify", "t", code=1)

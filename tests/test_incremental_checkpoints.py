@@ -10,6 +10,7 @@ replay through chains is compared with a replay of every commit at every checkpo
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import random
 import time
@@ -455,9 +456,18 @@ def _refused(shared: TopicLog, version: int, match: str) -> None:
     assert checkpoint_file(version) in str(refused.value)
 
 
+def _at_versions(monkeypatch: pytest.MonkeyPatch, reader: int, writer: int) -> None:
+    """New topic logs (and their topics' metadata) start at ``reader``/``writer``."""
+    for module in ("kstore.topic_log", "kstore.store"):
+        monkeypatch.setattr(f"{module}.TOPIC_LOG_VERSION", reader)
+        monkeypatch.setattr(f"{module}.TOPIC_LOG_WRITER_VERSION", writer)
+
+
 def test_a_missing_or_truncated_delta_makes_the_checkpoint_corrupt(
-    local_store: StoreURL,
+    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """At 5/6 a file per sidecar (members of shared files: the tests after this one)."""
+    _at_versions(monkeypatch, 5, 6)
     shared, version, newest, delta = _chained(local_store)
     storage = shared.log.storage
     path = f"{_incarnation(shared)}/{delta['path']}"
@@ -482,8 +492,9 @@ def test_a_missing_or_truncated_delta_makes_the_checkpoint_corrupt(
 
 
 def test_a_chain_with_a_foreign_partition_another_count_or_a_gap_is_corrupt(
-    local_store: StoreURL,
+    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _at_versions(monkeypatch, 5, 6)
     shared, version, newest, delta = _chained(local_store)
     storage = shared.log.storage
     original = _checkpoint(shared, version)
@@ -525,6 +536,152 @@ def test_a_chain_with_a_foreign_partition_another_count_or_a_gap_is_corrupt(
     _put_checkpoint(shared, version, below)
     _refused(shared, version, "below version 4")
     assert newest > version
+
+
+def _shared_member(shared: TopicLog) -> tuple[int, int, dict[str, Any], dict[str, Any]]:
+    """A log (at 6/7) whose newest checkpoint names, for partition 1, a member of a file that
+    holds partition 0's too: (that checkpoint's version, the newest version, partition 0's
+    member, partition 1's)."""
+    work = Workload(shared, [0, 1], seed=11)
+    newest = work.run(95)
+    for version in range(90, 0, -10):
+        chains = _chains(shared, version)
+        last = {p: chains[p][-1] for p in (0, 1)}
+        if f"-{version:020d}-" in last[1]["path"] and last[0]["path"] == last[1]["path"]:
+            storage = shared.log.storage
+            for later in range(version + 10, newest + 1, 10):
+                storage.delete([f"{shared.directory}/{checkpoint_file(later)}"])
+            storage.put(f"{shared.directory}/_last_checkpoint", b'{"version": %d}' % version)
+            return version, newest, last[0], last[1]
+    raise AssertionError("no checkpoint wrote both partitions' sidecars")
+
+
+def test_members_of_a_shared_sidecar_file_are_read_by_range_and_checked_alone(
+    local_store: StoreURL,
+) -> None:
+    """Version 6 (7.4): one file per checkpoint, each partition's new sidecar a gzip member at
+    the range its `sidecar` action names; each member is checked as a sidecar of its own, and
+    a range that does not fit the file, its size or its member makes the checkpoint corrupt."""
+    _, shared = _topic(local_store, partitions=2, interval=10)
+    version, newest, first, second = _shared_member(shared)
+    storage = shared.log.storage
+    path = f"{_incarnation(shared)}/{second['path']}"
+    content = storage.read(path)
+    # The members, one after the other, nothing around them; each a whole gzip member.
+    assert first["range"] == [0, first["size"]]
+    assert second["range"] == [first["size"], second["size"]]
+    assert len(content) == first["size"] + second["size"]
+    assert gzip.decompress(content[first["size"] :]).startswith(b'{"sidecar":{"partition":1,')
+    _same(_files(shared)._read_checkpoint(version) or TopicLogState(), _replayed(shared, version))
+    original = _checkpoint(shared, version)
+
+    def altered(change: Any) -> list[tuple[str, Any]]:
+        actions = json.loads(json.dumps(original))
+        for _, body in actions:
+            if body.get("path") == second["path"] and body["partition"] == 1:
+                change(body)
+        return [tuple(a) for a in actions]
+
+    start, length = second["range"]
+    # A file shorter than the range: truncated, or the range past its end.
+    storage.put(path, content[:-9])
+    _refused(shared, version, "shorter than the range")
+    storage.put(path, content)
+    _put_checkpoint(shared, version, altered(lambda b: b.update(range=[start + 9, length])))
+    _refused(shared, version, "shorter than the range")
+    # A range whose length is not the member's recorded size.
+    _put_checkpoint(shared, version, altered(lambda b: b.update(range=[start, length - 1])))
+    _refused(shared, version, "illegal range")
+    # Partition 0's member named as partition 1's: its header names partition 0.
+    _put_checkpoint(
+        shared, version, altered(lambda b: b.update(range=first["range"], size=first["size"]))
+    )
+    _refused(shared, version, "holds partition 0, not 1")
+    # A member cut short, size and range alike: its gzip member does not end.
+    _put_checkpoint(
+        shared, version, altered(lambda b: b.update(range=[start, length - 9], size=length - 9))
+    )
+    _refused(shared, version, "truncated")
+    # A range that starts inside the previous member: not a gzip member there.
+    _put_checkpoint(shared, version, altered(lambda b: b.update(range=[start - 5, length])))
+    _refused(shared, version, "gzip")
+    # A range in a checkpoint below 6/7.
+    below = [
+        (n, {"minReaderVersion": 5, "minWriterVersion": 6} if n == "protocol" else b)
+        for n, b in original
+    ]
+    _put_checkpoint(shared, version, below)
+    _refused(shared, version, "a shared sidecar file below version 6/7")
+    storage.delete([path])
+    _put_checkpoint(shared, version, original)
+    _refused(shared, version, "is missing")
+    # Repaired: the log loads, to the state a replay of every commit builds.
+    storage.put(path, content)
+    _same(_files(shared).load(), _replayed(shared, newest))
+
+
+def test_a_checkpoint_with_many_changed_partitions_writes_one_sidecar_file(
+    local_store: StoreURL,
+) -> None:
+    """However many partitions changed, a checkpoint at 6/7 writes one sidecar file (bases
+    and deltas alike), named by the lowest of its partitions; a checkpoint with one new
+    sidecar writes it as a file of its own. Chains mix both, and load as the replay."""
+    _, shared = _topic(local_store, partitions=16, interval=5)
+    work = Workload(shared, list(range(16)), seed=4)
+    newest = work.run(80)
+    for version in range(5, newest + 1, 5):
+        new = [
+            body
+            for chain in _chains(shared, version).values()
+            for body in chain
+            if f"-{version:020d}-" in body["path"]
+        ]
+        files = {body["path"] for body in new}
+        assert len(files) <= 1, version
+        if len(new) > 1:
+            (name,) = files
+            lowest = min(body["partition"] for body in new)
+            assert name.startswith(f"{SIDECARS}/{lowest}-{version:020d}-")
+            ranges = sorted(body["range"] for body in new)
+            assert ranges[0][0] == 0
+            assert all(a[0] + a[1] == b[0] for a, b in itertools.pairwise(ranges))
+        elif new:
+            assert "range" not in new[0]
+    assert any(len(chain) > 2 for chain in _chains(shared, newest - newest % 5).values())
+    _same(_files(shared).load(), _replayed(shared, newest))
+
+
+def test_a_5_6_log_keeps_a_file_per_sidecar_until_the_upgrade_raises_it(
+    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A topic log at 5/6 is read and written as 5/6 specifies (a file per sidecar); `kstore
+    topics upgrade` raises it to 6/7 (27.4), after which its checkpoints share one file, and
+    chains that began before the raise are extended with members of shared files."""
+    with monkeypatch.context() as old:
+        _at_versions(old, 5, 6)
+        store, shared = _topic(local_store, partitions=4, interval=5)
+        work = Workload(shared, [0, 1, 2, 3], seed=6)
+        work.run(30)
+    work.run(10)  # written by this version, still at 5/6
+    state = shared.state()
+    assert (state.min_reader_version, state.min_writer_version) == (5, 6)
+    for v in range(5, 40, 5):
+        for chain in _chains(shared, v).values():
+            assert all("range" not in body for body in chain)
+    report = upgrade_topic(store, "t")
+    assert [s for _, s in report.topic_logs] == ["done"]
+    assert report.metadata == "done"
+    newest = work.run(40)
+    mixed = [
+        (v, p)
+        for v in range(45, newest + 1, 5)
+        for p, c in _chains(shared, v).items()
+        if "range" not in c[0] and any("range" in b for b in c[1:])
+    ]
+    assert mixed  # a base from before the raise, extended by members of shared files
+    assert any("range" in b for c in _chains(shared, 75).values() for b in c)
+    _same(_files(shared).load(), _replayed(shared, newest))
+    assert Store(*local_store)._topic_log("t").load().min_reader_version == TOPIC_LOG_VERSION
 
 
 # -- versions ----------------------------------------------------------------------------------------
@@ -579,12 +736,12 @@ def test_a_version_3_log_keeps_whole_sidecars_until_the_upgrade_raises_it(
     _same(_files(shared)._read_checkpoint(45) or TopicLogState(), _replayed(shared, 45))
 
 
-@pytest.mark.parametrize("reader", [3, CHAIN_VERSION])
+@pytest.mark.parametrize("reader", [3, CHAIN_VERSION, 5])
 def test_new_layout_3_topics_are_at_the_newest_version_and_older_readers_are_refused(
     local_store: StoreURL, monkeypatch: pytest.MonkeyPatch, reader: int
 ) -> None:
-    """New topics are at reader version 5 (commits that carry data, PROTOCOL.md 11.8): a
-    reader of version 3 (no chains) or 4 (chains, no carried data) refuses them."""
+    """New topics are at reader version 6 (shared sidecar files, PROTOCOL.md 7.4): a reader of
+    version 3 (no chains), 4 (chains, no carried data) or 5 (no shared files) refuses them."""
     store, shared = _topic(local_store, partitions=2, interval=5)
     Workload(shared, [0, 1]).run(7)
     assert shared.state().min_reader_version == TOPIC_LOG_VERSION
@@ -681,12 +838,15 @@ def test_the_upgrade_command_raises_a_version_3_topic_with_a_dry_run(
 
 
 @pytest.mark.s3
+@pytest.mark.parametrize("versions", [(5, 6), (6, 7)])
 def test_a_checkpoint_writes_its_sidecars_in_one_batch_and_none_when_one_fails(
-    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch
+    local_store: StoreURL, monkeypatch: pytest.MonkeyPatch, versions: tuple[int, int]
 ) -> None:
     """The new sidecars of a checkpoint (a base or a delta per changed partition) are written
-    at once, not one after another; when one cannot be written the checkpoint is not
-    published, the commit stands, and readers load from the previous checkpoint."""
+    at once, not one after another: at 6/7 as the members of one file (7.4), at 5/6 a file
+    each; when one cannot be written the checkpoint is not published, the commit stands, and
+    readers load from the previous checkpoint."""
+    _at_versions(monkeypatch, *versions)
     _, shared = _topic(local_store, partitions=8, interval=5)
     batches: list[list[str]] = []
     real = Storage.put_new_many
@@ -707,7 +867,11 @@ def test_a_checkpoint_writes_its_sidecars_in_one_batch_and_none_when_one_fails(
             if f"-{version:020d}-" in body["path"]  # new at this checkpoint
         }
         assert written == set(batch), version  # every new sidecar, in the one batch
-    assert len(batches[0]) == 8  # the first: a base per partition
+    # The first: a base per partition, in one file at 6/7 (each its member), else 8 files.
+    assert len(batches[0]) == (1 if versions == (6, 7) else 8)
+    first = [body for chain in _chains(shared, 5).values() for body in chain]
+    assert sorted(body["partition"] for body in first) == list(range(8))
+    assert all(("range" in body) == (versions == (6, 7)) for body in first)
 
     def fail(self: Storage, files: dict[str, bytes], *, durable: bool = True) -> None:
         raise StorageError("injected: a sidecar could not be written")
@@ -755,7 +919,8 @@ def test_no_checkpoint_names_a_sidecar_older_than_the_horizon(
             for body in chain:
                 parsed = sidecar_name(body["path"].removeprefix(f"{SIDECARS}/"))
                 assert parsed is not None
-                assert parsed[0] == partition
+                # A shared file (6/7) is named by the lowest partition of its members.
+                assert parsed[0] == partition if "range" not in body else parsed[0] <= partition
                 assert parsed[1] >= version - 12, (version, body)
             if partition and chain[0]["version"] > 6:
                 rebased.add(partition)
