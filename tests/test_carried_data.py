@@ -23,6 +23,7 @@ from kstore.errors import CorruptLogError
 from kstore.layout import topic_data_dir
 from kstore.log import decode_commit, encode_carrying_commit, version_file
 from kstore.manifest import is_carried_path
+from kstore.topic_log import TOPIC_LOG_VERSION, TOPIC_LOG_WRITER_VERSION
 from kstore.upgrade import upgrade_topic
 from tests.test_jobs_support import Target, now_ms, open_store, rows
 
@@ -481,11 +482,12 @@ def test_a_topic_at_4_5_writes_data_objects_until_the_upgrade_raises_it(
     for log_dir in (topic_log.log.directory, store._topic_log("t").directory):
         path = f"{log_dir}/{version_file(0)}"
         raw = store.storage.read(path)
-        assert b'"minReaderVersion":5,"minWriterVersion":6' in raw
-        older = raw.replace(
-            b'"minReaderVersion":5,"minWriterVersion":6',
-            b'"minReaderVersion":4,"minWriterVersion":5',
+        newest = b'"minReaderVersion":%d,"minWriterVersion":%d' % (
+            TOPIC_LOG_VERSION,
+            TOPIC_LOG_WRITER_VERSION,
         )
+        assert newest in raw
+        older = raw.replace(newest, b'"minReaderVersion":4,"minWriterVersion":5')
         _rewrite(store, path, older)
     old = open_store(where)
     assert old.topic_logs("t")[0].state().min_reader_version == 4
@@ -495,7 +497,10 @@ def test_a_topic_at_4_5_writes_data_objects_until_the_upgrade_raises_it(
     upgrade_topic(open_store(where), "t")
     raised = open_store(where)
     state = raised.topic_logs("t")[0].state()
-    assert (state.min_reader_version, state.min_writer_version) == (5, 6)
+    assert (state.min_reader_version, state.min_writer_version) == (
+        TOPIC_LOG_VERSION,
+        TOPIC_LOG_WRITER_VERSION,
+    )
     _flush(raised, "t", 2, b"new")
     assert is_carried_path(raised.partition("t", 0).state().segments[-1].path)
     assert _values(raised, "t", 1)[-3:] == [b"new-1-%d" % i for i in range(3)]

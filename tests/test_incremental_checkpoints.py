@@ -799,6 +799,42 @@ def test_vacuum_keeps_every_chain_member_of_the_kept_checkpoint(
     _same(fresh.topic_log("t", fresh.topic("t"), 0).log.load(), expected)
 
 
+@pytest.mark.parametrize("backend", ["local_store", "seaweed_store"])
+def test_vacuum_keeps_a_shared_sidecar_file_while_one_member_is_named(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """A shared file (7.4) whose members were replaced by new bases for every partition but an
+    idle one, whose chain still names its member, stays; the shared files no kept checkpoint
+    names go (22.5). On S3 vacuum finds them by their names' partition, the lowest member's."""
+    from kstore.retention import vacuum
+
+    url: StoreURL = request.getfixturevalue(backend)
+    monkeypatch.setattr("kstore.topic_log.MAX_DELTAS", 2)  # new bases leave old files
+    store, shared = _topic(url, partitions=3, interval=5)
+    Workload(shared, [0, 1, 2], seed=4).run(6)  # checkpoint 5: a base each, in one file
+    idle_base = _chains(shared, 5)[2][0]
+    assert "range" in idle_base
+    work = Workload(shared, [0, 1], seed=4)
+    work.rng.random = lambda: 0.99  # type: ignore[method-assign]  # appends: chains grow
+    newest = work.run(40)
+    kept = newest - newest % 5
+    chains = _chains(shared, kept)
+    assert chains[2] == [idle_base]  # partition 2 still names its member of checkpoint 5
+    named = {b["path"] for c in chains.values() for b in c}
+    sidecar_dir = f"{topic_data_dir('t', store.topic('t').topic_id)}/{SIDECARS}"
+    before = {f"{SIDECARS}/{i.name}" for i in store.storage.list_dir(sidecar_dir)}
+    assert named < before
+    assert all(b["path"] != idle_base["path"] for p in (0, 1) for b in chains[p])
+    expected = _replayed(shared, newest)
+    summary = vacuum(None, *url, verbose=False, now_ms=int(time.time() * 1000) + 31 * DAY_MS)
+    assert summary.errors == []
+    after = {f"{SIDECARS}/{i.name}" for i in store.storage.list_dir(sidecar_dir)}
+    assert after == named
+    assert idle_base["path"] in after
+    fresh = Store(*url)
+    _same(fresh.topic_log("t", fresh.topic("t"), 0).log.load(), expected)
+
+
 def test_the_upgrade_command_raises_a_version_3_topic_with_a_dry_run(
     local_store: StoreURL, monkeypatch: pytest.MonkeyPatch
 ) -> None:

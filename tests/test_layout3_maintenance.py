@@ -11,6 +11,7 @@ import importlib
 import json
 import time
 import uuid
+from typing import Any
 
 import pytest
 from kstore.cli.verify import verify_topic
@@ -296,30 +297,40 @@ def test_verify_replays_topic_logs_against_checkpoints_and_their_sidecars(
     assert report.log_files >= 7 + 2  # commits 0..6, checkpoints 3 and 6
     log_dir = store.topic_logs("t")[0].directory
 
-    def sidecar_of(version: int, partition: int) -> str:
+    def base_of(version: int, partition: int) -> dict[str, Any]:
         _, actions = decode_commit(
             store.storage.read(f"{log_dir}/{version:020d}.checkpoint.json"), "checkpoint"
         )
         # The first of the partition's chain: its base (13.4).
-        body = next(b for n, b in actions if n == "sidecar" and b["partition"] == partition)
-        return f"{topic_data_dir('t', store.topic('t').topic_id)}/{body['path']}"
+        return next(b for n, b in actions if n == "sidecar" and b["partition"] == partition)
+
+    def sidecar_of(version: int, partition: int) -> str:
+        return f"{topic_data_dir('t', store.topic('t').topic_id)}/{base_of(version, partition)['path']}"
 
     # A sidecar that disagrees with the commits: the checkpoint is at fault, for partition 1.
-    # (Compressed, version 4: rewritten with the size the checkpoint records kept right.)
+    # (Compressed, version 4: rewritten with the size the checkpoint records kept right. Both
+    # partitions' bases are members of one file, version 6: partition 1's is rewritten.)
     sidecar = sidecar_of(3, 1)
-    text = gzip.decompress(store.storage.read(sidecar)).decode()
+    start, length = base_of(3, 1)["range"]
+    content = store.storage.read(sidecar)
+    text = gzip.decompress(content[start : start + length]).decode()
     assert '"endOffset":{"offset":4}' in text  # one record per flush, versions 0..3
     payload = gzip.compress(
         text.replace('"endOffset":{"offset":4}', '"endOffset":{"offset":9}').encode()
     )
-    store.storage.put(sidecar, payload)
+    store.storage.put(sidecar, content[:start] + payload + content[start + length :])
+    shift = len(payload) - length
     for version in (3, 6):  # checkpoint 6 names it too when it extends that chain (13.4)
         top = f"{log_dir}/{version:020d}.checkpoint.json"
         info, actions = decode_commit(store.storage.read(top), "checkpoint")
         lines = [json.dumps({"commitInfo": info})]
         for name, body in actions:
             if name == "sidecar" and sidecar.endswith(body["path"]):
-                body = {**body, "size": len(payload)}
+                at, size = body["range"]
+                if at == start:
+                    body = {**body, "size": len(payload), "range": [start, len(payload)]}
+                elif at > start:
+                    body = {**body, "range": [at + shift, size]}
             lines.append(json.dumps({name: body}))
         store.storage.put(top, ("\n".join(lines) + "\n").encode())
     report = verify_topic(Store(*local_store), "t")
