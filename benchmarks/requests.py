@@ -51,12 +51,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RESULTS, percentile, table, write_results
 from kstore import Store
 from kstore.consumer import Consumer
+from kstore.producer import Producer
 from kstore.layout import topic_data_dir
 from kstore.records import TopicPartition
 from kstore.storage import Storage
@@ -186,10 +188,25 @@ def counting(store: Store) -> Iterator[collections.Counter[str]]:
 
 def create_topic(store: Store, partitions: int, layout: str) -> None:
     """``layout``: "2"; "3", layout 3 as configured by default (a flush's data carried in its
-    commit, PROTOCOL.md 11.8); "3d", layout 3 with a data object per flush
-    (``commit.inline.bytes`` 0), the layout-3 format before version 5/6."""
+    commit, PROTOCOL.md 11.8; a checkpoint's new sidecars in one file, 7.4); "3d", layout 3
+    with a data object per flush (``commit.inline.bytes`` 0), the layout-3 format before
+    version 5/6; "3v5", layout 3 with its topic log at 5/6 (a sidecar file per changed
+    partition at each checkpoint), the format before 6/7."""
     config = {"commit.inline.bytes": 0} if layout == "3d" else None
-    store.create_topic(TOPIC, partitions=partitions, layout=int(layout[0]), config=config)
+    if layout != "3v5":
+        store.create_topic(TOPIC, partitions=partitions, layout=int(layout[0]), config=config)
+        return
+    # A topic log is created at the versions of the writer of its first commit: the topic
+    # and that commit (one record, before the measured run) made as a writer of version 6.
+    with contextlib.ExitStack() as older:
+        for module in ("kstore.topic_log", "kstore.store"):
+            older.enter_context(mock.patch(f"{module}.TOPIC_LOG_VERSION", 5))
+            older.enter_context(mock.patch(f"{module}.TOPIC_LOG_WRITER_VERSION", 6))
+        store.create_topic(TOPIC, partitions=partitions, layout=3)
+        with Producer(store, acks=1) as producer:
+            producer.send(TOPIC, struct.pack(">d", time.time()) + b"x" * 92, b"first")
+    state = store.topic_logs(TOPIC)[0].state()
+    assert (state.min_reader_version, state.min_writer_version) == (5, 6)
 
 
 def run_case(
@@ -651,7 +668,8 @@ def main() -> None:
         "--layouts",
         default="2,3d,3",
         help="layouts to run side by side: 2; 3 (data carried in commits, the default); 3d "
-        "(layout 3 with a data object per flush, commit.inline.bytes=0)",
+        "(layout 3 with a data object per flush, commit.inline.bytes=0); 3v5 (layout 3 at "
+        "format 5/6: a sidecar file per changed partition at each checkpoint)",
     )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--backend", choices=["seaweedfs", "local"], default="seaweedfs")
@@ -669,8 +687,10 @@ def main() -> None:
     args = parser.parse_args()
     counts = parse_ints(args.partitions, "--partitions")
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
-    if not layouts or any(layout not in ("2", "3", "3d") for layout in layouts):
-        raise SystemExit(f"--layouts must name layouts 2, 3 and/or 3d, got {args.layouts!r}")
+    if not layouts or any(layout not in ("2", "3", "3d", "3v5") for layout in layouts):
+        raise SystemExit(
+            f"--layouts must name layouts 2, 3, 3d and/or 3v5, got {args.layouts!r}"
+        )
     if args.rate <= 0 or args.seconds <= 0 or args.rounds < 1 or args.max_poll_records < 1:
         raise SystemExit(
             "--rate and --seconds must be positive, --rounds and --max-poll-records at least 1"
