@@ -216,7 +216,7 @@ _SPECS = [
         "commit.inline.bytes",
         1_048_576,
         _int(0, 64 << 20),
-        "layout 3 at version 5/6: a producer flush whose data for one commit log encodes to at "
+        "layout 3 at version 5/6 and later: a producer flush whose data for one commit log encodes to at "
         "most this many bytes is carried in the commit itself, with no data object (one PUT "
         "instead of two); 0 turns it off (kstore-specific)",
     ),

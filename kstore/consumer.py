@@ -51,6 +51,7 @@ from kstore.records import (
 )
 from kstore.segments import fixed_array, numpy_values
 from kstore.store import Store, TopicMetadata
+from kstore.topic_log import TopicLog, TopicLogState
 
 # How long a polling consumer reuses a topic's metadata before reading it again (a new
 # partition count, a deleted or re-created topic are seen within this).
@@ -234,6 +235,11 @@ class Consumer:
         # Topic metadata the fetch path reuses for METADATA_RECHECK_S: re-reading it for every
         # partition of every poll cost a request each on an object store.
         self._metadata: dict[str, tuple[TopicMetadata, float]] = {}
+        # Layout 3: partitions a fetch found caught up, with what it found them at (see _fill).
+        self._caught_up: dict[
+            TopicPartition,
+            tuple[tuple[TopicMetadata, float], TopicLog, PartitionState, int],
+        ] = {}
         # The logs the last fetch tailed: when their writers' next commits are due.
         self._tailed: list[Log[Any]] = []
 
@@ -770,21 +776,46 @@ class Consumer:
         start = self._rotation % len(parts)
         # Which partitions to read, and from where. In layout 3 the partitions of one topic
         # log share its state: one request per topic log per poll, not one per partition.
-        asked: set[int] = set()
+        asked: dict[int, TopicLogState] = {}
         tailed: dict[int, Log[Any]] = {}
         plan: list[tuple[TopicPartition, Partition, PartitionState]] = []
+        caught_up = self._caught_up
+        if len(caught_up) > len(parts):
+            self._caught_up = caught_up = {tp: v for tp, v in caught_up.items() if tp in assigned}
+        now = time.monotonic()
+
+        def shared_state(shared: TopicLog) -> TopicLogState:
+            known = asked.get(id(shared))
+            if known is None:
+                known = asked[id(shared)] = shared.state(tail=True)
+                tailed[id(shared.log)] = shared.log
+            return known
+
         for tp in parts[start:] + parts[:start]:
             if not self._fetchable(tp) or tp in self._buffer:
                 continue
+            seen = caught_up.pop(tp, None)
+            if seen is not None:
+                # Caught up at an earlier fetch: nothing to read while its topic log holds the
+                # same state of it (copy-on-write: a commit that touches it makes a new one)
+                # and its position has not moved. A poll of many partitions, few of which a
+                # commit touches, skips the rest at a dict lookup each.
+                metadata, shared, raw, position = seen
+                if (
+                    self._metadata.get(tp.topic) is metadata
+                    and now - metadata[1] <= METADATA_RECHECK_S
+                    and self._positions.get(tp) == position
+                    and shared_state(shared).partitions.get(tp.partition) is raw
+                ):
+                    caught_up[tp] = seen
+                    continue
             partition = self._partition(tp, cached_metadata=True)
             shared = partition.topic_log
             if shared is None:
                 state = partition.state(tail=True)
                 tailed[id(partition.log)] = partition.log
             else:
-                state = partition.state(refresh=id(shared) not in asked, tail=True)
-                asked.add(id(shared))
-                tailed[id(shared.log)] = shared.log
+                state = shared_state(shared).partition(tp.partition)
             if state.sealed_layout is not None:
                 # Upgraded (PROTOCOL.md 8.29): the topic log is read from the next poll on.
                 self._metadata.pop(tp.topic, None)
@@ -807,6 +838,12 @@ class Consumer:
             position = self._position_for(tp, state)
             visible_end = self._visible_end(state)
             if position >= visible_end:
+                shared = partition.topic_log
+                if shared is not None and established:
+                    metadata = self._metadata.get(tp.topic)
+                    raw = asked[id(shared)].partitions.get(tp.partition)
+                    if metadata is not None and raw is not None:
+                        caught_up[tp] = (metadata, shared, raw, position)
                 continue
             if not established:
                 # A position is set when a poll returns records from it, not by the fetch: a

@@ -153,6 +153,52 @@ def test_a_position_moves_only_with_what_a_poll_returns(store: kstore.Store) -> 
         consumer.close()
 
 
+def test_a_fetch_skips_caught_up_partitions_until_a_commit_touches_them_or_a_seek(
+    store: kstore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition a fetch found caught up is not looked at again (its position, its state's
+    ends) while its topic log holds the same state of it and its position has not moved: a
+    poll of many partitions costs what the partitions a commit touched cost."""
+    _fill(store, "t", 32, 2)
+    tps = [TopicPartition("t", p) for p in range(32)]
+    looked: list[TopicPartition] = []
+    original = Consumer._position_for
+
+    def position_for(self: Consumer, tp: TopicPartition, state: Any) -> int:
+        looked.append(tp)
+        return original(self, tp, state)
+
+    monkeypatch.setattr(Consumer, "_position_for", position_for)
+    consumer = Consumer(store=store, auto_offset_reset="earliest")
+    try:
+        consumer.assign(tps)
+        seen = 0
+        deadline = time.monotonic() + 30
+        while seen < 64 and time.monotonic() < deadline:
+            seen += sum(len(v) for v in consumer.poll(timeout_ms=200).values())
+        assert seen == 64
+        assert consumer.poll(timeout_ms=0) == {}  # a fetch finds every partition caught up
+        looked.clear()
+        for _ in range(5):
+            assert consumer.poll(timeout_ms=20) == {}
+        assert looked == []
+        with Producer(store) as producer:
+            producer.send("t", value=b"new", partition=5)
+        got: dict[TopicPartition, Any] = {}
+        while not got and time.monotonic() < deadline:
+            got = consumer.poll(timeout_ms=200)
+        assert {tp: [r.value for r in v] for tp, v in got.items()} == {tps[5]: [b"new"]}
+        assert set(looked) == {tps[5]}
+        # A seek moves a caught-up partition's position: it is read again from there.
+        consumer.seek(tps[7], 0)
+        again: dict[TopicPartition, Any] = {}
+        while not again and time.monotonic() < deadline:
+            again = consumer.poll(timeout_ms=200)
+        assert {tp: [r.offset for r in v] for tp, v in again.items()} == {tps[7]: [0, 1]}
+    finally:
+        consumer.close()
+
+
 def _records(n: int) -> pa.Table:
     return pa.table(
         {
