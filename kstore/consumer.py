@@ -810,12 +810,11 @@ class Consumer:
                     caught_up[tp] = seen
                     continue
             partition = self._partition(tp, cached_metadata=True)
-            shared = partition.topic_log
-            if shared is None:
+            if partition.topic_log is None:
                 state = partition.state(tail=True)
                 tailed[id(partition.log)] = partition.log
             else:
-                state = shared_state(shared).partition(tp.partition)
+                state = shared_state(partition.topic_log).partition(tp.partition)
             if state.sealed_layout is not None:
                 # Upgraded (PROTOCOL.md 8.29): the topic log is read from the next poll on.
                 self._metadata.pop(tp.topic, None)
@@ -838,12 +837,12 @@ class Consumer:
             position = self._position_for(tp, state)
             visible_end = self._visible_end(state)
             if position >= visible_end:
-                shared = partition.topic_log
-                if shared is not None and established:
-                    metadata = self._metadata.get(tp.topic)
-                    raw = asked[id(shared)].partitions.get(tp.partition)
-                    if metadata is not None and raw is not None:
-                        caught_up[tp] = (metadata, shared, raw, position)
+                topic_log = partition.topic_log
+                if topic_log is not None and established:
+                    topic_metadata = self._metadata.get(tp.topic)
+                    found = asked[id(topic_log)].partitions.get(tp.partition)
+                    if topic_metadata is not None and found is not None:
+                        caught_up[tp] = (topic_metadata, topic_log, found, position)
                 continue
             if not established:
                 # A position is set when a poll returns records from it, not by the fetch: a
