@@ -58,8 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import RESULTS, percentile, table, write_results
 from kstore import Store
 from kstore.consumer import Consumer
-from kstore.producer import Producer
 from kstore.layout import topic_data_dir
+from kstore.producer import Producer
 from kstore.records import TopicPartition
 from kstore.storage import Storage
 
@@ -688,9 +688,7 @@ def main() -> None:
     counts = parse_ints(args.partitions, "--partitions")
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     if not layouts or any(layout not in ("2", "3", "3d", "3v5") for layout in layouts):
-        raise SystemExit(
-            f"--layouts must name layouts 2, 3, 3d and/or 3v5, got {args.layouts!r}"
-        )
+        raise SystemExit(f"--layouts must name layouts 2, 3, 3d and/or 3v5, got {args.layouts!r}")
     if args.rate <= 0 or args.seconds <= 0 or args.rounds < 1 or args.max_poll_records < 1:
         raise SystemExit(
             "--rate and --seconds must be positive, --rounds and --max-poll-records at least 1"
