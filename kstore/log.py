@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -227,6 +228,11 @@ def encode_commit(actions: Sequence[Action], info: dict[str, Any]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+# Stand-ins for the numbers a data-carrying commit's text holds that depend on its own length
+# (its ranges and ``dataOffset``): the text is encoded once with them, then they are filled in.
+_CARRIED_MARK = re.compile(rb'"@@kstore-(?:range-([0-9]+)|data-offset)@@"')
+
+
 def encode_carrying_commit(
     actions: Sequence[Action], info: dict[str, Any], data: bytes | memoryview, path: str
 ) -> tuple[list[Action], bytes]:
@@ -234,20 +240,53 @@ def encode_carrying_commit(
     ``dataOffset``, then the data. The ranged adds of ``actions`` whose path is
     :data:`CARRIED` count from the data's start; they come back naming ``path`` (the commit
     file, relative to the incarnation directory) with ranges counted from the file's start.
-    The offset is written in the text it follows, so it is found in two passes: the text's
-    length with room for the digits the ranges and the offset gain (at most 8 bytes of
-    spaces per action)."""
+
+    The offset is written in the text it precedes, and the ranges after it: the text is
+    encoded once with stand-ins for them, and the smallest offset at or past the text's
+    length once they are filled in is found by arithmetic (the text's length only grows with
+    the offset's digits), not by encoding the actions again."""
     size = len(data)
     if size < 1:
         raise ValueError("a commit carries at least one byte of data")
-    offset = 0
+    placed: list[Action] = []
+    marked: list[Action] = []
+    ranges: list[tuple[int, int]] = []
+    filled: list[dict[str, Any]] = []  # the placed adds, whose ranges are set at the end
+    for action in actions:
+        body = action.get("add")
+        if body is None or body.get("path") != CARRIED:
+            placed.append(action)
+            marked.append(action)
+            continue
+        start, length = body["range"]
+        marked.append({"add": {**body, "path": path, "range": f"@@kstore-range-{len(ranges)}@@"}})
+        ranges.append((start, length))
+        filled.append({**body, "path": path})
+        placed.append({"add": filled[-1]})
+    text = encode_commit(
+        marked, {**info, "dataOffset": "@@kstore-data-offset@@", "dataBytes": size}
+    )
+    stand_ins = _CARRIED_MARK.findall(text)
+    if len(stand_ins) != len(ranges) + 1:  # a stand-in's words in some other value: never
+        raise ValueError("a commit's actions hold the text of a stand-in for its ranges")
+    fixed = len(_CARRIED_MARK.sub(b"", text))
+    offset = fixed
     while True:
-        placed = [_placed(a, path, offset) for a in actions]
-        text = encode_commit(placed, {**info, "dataOffset": offset, "dataBytes": size})
-        if len(text) <= offset:
-            return placed, b"".join((text, b" " * (offset - len(text)), data))
-        # Ranges and the offset only grow with it: each pass leaves room for their digits.
-        offset = len(text) + 8 * (len(actions) + 1)
+        needed = fixed + len(str(offset)) + sum(len(f"[{offset + s},{n}]") for s, n in ranges)
+        if needed <= offset:
+            break
+        offset = needed
+
+    def fill(found: re.Match[bytes]) -> bytes:
+        if found.group(1) is None:
+            return str(offset).encode()
+        s, n = ranges[int(found.group(1))]
+        return f"[{offset + s},{n}]".encode()
+
+    text = _CARRIED_MARK.sub(fill, text)
+    for body, (s, n) in zip(filled, ranges, strict=True):
+        body["range"] = [offset + s, n]
+    return placed, b"".join((text, b" " * (offset - len(text)), data))
 
 
 def without_carried_data(data: bytes, where: str) -> bytes | None:
@@ -264,14 +303,6 @@ def without_carried_data(data: bytes, where: str) -> bytes | None:
     del info["dataOffset"], info["dataBytes"]
     info["dataVacuumed"] = True
     return json.dumps(line, separators=(",", ":")).encode() + b"\n" + rest
-
-
-def _placed(action: Action, path: str, offset: int) -> Action:
-    body = action.get("add")
-    if body is None or body.get("path") != CARRIED:
-        return action
-    start, length = body["range"]
-    return {"add": {**body, "path": path, "range": [offset + start, length]}}
 
 
 def decode_commit(

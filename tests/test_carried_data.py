@@ -8,8 +8,10 @@ corrupt, races between writers, the merge, vacuum, the upgrade from 4/5."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
 import threading
 from typing import Any
 
@@ -21,7 +23,12 @@ from kstore.retention import vacuum
 from kstore import Consumer, Producer, Store, TopicPartition
 from kstore.errors import CorruptLogError
 from kstore.layout import topic_data_dir
-from kstore.log import decode_commit, encode_carrying_commit, version_file
+from kstore.log import (
+    carried_data_offset,
+    decode_commit,
+    encode_carrying_commit,
+    version_file,
+)
 from kstore.manifest import is_carried_path
 from kstore.topic_log import TOPIC_LOG_VERSION, TOPIC_LOG_WRITER_VERSION
 from kstore.upgrade import upgrade_topic
@@ -222,8 +229,12 @@ def test_a_damaged_carrying_commit_is_corrupt(local_store: Target, damage: str) 
     elif damage == "one byte more":
         bad = raw + b"\0"
     elif damage == "padding not spaces":
-        assert offset > text_end  # the writer leaves room for the ranges' digits
-        bad = raw[:text_end] + b"x" + raw[text_end + 1 :]
+        # Room for one more byte before the data (the offset one more, of as many digits),
+        # which is not a space.
+        assert len(str(offset)) == len(str(offset + 1))
+        moved = raw[:offset].replace(b'"dataOffset":%d' % offset, b'"dataOffset":%d' % (offset + 1))
+        assert raw[text_end:offset].strip(b" ") == b""
+        bad = moved + b"x" + raw[offset:]
     else:
         value = b"99999999" if damage == "offset past the file" else b'"12"'
         bad = raw.replace(b'"dataOffset":%d' % offset, b'"dataOffset":' + value, 1)
@@ -269,6 +280,48 @@ def test_a_commit_whose_range_is_not_its_own_data_is_corrupt(
     _rewrite(store, path, bad)
     with pytest.raises(CorruptLogError, match=r"carries|carried"):
         open_store(local_store).partition("t", 0).state()
+
+
+@pytest.mark.parametrize("adds", [1, 7, 60, 400])
+def test_a_carrying_commit_puts_its_data_right_after_its_text(adds: int) -> None:
+    """The text is encoded once, and the data starts at the smallest offset at or past the
+    text's length once the offset and the ranges it holds are written out (PROTOCOL.md 7.1):
+    every range names its bytes, whatever digits the offset adds."""
+    rng = random.Random(adds)
+    lengths = [rng.randrange(1, 5000) for _ in range(adds)]
+    data = bytes(rng.randrange(256) for _ in range(sum(lengths)))
+    actions: list[dict[str, Any]] = []
+    start = 0
+    for i, length in enumerate(lengths):
+        actions.append(
+            {"add": {"path": "<carried>", "range": [start, length], "records": 1, "partition": i}}
+        )
+        actions.append({"producer": {"id": "p", "lastSequence": i, "partition": i}})
+        start += length
+    own = "_log/00000000000000000007.json"
+    placed, payload = encode_carrying_commit(actions, {"operation": "APPEND"}, data, own)
+    offset = carried_data_offset(payload, "c")
+    assert offset is not None
+    assert payload[offset:] == data
+    info, decoded = decode_commit(payload, "c")
+    assert info["dataOffset"] == offset
+    assert info["dataBytes"] == len(data)
+    adds_read = [body for name, body in decoded if name == "add"]
+    assert [a["add"] for a in placed if "add" in a] == adds_read
+    begins = list(itertools.accumulate([0, *lengths[:-1]]))
+    for body, length, begin in zip(adds_read, lengths, begins, strict=True):
+        assert body["path"] == own
+        assert body["range"] == [offset + begin, length]
+    # The smallest offset that fits: with one less, the text written out would not end by it.
+    text = payload[:offset].rstrip(b" ")
+    assert len(text) <= offset
+
+    def digits(n: int) -> int:
+        return len(str(n))
+
+    one_less = len(text) + digits(offset - 1) - digits(offset)
+    one_less += sum(digits(offset - 1 + b) - digits(offset + b) for b in begins)
+    assert one_less > offset - 1
 
 
 def test_only_log_paths_of_commit_files_name_carried_ranges() -> None:
