@@ -222,9 +222,20 @@ class CommitResult(Generic[S]):
     attempts: int
 
 
+# Every compact JSON line (commits, checkpoints, sidecars) through one encoder: json.dumps
+# with ``separators`` builds a new encoder per call, which cost twice the encoding of an action
+# itself, and a checkpoint encodes thousands.
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
+def compact_json(value: Any) -> str:
+    """What ``json.dumps`` with compact separators returns, at a third of its cost."""
+    return _COMPACT_JSON.encode(value)
+
+
 def encode_commit(actions: Sequence[Action], info: dict[str, Any]) -> bytes:
-    lines = [json.dumps({"commitInfo": {**info, "actions": len(actions)}}, separators=(",", ":"))]
-    lines.extend(json.dumps(a, separators=(",", ":")) for a in actions)
+    lines = [compact_json({"commitInfo": {**info, "actions": len(actions)}})]
+    lines.extend(map(compact_json, actions))
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -302,7 +313,7 @@ def without_carried_data(data: bytes, where: str) -> bytes | None:
     info = line["commitInfo"]
     del info["dataOffset"], info["dataBytes"]
     info["dataVacuumed"] = True
-    return json.dumps(line, separators=(",", ":")).encode() + b"\n" + rest
+    return compact_json(line).encode() + b"\n" + rest
 
 
 def decode_commit(

@@ -12,7 +12,6 @@ Pure data and replay rules, like :mod:`kstore.manifest`: no pyarrow.
 from __future__ import annotations
 
 import gzip
-import json
 import re
 import threading
 import time
@@ -29,6 +28,7 @@ from kstore.log import (
     LogState,
     RetryPolicy,
     checkpoint_file,
+    compact_json,
     decode_commit,
     protocol_action,
 )
@@ -320,8 +320,8 @@ def encode_sidecar(
     header: dict[str, Any] = {"partition": partition, "version": version, "actions": len(actions)}
     if delta is not None:
         header["delta"] = list(delta)
-    lines = [json.dumps({"sidecar": header}, separators=(",", ":"))]
-    lines.extend(json.dumps(a, separators=(",", ":")) for a in actions)
+    lines = [compact_json({"sidecar": header})]
+    lines.extend(map(compact_json, actions))
     text = ("\n".join(lines) + "\n").encode()
     return gzip.compress(text, SIDECAR_GZIP_LEVEL, mtime=0) if compress else text
 

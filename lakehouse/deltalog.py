@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kstore.errors import CorruptLogError, KStoreError
+from kstore.log import compact_json
 from kstore.names import DELTA_LOG_DIR
 from kstore.storage import Storage
 
@@ -236,7 +237,7 @@ def commit(storage: Storage, table_dir: str, version: int, actions: list[dict[st
     if not isinstance(info, dict):
         raise ValueError("a commit starts with its commitInfo")
     info["txnId"] = token
-    body = "\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n"
+    body = "\n".join(map(compact_json, actions)) + "\n"
     path = f"{table_dir}/{DELTA_LOG}/{version:020d}.json"
     data = body.encode()
     try:
