@@ -239,6 +239,11 @@ def _timestamp_range_ms(table: pa.Table) -> tuple[int, int]:
     # numpy over the int64 view: pyarrow's min_max costs more in its Python wrapper than in
     # the kernel, and this runs for every partition of every flush.
     micros = numpy_values(column, np.int64)  # timestamp[us]: int64 microseconds
+    if len(micros) <= 32:
+        # A partition's share of a small flush: numpy's reductions cost several times Python's
+        # over a list of a few values.
+        values = micros.tolist()
+        return min(values) // 1000, max(values) // 1000
     return int(micros.min()) // 1000, int(micros.max()) // 1000
 
 
