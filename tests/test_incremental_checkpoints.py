@@ -446,6 +446,14 @@ def _chained(local_store: StoreURL) -> tuple[TopicLog, int, int, dict[str, Any]]
     raise AssertionError("no chain with two deltas")
 
 
+def _at_protocol(
+    actions: list[tuple[str, dict[str, Any]]], reader: int, writer: int
+) -> list[tuple[str, dict[str, Any]]]:
+    """A checkpoint's actions with its ``protocol`` set to ``reader``/``writer``."""
+    versions = {"minReaderVersion": reader, "minWriterVersion": writer}
+    return [(n, versions if n == "protocol" else b) for n, b in actions]
+
+
 def _refused(shared: TopicLog, version: int, match: str) -> None:
     """The checkpoint is corrupt, and so is the log for a reader that starts from it (9.3,
     14.1): it is reported, naming the checkpoint, never replaced by a partial state."""
@@ -529,11 +537,7 @@ def test_a_chain_with_a_foreign_partition_another_count_or_a_gap_is_corrupt(
     _put_checkpoint(shared, version, altered(lambda b: b.pop("delta")))
     _refused(shared, version, "two base sidecars")
     # A chain in a checkpoint of a log below version 4.
-    below = [
-        (n, {"minReaderVersion": 3, "minWriterVersion": 3} if n == "protocol" else b)
-        for n, b in original
-    ]
-    _put_checkpoint(shared, version, below)
+    _put_checkpoint(shared, version, _at_protocol(original, 3, 3))
     _refused(shared, version, "below version 4")
     assert newest > version
 
@@ -606,11 +610,7 @@ def test_members_of_a_shared_sidecar_file_are_read_by_range_and_checked_alone(
     _put_checkpoint(shared, version, altered(lambda b: b.update(range=[start - 5, length])))
     _refused(shared, version, "gzip")
     # A range in a checkpoint below 6/7.
-    below = [
-        (n, {"minReaderVersion": 5, "minWriterVersion": 6} if n == "protocol" else b)
-        for n, b in original
-    ]
-    _put_checkpoint(shared, version, below)
+    _put_checkpoint(shared, version, _at_protocol(original, 5, 6))
     _refused(shared, version, "a shared sidecar file below version 6/7")
     storage.delete([path])
     _put_checkpoint(shared, version, original)
