@@ -277,24 +277,28 @@ def encode_carrying_commit(
     text = encode_commit(
         marked, {**info, "dataOffset": "@@kstore-data-offset@@", "dataBytes": size}
     )
-    stand_ins = _CARRIED_MARK.findall(text)
-    if len(stand_ins) != len(ranges) + 1:  # a stand-in's words in some other value: never
+    marks = list(_CARRIED_MARK.finditer(text))
+    if len(marks) != len(ranges) + 1:  # a stand-in's words in some other value: never
         raise ValueError("a commit's actions hold the text of a stand-in for its ranges")
-    fixed = len(_CARRIED_MARK.sub(b"", text))
+    fixed = len(text) - sum(m.end() - m.start() for m in marks)
     offset = fixed
     while True:
         needed = fixed + len(str(offset)) + sum(len(f"[{offset + s},{n}]") for s, n in ranges)
         if needed <= offset:
             break
         offset = needed
-
-    def fill(found: re.Match[bytes]) -> bytes:
-        if found.group(1) is None:
-            return str(offset).encode()
-        s, n = ranges[int(found.group(1))]
-        return f"[{offset + s},{n}]".encode()
-
-    text = _CARRIED_MARK.sub(fill, text)
+    pieces: list[bytes] = []
+    done = 0
+    for mark in marks:
+        pieces.append(text[done : mark.start()])
+        if mark.group(1) is None:
+            pieces.append(str(offset).encode())
+        else:
+            s, n = ranges[int(mark.group(1))]
+            pieces.append(f"[{offset + s},{n}]".encode())
+        done = mark.end()
+    pieces.append(text[done:])
+    text = b"".join(pieces)
     for body, (s, n) in zip(filled, ranges, strict=True):
         body["range"] = [offset + s, n]
     return placed, b"".join((text, b" " * (offset - len(text)), data))

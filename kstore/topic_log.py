@@ -379,6 +379,11 @@ def _nonneg_int(value: Any) -> bool:
     return type(value) is int and value >= 0
 
 
+def _nonneg_pair(value: Any) -> bool:
+    """A list of two non-negative integers (a delta's versions, a member's byte range)."""
+    return type(value) is list and len(value) == 2 and all(_nonneg_int(v) for v in value)
+
+
 class TopicLogFiles(Log[TopicLogState]):
     """A topic log's files: checkpoints keep each partition's state in sidecar files, and a
     partition that did not change since the previous checkpoint keeps its sidecars by
@@ -576,12 +581,7 @@ class TopicLogFiles(Log[TopicLogState]):
                     raise CorruptLogError(f"sidecar: illegal actions or size in {body!r}")
                 member = body.get("range")
                 if member is not None and not (
-                    shared
-                    and type(member) is list
-                    and len(member) == 2
-                    and all(_nonneg_int(v) for v in member)
-                    and member[1] == body["size"]
-                    and member[1] >= 1
+                    shared and _nonneg_pair(member) and member[1] == body["size"] >= 1
                 ):
                     raise CorruptLogError(
                         f"sidecar: illegal range in {body!r}"
@@ -597,12 +597,7 @@ class TopicLogFiles(Log[TopicLogState]):
                 if position and "delta" not in body:
                     raise CorruptLogError(f"partition {partition}: names two base sidecars")
                 span = body.get("delta")
-                if span is not None and not (
-                    type(span) is list
-                    and len(span) == 2
-                    and all(_nonneg_int(v) for v in span)
-                    and span[0] <= span[1] <= version
-                ):
+                if span is not None and not (_nonneg_pair(span) and span[0] <= span[1] <= version):
                     raise CorruptLogError(f"sidecar: illegal delta range in {body!r}")
         incarnation = self.directory.rsplit("/", 1)[0]
         # A shared file (7.4) is read once for all the members the checkpoint names in it.
