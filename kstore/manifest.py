@@ -265,7 +265,17 @@ class PartitionState(LogState):
 
     def __init__(self) -> None:
         super().__init__()
-        self._segments: list[Segment] = []  # sorted by base_offset, non-overlapping
+        # The live segments, sorted by base offset and non-overlapping, in two runs: a base
+        # that copies share and no one changes once shared, and this state's own tail of the
+        # segments appended since. A reader or writer copies the state of every partition a
+        # commit touches: copying one list of thousands of live segments (between merges) cost
+        # more than the rest of the commit, and grew with them. The tail is folded into a new
+        # base once it outgrows the square root of the base (at least 64): copies stay small,
+        # and folding costs a constant share per append.
+        self._base: list[Segment] = []
+        self._tail: list[Segment] = []
+        self._base_owned = True  # no copy shares ``_base``: it may change in place
+        self._flat: list[Segment] | None = None  # ``segments`` as one list, once asked for
         # The same segments by path: replay checks and removes a path in constant time, where
         # a scan of the list made opening a partition quadratic in its live segments.
         self._live = _LiveIndex()
@@ -287,7 +297,8 @@ class PartitionState(LogState):
 
     def copy(self) -> PartitionState:
         clone: PartitionState = super().copy()  # type: ignore[assignment]
-        clone._segments = list(self._segments)
+        clone._tail = list(self._tail)
+        self._base_owned = clone._base_owned = False
         clone._live = self._live.copy()
         clone.producers = dict(self.producers)
         clone.txns = dict(self.txns)
@@ -301,9 +312,10 @@ class PartitionState(LogState):
         """A shallow copy (shares the lists and dicts): for read-only use of a published state."""
         clone = object.__new__(PartitionState)
         clone.__dict__.update(self.__dict__)
-        # Neither changes the removed files they share in place (a copy of the view may
-        # change its own).
+        # Neither changes the removed files or the segments they share in place (a copy of
+        # the view may change its own).
         self._removed_owned = clone._removed_owned = False
+        self._base_owned = clone._base_owned = False
         return clone
 
     # -- replay --------------------------------------------------------------------------------
@@ -311,12 +323,12 @@ class PartitionState(LogState):
     def apply(self, name: str, body: dict[str, Any]) -> None:
         if name == "add":
             seg = Segment.from_action(body)
-            segments = self._segments
+            last = self.last_segment
             # Appends and checkpoints add in offset order: after the last segment, which is
             # then the only one that can overlap.
-            at_end = not segments or segments[-1].base_offset <= seg.base_offset
+            at_end = last is None or last.base_offset <= seg.base_offset
             if at_end:
-                overlaps = bool(segments) and segments[-1].last_offset >= seg.base_offset
+                overlaps = last is not None and last.last_offset >= seg.base_offset
             else:
                 overlaps = seg.base_offset < self.end_offset and self._overlaps(seg)
             if overlaps:
@@ -324,9 +336,9 @@ class PartitionState(LogState):
             if seg.path in self._live:
                 raise CorruptLogError(f"add {seg.path}: the path is already a live segment")
             if at_end:
-                segments.append(seg)
+                self._append(seg)
             else:
-                bisect.insort(segments, seg, key=_BASE_OFFSET)
+                bisect.insort(self._own_segments(), seg, key=_BASE_OFFSET)
             self._live.add(seg)
             self._time_index = None
             self.end_offset = max(self.end_offset, seg.last_offset + 1)
@@ -342,7 +354,7 @@ class PartitionState(LogState):
             gone = self._live.pop(path)
             if gone is None:
                 raise CorruptLogError(f"remove {path}: not a live segment")
-            segments = self._segments
+            segments = self._own_segments()
             # Only empty segments share a base offset: the walk past equal ones is short.
             i = bisect.bisect_left(segments, gone.base_offset, key=_BASE_OFFSET)
             while segments[i].path != path:
@@ -409,23 +421,63 @@ class PartitionState(LogState):
         return self.removed
 
     def _overlaps(self, seg: Segment) -> bool:
-        segments = self._segments
+        segments = self.segments
         i = bisect.bisect_right(segments, seg.base_offset, key=_BASE_OFFSET)
         if i > 0 and segments[i - 1].last_offset >= seg.base_offset:
             return True
         return i < len(segments) and segments[i].base_offset <= seg.last_offset
 
+    def _append(self, seg: Segment) -> None:
+        tail = self._tail
+        tail.append(seg)
+        self._flat = None
+        if len(tail) > 64 and len(tail) * len(tail) > len(self._base):
+            self._base, self._tail, self._base_owned = self._base + tail, [], True
+
+    def _own_segments(self) -> list[Segment]:
+        """All live segments as one list that no copy shares, to change in place (the rare
+        changes that are not appends: removals, an add before the last segment)."""
+        if self._tail or not self._base_owned:
+            self._base, self._tail, self._base_owned = self._base + self._tail, [], True
+        self._flat = None
+        return self._base
+
     @property
     def segments(self) -> list[Segment]:
-        """The live segments, sorted by base offset. Read-only: replay keeps an index of them
-        (assign a new list to replace them)."""
-        return self._segments
+        """The live segments, sorted by base offset, as one list (made once per state, on
+        first use). Read-only: replay keeps an index of them (assign a new list to replace
+        them). A reader of a few segments near an offset uses :meth:`segment_index_for`,
+        :meth:`segment_count` and :meth:`segment_slice`, which make no list of all of them."""
+        flat = self._flat
+        if flat is None:
+            flat = self._flat = self._base + self._tail if self._tail else self._base
+        return flat
 
     @segments.setter
     def segments(self, segments: list[Segment]) -> None:
-        self._segments = list(segments)
-        self._live = _LiveIndex({s.path: s for s in self._segments})
+        self._base, self._tail, self._base_owned = list(segments), [], True
+        self._flat = None
+        self._live = _LiveIndex({s.path: s for s in self._base})
         self._time_index = None
+
+    @property
+    def last_segment(self) -> Segment | None:
+        """The live segment with the highest base offset, if any."""
+        run = self._tail or self._base
+        return run[-1] if run else None
+
+    def segment_count(self) -> int:
+        return len(self._base) + len(self._tail)
+
+    def segment_slice(self, start: int, stop: int) -> list[Segment]:
+        """``segments[start:stop]`` (non-negative bounds), without making the whole list."""
+        base, tail = self._base, self._tail
+        n = len(base)
+        if not tail or stop <= n:
+            return base[start:stop]
+        if start >= n:
+            return tail[start - n : stop - n]
+        return base[start:] + tail[: stop - n]
 
     def checkpoint_actions(self) -> list[Action]:
         actions = super().checkpoint_actions()
@@ -491,8 +543,15 @@ class PartitionState(LogState):
 
     def segment_index_for(self, offset: int) -> int:
         """Index of the first live segment that may hold ``offset`` or anything after it."""
-        i = bisect.bisect_right(self.segments, offset, key=_BASE_OFFSET) - 1
-        if i >= 0 and self.segments[i].last_offset >= offset:
+        base, tail = self._base, self._tail
+        seg: Segment | None
+        if tail and tail[0].base_offset <= offset:
+            j = bisect.bisect_right(tail, offset, key=_BASE_OFFSET) - 1
+            i, seg = len(base) + j, tail[j]
+        else:
+            i = bisect.bisect_right(base, offset, key=_BASE_OFFSET) - 1
+            seg = base[i] if i >= 0 else None
+        if seg is not None and seg.last_offset >= offset:
             return i
         return i + 1
 

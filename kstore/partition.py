@@ -546,19 +546,26 @@ class Partition:
         remaining = max_records if max_records is not None else 1 << 62
         budget = max_bytes if max_bytes is not None else 1 << 62
         want = columns if columns is None or "offset" in columns else [*columns, "offset"]
-        segments = state.segments
         i = state.segment_index_for(from_offset)
         position = from_offset
         ahead: list[Segment] = []
         expected = 0
-        for seg in segments[i:]:
-            if expected >= remaining or seg.base_offset >= stop or len(ahead) >= 32:
+        for seg in state.segment_slice(i, i + 32):
+            if expected >= remaining or seg.base_offset >= stop:
                 break
             ahead.append(seg)
             expected += seg.record_count
         self._prefetch(ahead, want)
-        while i < len(segments) and remaining > 0 and position < stop:
-            seg = segments[i]
+        # A window of segments at a time, not the list of all of them: a tailing reader reads
+        # a few at the end of thousands (between merges).
+        window: list[Segment] = []
+        while remaining > 0 and position < stop:
+            if not window:
+                window = state.segment_slice(i, i + 32)
+                if not window:
+                    break
+                window.reverse()
+            seg = window.pop()
             i += 1
             table = self.read_segment(seg, want)
             rows = table.num_rows
@@ -636,7 +643,7 @@ def prefetch(
             continue  # caught up: most partitions of a tailing reader, at every poll
         remote = partition.storage.is_remote
         i = state.segment_index_for(position)
-        for seg in state.segments[i : i + 32]:
+        for seg in state.segment_slice(i, i + 32):
             if seg.base_offset >= end or budget <= 0:
                 break
             if not remote and seg.byte_range is None:

@@ -86,6 +86,15 @@ def test_copies_agree_with_a_plain_model_through_many_changes() -> None:
             state.apply("add", body)
             live[body["path"]] = next_n
             next_n += 1
+        elif choice < 0.6 and (
+            free := sorted({int(p[9:29]) for p in removed if p[9:29].isdigit()} - {*live.values()})
+        ):
+            n = rng.choice(free)
+            # The offsets of a removed segment again, under a new path: an add before the
+            # last live segment (a compaction's replacement).
+            body = {**_add(n), "path": f"segments/again-{step}.arrow"}
+            state.apply("add", body)
+            live[body["path"]] = n
         elif choice < 0.85:
             path = rng.choice(sorted(live))
             state.apply("remove", {"path": path, "deletionTimestamp": step})
@@ -98,10 +107,22 @@ def test_copies_agree_with_a_plain_model_through_many_changes() -> None:
                 del removed[path]
         states[i] = (state, live, removed, next_n)
         for other, other_live, other_removed, _ in states:
-            assert [s.path for s in other.segments] == sorted(
-                other_live, key=lambda p: other_live[p]
-            )
+            expected = sorted(other_live, key=lambda p: other_live[p])
+            assert [s.path for s in other.segments] == expected
             assert other.removed == other_removed
+            # What a reader near an offset uses instead of the whole list agrees with it.
+            assert other.segment_count() == len(expected)
+            last = other.last_segment
+            assert (last.path if last else None) == (expected[-1] if expected else None)
+            lo = rng.randrange(len(expected) + 1)
+            hi = lo + rng.randrange(40)
+            assert [s.path for s in other.segment_slice(lo, hi)] == expected[lo:hi]
+            offset = rng.randrange(10 * next_n + 20)
+            first = next(
+                (k for k, p in enumerate(expected) if 10 * other_live[p] + 9 >= offset),
+                len(expected),
+            )
+            assert other.segment_index_for(offset) == first
     # The path index agrees too: each live path refuses a second add, each removed one is gone.
     for state, live, removed, _ in states:
         for path in list(live)[:20]:
@@ -125,3 +146,29 @@ def test_a_copy_of_a_view_does_not_share_what_the_state_changes_later() -> None:
     assert state.removed == {_add(1)["path"]: 3}
     assert copy.removed == {_add(2)["path"]: 4}
     assert [s.path for s in copy.segments] == [_add(n)["path"] for n in (0, 1, 3, 4)]
+
+
+def test_a_copy_shares_the_live_segments_it_has_not_changed() -> None:
+    """A copy costs a bounded tail of the live segments, not all of them, however many there
+    are: thousands of appends, each on a fresh copy, as a writer's commits make them."""
+    state = PartitionState()
+    for n in range(5_000):
+        state = state.copy()
+        state.apply("add", _add(n))
+    copy = state.copy()
+    assert copy._base is state._base
+    assert len(copy._tail) <= max(64, int(len(state._base) ** 0.5) + 1)
+    assert [s.base_offset for s in copy.segments] == [10 * n for n in range(5_000)]
+    copy.apply("add", _add(5_000))
+    assert state.segment_count() == 5_000
+    assert copy.segment_count() == 5_001
+    # Lookups across the seam between the shared base and the tail.
+    seam = len(copy._base)
+    assert 0 < seam < 5_001
+    assert copy._tail
+    for k in (0, seam - 2, seam - 1, seam, seam + 1, 5_000):
+        assert copy.segment_index_for(10 * k + 5) == k
+        assert [s.base_offset for s in copy.segment_slice(k, k + 3)] == [
+            10 * n for n in range(k, min(k + 3, 5_001))
+        ]
+    assert copy.segment_index_for(10 * 5_001) == 5_001
