@@ -137,6 +137,11 @@ class LogState:
         clone.__dict__.update(self.__dict__)
         return clone
 
+    def apply_encoded(self, name: str, body: dict[str, Any], line: str) -> None:
+        """Apply one action that a commit holds as ``line`` (compact JSON): a state that keeps
+        its actions for a checkpoint's deltas keeps the line too."""
+        self.apply(name, body)
+
     def apply(self, name: str, body: dict[str, Any]) -> None:
         """Apply one action. Unknown action names are ignored (forward compatibility)."""
         if name == "protocol":
@@ -234,9 +239,14 @@ def compact_json(value: Any) -> str:
 
 
 def encode_commit(actions: Sequence[Action], info: dict[str, Any]) -> bytes:
-    lines = [compact_json({"commitInfo": {**info, "actions": len(actions)}})]
-    lines.extend(map(compact_json, actions))
-    return ("\n".join(lines) + "\n").encode()
+    return encode_commit_lines(actions, info)[1]
+
+
+def encode_commit_lines(actions: Sequence[Action], info: dict[str, Any]) -> tuple[list[str], bytes]:
+    """A commit's action lines (compact JSON, in order) and the commit's bytes."""
+    lines = list(map(compact_json, actions))
+    head = compact_json({"commitInfo": {**info, "actions": len(actions)}})
+    return lines, "\n".join((head, *lines, "")).encode()
 
 
 # Stand-ins for the numbers a data-carrying commit's text holds that depend on its own length
@@ -886,16 +896,21 @@ class Log(Generic[S]):
             # Apply the actions to a copy *before* publishing: a commit that does not apply (an
             # add overlapping a live segment, a remove of a segment already gone) must never
             # land, or every later reader of the log would fail on it for good.
-            payload: bytes | None = None
+            # Encoded first: the state keeps each action's line for its checkpoint's deltas.
             if data is not None:
                 actions, payload = encode_carrying_commit(
                     actions, meta, data, self.carried_path(version)
                 )
+                # The text ends right before the data, at the newline after the last action.
+                text_end = payload.rfind(b"\n", 0, len(payload) - len(data)) + 1
+                lines = payload[:text_end].decode().split("\n")[1:-1]
+            else:
+                lines, payload = encode_commit_lines(actions, meta)
             new_state: S = state.copy()  # type: ignore[assignment]
             self.descend(new_state)
             try:
-                for name, body in _split(actions):
-                    new_state.apply(name, body)
+                for (name, body), line in zip(_split(actions), lines, strict=True):
+                    new_state.apply_encoded(name, body, line)
             except (CorruptLogError, KeyError, TypeError, ValueError) as exc:
                 raise ConcurrentModificationError(
                     f"{self.storage.display_url}/{self.directory}: {operation} commit does not apply to "
@@ -906,8 +921,6 @@ class Log(Generic[S]):
             new_state.stamp(version)
             new_state.last_commit_ms = meta["timestamp"]
             new_state.confirmed_at = time.monotonic()
-            if payload is None:
-                payload = encode_commit(actions, meta)
             # Checked last, after the build: a pause anywhere before this point counts.
             if written_at is not None and self.retry.too_old(written_at):
                 raise StaleWriteError(

@@ -18,7 +18,7 @@ from kstore.errors import (
     OutOfOrderSequenceError,
     ProducerFencedError,
 )
-from kstore.log import Action, LogState
+from kstore.log import Action, LogState, compact_json
 
 # Layout 3's data objects live in the topic incarnation directory, beside the partitions.
 DATA_PREFIX = "_data/"
@@ -106,6 +106,31 @@ class Segment:
             action["add"]["range"] = list(self.byte_range)
         return action
 
+    def keep_line(self, body: dict[str, Any], line: str) -> None:
+        """Keep ``line``, the compact JSON of ``body`` (without ``partition``), as this
+        segment's :meth:`add_line` if ``body`` is exactly this segment's :meth:`to_action`:
+        the same fields in the same order, so its encoding is the same line. A writer then
+        encodes a new segment once, for its commit, not again for each base that holds it."""
+        if (
+            tuple(body) == (_ADD_KEYS if self.byte_range is None else _RANGED_ADD_KEYS)
+            and type(body["sparse"]) is bool
+            and type(body["createdTime"]) is int
+            and self.transaction is None
+            and self.delete_horizon_ms is None
+        ):
+            object.__setattr__(self, "_add_line", line)
+
+    def add_line(self, *, open_transaction: bool = True) -> str:
+        """:meth:`to_action` as a compact JSON line, kept once made (for a segment outside
+        an open transaction, whose line never changes)."""
+        if self.transaction is not None and open_transaction:
+            return compact_json(self.to_action(open_transaction=True))
+        line: str | None = self.__dict__.get("_add_line")
+        if line is None:
+            line = compact_json(self.to_action(open_transaction=False))
+            object.__setattr__(self, "_add_line", line)
+        return line
+
     @classmethod
     def from_action(cls, body: dict[str, Any]) -> Segment:
         get = body.get
@@ -188,6 +213,25 @@ class Segment:
                 f"add {seg.path}: dense segment record count does not match its offsets"
             )
         return seg
+
+
+# The fields of a segment's add action without a transaction or delete horizon, in the
+# order of Segment.to_action, as a writer's commit holds them (the partition last).
+_ADD_KEYS = (
+    "path",
+    "baseOffset",
+    "lastOffset",
+    "records",
+    "minTimestamp",
+    "maxTimestamp",
+    "size",
+    "checksum",
+    "format",
+    "sparse",
+    "createdTime",
+    "partition",
+)
+_RANGED_ADD_KEYS = (*_ADD_KEYS[:-1], "range", "partition")
 
 
 @dataclass(frozen=True)
@@ -480,15 +524,40 @@ class PartitionState(LogState):
         return base[start:] + tail[: stop - n]
 
     def checkpoint_actions(self) -> list[Action]:
+        return [
+            *self._checkpoint_head(),
+            *(
+                s.to_action(open_transaction=s.transaction in self.open_transactions)
+                for s in self.segments
+            ),
+            *self._checkpoint_rest(),
+        ]
+
+    def checkpoint_lines(self) -> list[str]:
+        """:meth:`checkpoint_actions` without ``protocol``, as compact JSON lines (a base
+        sidecar's content, PROTOCOL.md 7.4). Each new base of a partition holds all its live
+        segments again: a segment's line is encoded once and kept (segments never change)."""
+        head = [compact_json(a) for a in self._checkpoint_head() if "protocol" not in a]
+        open_transactions = self.open_transactions
+        return [
+            *head,
+            *(
+                s.add_line(open_transaction=s.transaction in open_transactions)
+                for s in self.segments
+            ),
+            *map(compact_json, self._checkpoint_rest()),
+        ]
+
+    def _checkpoint_head(self) -> list[Action]:
         actions = super().checkpoint_actions()
         actions.append({"endOffset": {"offset": self.end_offset}})
         actions.append({"logStart": {"offset": self.log_start_offset}})
         if self.cleaned_offset:
             actions.append({"cleaned": {"offset": self.cleaned_offset}})
-        actions.extend(
-            s.to_action(open_transaction=s.transaction in self.open_transactions)
-            for s in self.segments
-        )
+        return actions
+
+    def _checkpoint_rest(self) -> list[Action]:
+        actions: list[Action] = []
         # Producer entries expire as in Kafka (producer.id.expiration.ms): without it, every
         # producer instance that ever wrote here would stay in every checkpoint. Judged by times
         # in the state alone, so the checkpoint of a version is deterministic; and since those

@@ -163,6 +163,12 @@ class TopicLogState(LogState):
         return clone
 
     def apply(self, name: str, body: dict[str, Any]) -> None:
+        self._apply(name, body, None)
+
+    def apply_encoded(self, name: str, body: dict[str, Any], line: str) -> None:
+        self._apply(name, body, line)
+
+    def _apply(self, name: str, body: dict[str, Any], line: str | None) -> None:
         partition = body.get("partition")
         if partition is None:
             if name in PARTITION_ACTIONS:
@@ -182,18 +188,38 @@ class TopicLogState(LogState):
         state.apply(name, body)
         self._views.pop(partition, None)
         if self.keeps_pending and name in PARTITION_ACTIONS:
-            # Kept for the delta of a checkpoint (13.4), with the version being built: the
-            # bodies are not changed once applied, so a reference is enough.
-            self.pending[partition] = (self.pending.get(partition), name, body, self.version + 1)
+            if line is not None and name == "add":
+                # The new segment's line in a base sidecar is this line without its partition,
+                # when the body is exactly the one the segment's own action encodes.
+                seg = state.last_segment
+                cut = _without_partition(line, partition, body)
+                if seg is not None and cut is not None and seg.path == body["path"]:
+                    seg.keep_line(body, cut)
+            # Kept for the delta of a checkpoint (13.4), with the version being built and the
+            # line its commit encoded it as: the bodies are not changed once applied, so a
+            # reference is enough.
+            self.pending[partition] = (
+                self.pending.get(partition),
+                name,
+                body,
+                self.version + 1,
+                line,
+            )
 
-    def pending_actions(self, partition: int, after: int) -> list[Action]:
+    def pending_lines(self, partition: int, after: int) -> list[str]:
         """The partition's actions of the versions after ``after``, in log order, without
-        ``partition`` (a delta sidecar's content)."""
-        out: list[Action] = []
+        ``partition``, as compact JSON lines (a delta sidecar's content). An action whose
+        commit line is known and ends with its partition is cut from that line, not encoded
+        again: a checkpoint's deltas hold every action since the last, and encoding them
+        again cost most of a checkpoint."""
+        out: list[str] = []
         node = self.pending.get(partition)
         while node is not None and node[3] > after:
-            node, name, body, _ = node
-            out.append({name: {k: v for k, v in body.items() if k != "partition"}})
+            node, name, body, _, line = node
+            cut = None if line is None else _without_partition(line, partition, body)
+            if cut is None:
+                cut = compact_json({name: {k: v for k, v in body.items() if k != "partition"}})
+            out.append(cut)
         out.reverse()
         return out
 
@@ -256,6 +282,16 @@ class TopicLogState(LogState):
         )
 
 
+def _without_partition(line: str, partition: int, body: dict[str, Any]) -> str | None:
+    """The compact JSON line of an action without its ``partition``, cut from ``line``, the
+    action's compact JSON with it; None unless ``partition`` is the body's last field (so
+    cutting it from the end of the line is exact)."""
+    suffix = f',"partition":{partition}}}}}'
+    if line.endswith(suffix) and next(reversed(body)) == "partition":
+        return line[: -len(suffix)] + "}}"
+    return None
+
+
 def tag_actions(actions: list[Action], partition: int) -> list[Action]:
     """Partition actions as a topic log records them: each names its partition."""
     out: list[Action] = []
@@ -267,8 +303,8 @@ def tag_actions(actions: list[Action], partition: int) -> list[Action]:
 
 SIDECARS = "_sidecars"
 # A pending action list node: (the previous node or None, action name, action body, the
-# topic log version that holds the action).
-_Pending = tuple[Any, str, dict[str, Any], int]
+# topic log version that holds the action, its line in that version's commit if known).
+_Pending = tuple[Any, str, dict[str, Any], int, str | None]
 # A checkpoint as its writer knows it: its version, each partition's chain of sidecars, and
 # when it was written (monotonic).
 Lineage = tuple[int, dict[int, list[Action]], float]
@@ -283,8 +319,8 @@ def _newer_than(node: _Pending | None, version: int) -> _Pending | None:
     if node is None:
         return head  # nothing of ``version`` or older in it
     rebuilt: _Pending | None = None
-    for _, name, body, held_in in reversed(newer):
-        rebuilt = (rebuilt, name, body, held_in)
+    for _, name, body, held_in, line in reversed(newer):
+        rebuilt = (rebuilt, name, body, held_in, line)
     return rebuilt
 
 
@@ -306,23 +342,21 @@ PARTITION_ACTIONS = frozenset(
 )
 
 
-def encode_sidecar(
+def encode_sidecar_lines(
     partition: int,
     version: int,
-    actions: list[Action],
+    lines: list[str],
     *,
     delta: tuple[int, int] | None = None,
     compress: bool = False,
 ) -> bytes:
-    """A sidecar file (PROTOCOL.md 7.4): a header line, then one partition's actions: its whole
-    state (a base) or, with ``delta``, its actions of that range of versions (13.4);
-    ``compress``: gzip (version 4)."""
-    header: dict[str, Any] = {"partition": partition, "version": version, "actions": len(actions)}
+    """A sidecar file (PROTOCOL.md 7.4): a header line, then one partition's actions, each a
+    compact JSON line: its whole state (a base) or, with ``delta``, its actions of that range
+    of versions (13.4); ``compress``: gzip (version 4)."""
+    header: dict[str, Any] = {"partition": partition, "version": version, "actions": len(lines)}
     if delta is not None:
         header["delta"] = list(delta)
-    lines = [compact_json({"sidecar": header})]
-    lines.extend(map(compact_json, actions))
-    text = ("\n".join(lines) + "\n").encode()
+    text = "\n".join((compact_json({"sidecar": header}), *lines, "")).encode()
     return gzip.compress(text, SIDECAR_GZIP_LEVEL, mtime=0) if compress else text
 
 
@@ -441,13 +475,9 @@ class TopicLogFiles(Log[TopicLogState]):
                 continue
             chain = self._extended(state, partition, known, new) if v4 and known else None
             if chain is None:
-                actions = [
-                    a
-                    for a in state.partition(partition).checkpoint_actions()
-                    if "protocol" not in a
-                ]
-                payload = encode_sidecar(partition, state.version, actions, delta=None, compress=v4)
-                body = self._new_sidecar(new, partition, payload, len(actions))
+                lines = state.partition(partition).checkpoint_lines()
+                payload = encode_sidecar_lines(partition, state.version, lines, compress=v4)
+                body = self._new_sidecar(new, partition, payload, len(lines))
                 if v4:
                     body["version"] = state.version
                 chain = [body]
@@ -479,14 +509,14 @@ class TopicLogFiles(Log[TopicLogState]):
         deltas = chain[1:]
         if len(deltas) >= MAX_DELTAS:
             return None
-        actions = state.pending_actions(partition, end)
-        if not actions:
+        lines = state.pending_lines(partition, end)
+        if not lines:
             return None
         span = (end + 1, state.version)
-        payload = encode_sidecar(partition, state.version, actions, delta=span, compress=True)
+        payload = encode_sidecar_lines(partition, state.version, lines, delta=span, compress=True)
         if sum(int(d["size"]) for d in deltas) + len(payload) > int(chain[0]["size"]):
             return None  # reading the chain would cost more than twice the state: a new base
-        body = self._new_sidecar(new, partition, payload, len(actions))
+        body = self._new_sidecar(new, partition, payload, len(lines))
         body["delta"] = list(span)
         return [*chain, body]
 

@@ -22,7 +22,14 @@ import pytest
 from kstore import CorruptLogError, Store
 from kstore.errors import StorageError, UnsupportedFormatVersionError
 from kstore.layout import topic_data_dir
-from kstore.log import Action, checkpoint_file, decode_commit, version_file, wait_for_checkpoints
+from kstore.log import (
+    Action,
+    checkpoint_file,
+    compact_json,
+    decode_commit,
+    version_file,
+    wait_for_checkpoints,
+)
 from kstore.manifest import PartitionState
 from kstore.storage import Storage
 from kstore.topic_log import (
@@ -261,6 +268,18 @@ def test_replay_through_chains_equals_replay_of_every_commit(local_store: StoreU
         Store(*local_store).topic_log("t", Store(*local_store).topic("t"), 0).log.load(),
         _replayed(shared, newest),
     )
+    # The writer's bases are made of the lines its commits encoded (a new segment's line is
+    # kept from its commit, not encoded again), which are exactly its actions' own lines.
+    state = shared.state(refresh=False)
+    for partition in (0, 1, 2):
+        view = state.partition(partition)
+        assert view.checkpoint_lines() == [
+            compact_json(a) for a in view.checkpoint_actions() if "protocol" not in a
+        ]
+    Workload(shared, [0], seed=5).run(3)
+    newest_segment = shared.state(refresh=False).partition(0).last_segment
+    assert newest_segment is not None
+    assert newest_segment.transaction is not None or "_add_line" in newest_segment.__dict__
 
 
 def test_checkpoints_written_in_the_background_chain_as_those_of_the_committing_thread(
@@ -331,11 +350,8 @@ def test_a_state_adopts_a_newer_checkpoint_and_keeps_only_its_actions_since() ->
     chains = {0: [{"path": "a"}], 1: [{"path": "b"}]}
     state.adopt((3, chains, 1.0))
     assert (state.sidecar_version, state.pending_since, state.sidecars) == (3, 3, chains)
-    assert state.pending_actions(0, 3) == [
-        {"endOffset": {"offset": 5}},
-        {"endOffset": {"offset": 6}},
-    ]
-    assert state.pending_actions(1, 3) == []
+    assert state.pending_lines(0, 3) == ['{"endOffset":{"offset":5}}', '{"endOffset":{"offset":6}}']
+    assert state.pending_lines(1, 3) == []
     # Actions kept only from version 4 on (a reader's state that dropped older ones): the
     # partition that changed after the adopted checkpoint cannot extend its chain.
     state.pending, state.pending_since = {}, 4
@@ -964,3 +980,57 @@ def test_no_checkpoint_names_a_sidecar_older_than_the_horizon(
     _same(_files(shared).load(), _replayed(shared, newest))
     # New topic logs are past writer version 5, which the horizon came with.
     assert shared.state().min_writer_version == TOPIC_LOG_WRITER_VERSION > HORIZON_VERSION
+
+
+def test_a_delta_cuts_its_lines_from_the_commit_lines_it_was_given() -> None:
+    """An action applied with its commit line (Log.commit's apply_encoded) goes into a delta as
+    that line without its trailing partition, not encoded again; one whose line does not end
+    with its partition, or that came without a line (another writer's commit, read), is
+    encoded from its body. Either way the delta line is the body without ``partition``."""
+    state = TopicLogState()
+    state.keeps_pending = True
+    body = {"offset": 7, "partition": 2}
+    state.apply_encoded("endOffset", body, compact_json({"endOffset": body}))
+    # A line that differs from its body shows which of the two the delta was made from.
+    marked = {"offset": 8, "partition": 2}
+    state.apply_encoded("endOffset", marked, '{"endOffset":{"offset":8,"seen":1,"partition":2}}')
+    first = {"partition": 2, "offset": 9}  # partition not last: its line cannot be cut
+    state.apply_encoded("endOffset", first, '{"endOffset":{"partition":2,"offset":99}}')
+    state.apply("endOffset", {"offset": 10, "partition": 2})
+    state.stamp(0)
+    assert state.pending_lines(2, -1) == [
+        '{"endOffset":{"offset":7}}',
+        '{"endOffset":{"offset":8,"seen":1}}',
+        '{"endOffset":{"offset":9}}',
+        '{"endOffset":{"offset":10}}',
+    ]
+
+
+def test_a_base_holds_the_lines_of_its_actions_as_they_are_now() -> None:
+    """A base sidecar's lines (PartitionState.checkpoint_lines, whose segment lines are kept
+    once made) are the compact encoding of checkpoint_actions, also once a segment's
+    transaction ends: its line loses the transaction, as its action does."""
+    state = PartitionState()
+    for n, transaction in enumerate((None, "p:1", None)):
+        body = {
+            "path": f"segments/{n:020d}.arrow",
+            "baseOffset": n,
+            "lastOffset": n,
+            "records": 1,
+            "minTimestamp": 1,
+            "maxTimestamp": 1,
+            "size": 10,
+            "checksum": "crc32c:00000000",
+            "format": "arrow",
+        }
+        state.apply("add", body if transaction is None else {**body, "transaction": transaction})
+
+    def expected() -> list[str]:
+        return [compact_json(a) for a in state.checkpoint_actions() if "protocol" not in a]
+
+    assert state.checkpoint_lines() == expected()
+    assert any('"transaction":"p:1"' in line for line in state.checkpoint_lines())
+    state.apply("txnMarker", {"producerId": "p", "epoch": 0, "version": 1, "commit": True})
+    assert state.checkpoint_lines() == expected()
+    assert not any('"transaction"' in line for line in state.checkpoint_lines())
+    assert state.checkpoint_lines() == expected()  # kept lines, asked again
