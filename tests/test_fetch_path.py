@@ -22,12 +22,16 @@ from kstore.layout import topic_data_dir
 from kstore.log import encode_commit
 from kstore.producer import Producer
 from kstore.records import TopicPartition
+from kstore import segments
 from kstore.segments import (
     BINARY,
     COMPRESSIONS,
     TIMESTAMP_TYPE,
+    Layout,
     _decode_dense_arrow,
+    conform,
     decode_segment,
+    encode_data_object,
     encode_segment,
 )
 
@@ -788,3 +792,82 @@ def test_short_polls_over_a_quiet_topic_back_off_as_one_long_poll_does(
     consumer._poll_loop(20, fetch)
     assert len(looks) >= 2, looks
     consumer.close()
+
+
+def _writer_file(table: pa.Table, schema: pa.Schema) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.RecordBatchFileWriter(sink, schema) as writer:
+        writer.write_table(table, max_chunksize=table.num_rows)
+    return sink.getvalue().to_pybytes()
+
+
+def test_a_data_object_frames_its_ranges_as_the_ipc_writer_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A data object's ranges are framed by hand once the IPC writer's framing is learned for
+    a schema (segments._IpcFileFrame): every range is the writer's file byte for byte, for
+    binary and typed records, headers, large values and several chunks; a framing the frame
+    cannot reproduce leaves the writer writing; a compressed range is the writer's."""
+    monkeypatch.setattr(segments, "_IPC_FRAMES", {})
+    typed = Layout(
+        key=pa.string(),
+        value=pa.struct([pa.field("n", pa.int64()), pa.field("tags", pa.list_(pa.string()))]),
+        schema_id=3,
+    )
+
+    def records(layout: Layout, n: int, size: int, headers: bool = False) -> pa.Table:
+        binary = layout.schema_id == 0
+        table = pa.table(
+            {
+                "key": [f"k{i}".encode() if binary else f"k{i}" for i in range(n)],
+                "value": [
+                    b"v" * size if binary else {"n": i, "tags": ["a"] * (i % 3)} for i in range(n)
+                ],
+                "headers": [
+                    [{"key": "h", "value": b"x" * i}] if headers else None for i in range(n)
+                ],
+            }
+        )
+        return conform(table, layout.record_schema)
+
+    split = pa.concat_tables([records(BINARY, 2, 10), records(BINARY, 3, 20)])
+    assert split.column("key").num_chunks == 2
+    for layout in (BINARY, typed):
+        tables = [
+            records(layout, 1, 5),
+            records(layout, 7, 100, headers=True),
+            records(layout, 300, 1000),
+            records(layout, 4, 0),
+        ]
+        if layout is BINARY:
+            tables.append(split)
+        for _ in range(2):  # the first files learn and check the framing; the rest use it
+            data, files = encode_data_object(
+                [(p, t, layout) for p, t in enumerate(tables)], "_data/x.kdat"
+            )
+            for p, table in enumerate(tables):
+                start, length = files[p].byte_range or (0, 0)
+                expected = _writer_file(table.combine_chunks(), layout.record_schema)
+                assert bytes(memoryview(data)[start : start + length]) == expected
+        frame = segments._IPC_FRAMES[id(layout.record_schema)]
+        assert frame is not None
+        assert frame.checked
+    # Compressed: the writer's own file, also with a learned frame.
+    data, files = encode_data_object([(0, tables[1], typed)], "_data/x.kdat", compression="zstd")
+    assert bytes(data) == _writer_file_compressed(tables[1], typed.record_schema)
+    # A frame that does not reproduce the writer is dropped for good: the writer writes.
+    monkeypatch.setattr(segments, "_IPC_FRAMES", {})
+    monkeypatch.setattr(segments, "_END_OF_STREAM", b"\xff\xff\xff\xff\x00\x00\x00\x01")
+    small = records(BINARY, 2, 3)
+    for _ in range(3):
+        data, _ = encode_data_object([(0, small, BINARY)], "_data/x.kdat")
+        assert bytes(data) == _writer_file(small, BINARY.record_schema)
+    assert segments._IPC_FRAMES[id(BINARY.record_schema)] is None
+
+
+def _writer_file_compressed(table: pa.Table, schema: pa.Schema) -> bytes:
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.RecordBatchFileWriter(sink, schema, options=options) as writer:
+        writer.write_table(table, max_chunksize=table.num_rows)
+    return sink.getvalue().to_pybytes()
