@@ -16,13 +16,13 @@ import pyarrow as pa
 import pytest
 
 import kstore
+from kstore import segments
 from kstore.consumer import Consumer
 from kstore.errors import CorruptRecordError
 from kstore.layout import topic_data_dir
 from kstore.log import encode_commit
 from kstore.producer import Producer
 from kstore.records import TopicPartition
-from kstore import segments
 from kstore.segments import (
     BINARY,
     COMPRESSIONS,
