@@ -335,21 +335,32 @@ def _build_table(batch: _Batch, layout: Layout) -> pa.Table:
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         # Values were validated when sent; this means the topic's schema changed under them.
         raise InvalidRecordError(f"records do not match the topic's schema: {exc}") from None
-    # Seconds to microseconds in Arrow's kernels: a quarter of the time numpy's temporaries
-    # take, and this runs on the sender thread, which shares the GIL with send().
-    seconds = fixed_array(np.frombuffer(batch.timestamps, np.float64), pa.float64())
-    million = fixed_array(np.array([1e6]), pa.float64())[0]  # pa.scalar imports pandas too
-    micros = pc.cast(pc.round(pc.multiply(seconds, million)), pa.int64())
+    # Seconds to microseconds. A large batch in Arrow's kernels: a quarter of the time numpy's
+    # temporaries take, and this runs on the sender thread, which shares the GIL with send().
+    # A small one (most flushes of a producer that keeps up) in numpy: its three kernel calls
+    # cost more than the conversion. Both round half to even.
+    floats = np.frombuffer(batch.timestamps, np.float64)
+    micros: np.ndarray[Any, Any]
+    if n <= SMALL_BATCH:
+        micros = np.rint(floats * 1e6).astype(np.int64)
+    else:
+        seconds = fixed_array(floats, pa.float64())
+        million = fixed_array(np.array([1e6]), pa.float64())[0]  # pa.scalar imports pandas too
+        rounded = pc.cast(pc.round(pc.multiply(seconds, million)), pa.int64())
+        micros = numpy_values(rounded, np.int64)
     if batch.given_timestamps:
         given = batch.given_timestamps
-        exact = numpy_values(micros, np.int64).copy()
-        exact[np.fromiter(given.keys(), np.int64, len(given))] = (
+        micros = micros.copy()
+        micros[np.fromiter(given.keys(), np.int64, len(given))] = (
             np.fromiter(given.values(), np.int64, len(given)) * 1000
         )
-        micros = fixed_array(exact, pa.int64())
-    timestamps = micros.cast(TIMESTAMP_TYPE)
+    timestamps = fixed_array(micros, TIMESTAMP_TYPE)  # timestamp[us]: int64 microseconds
     headers = headers_array(batch.headers, n) if batch.headers else pa.nulls(n, HEADERS_TYPE)
     return pa.Table.from_arrays([keys, values, timestamps, headers], schema=layout.record_schema)
+
+
+# Records in a batch up to which numpy converts its timestamps (see _build_table).
+SMALL_BATCH = 1024
 
 
 def _sort_key(parts: np.ndarray[Any, Any], n_parts: int) -> np.ndarray[Any, Any]:

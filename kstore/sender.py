@@ -246,7 +246,7 @@ class Sender:
                 "timestamp",
                 fixed_array(np.full(table.num_rows, now_us, np.int64), TIMESTAMP_TYPE),
             )
-        stamps: Any = numpy_values(table.column("timestamp").cast(pa.int64()), np.int64)
+        stamps: Any = numpy_values(table.column("timestamp"), np.int64)  # microseconds
         batch.timestamp_of = stamps // 1000
         parts = self._place(batch, table, n_parts)
         batch.partition_of = parts

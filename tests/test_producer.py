@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import threading
 import time
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pytest
 
 import kstore
+from kstore import accumulator
 from kstore.errors import (
     CommitStateUnknownError,
     IllegalStateError,
@@ -29,7 +31,7 @@ from kstore.errors import (
 )
 from kstore.partitioner import murmur2
 from kstore.producer import Producer
-from kstore.segments import HEADERS_TYPE
+from kstore.segments import BINARY, HEADERS_TYPE, TIMESTAMP_TYPE
 from tests.faults import Fault, FaultyStorage
 
 BACKENDS = ["memory", "local", "seaweed"]
@@ -704,3 +706,26 @@ def test_log_append_time_topic(store: kstore.Store) -> None:
     assert meta.timestamp >= before
     row = read_all(store, "t")[0][0]
     assert int(row["timestamp"].timestamp() * 1000) == meta.timestamp
+
+
+@pytest.mark.parametrize("size", [1, accumulator.SMALL_BATCH, accumulator.SMALL_BATCH + 1, 3000])
+def test_a_batch_converts_its_timestamps_alike_whatever_its_size(size: int) -> None:
+    """send()'s float seconds become microseconds rounded half to even (numpy for a small
+    batch, Arrow's kernels for a large one), and timestamps given in ms stay exact."""
+    batch = accumulator._Batch("t", time.time())
+    rng = random.Random(size)
+    seconds: list[float] = []
+    for i in range(size):
+        # Some exactly half a microsecond past a whole one, both ways of rounding.
+        value = 1_700_000_000 + rng.randrange(10**6) / 10**3 + (0.5 + i % 2) / 10**6
+        seconds.append(value)
+        batch.add_key(b"k")
+        batch.add_value(b"v")
+        batch.add_timestamp(value)
+    given = {i: 1_700_000_000_123 + i for i in range(0, size, 7)}
+    batch.given_timestamps = dict(given)
+    table = accumulator._build_table(batch, BINARY)
+    micros = table.column("timestamp").cast(pa.int64()).to_pylist()
+    expected = [given[i] * 1000 if i in given else round(s * 1e6) for i, s in enumerate(seconds)]
+    assert micros == expected
+    assert table.schema.field("timestamp").type == TIMESTAMP_TYPE
