@@ -162,10 +162,10 @@ class Sender:
 
     def _run(self) -> None:
         """The sender: drains batches into deliveries, one group at a time. A delivery's
-        partition writes run on the pool while the sender converts the next group (the two
-        overlap: conversion holds the GIL, writes mostly do not); it is finished (offsets
-        given out, futures completed, buffer released) once the next one has started, or
-        as soon as its writes are done when nothing else is queued."""
+        partition writes run on the pool while the sender converts the next group where that
+        pays (see ``_overlaps``); it is finished (offsets given out, futures completed,
+        buffer released) once the next one has started, or before it starts where they do
+        not overlap, or as soon as its writes are done when nothing else is queued."""
         linger = self.config["linger_ms"] / 1000
         pending: _Delivery | None = None
         while True:
@@ -190,7 +190,11 @@ class Sender:
                         oldest = min(b.created for b in self._open.values())
                         wait = max(0.0, oldest + linger - now)
                     self._wakeup.wait(wait)  # new work, lingering over, or pending written
+            overlap = self._overlaps(work)
             for group in self._groups(work):
+                if pending is not None and not overlap:
+                    self._finish(pending)
+                    pending = None
                 started = self._start(group)
                 if pending is not None:
                     self._finish(pending)
@@ -198,6 +202,21 @@ class Sender:
             if not work and pending is not None:
                 self._finish(pending)
                 pending = None
+
+    def _overlaps(self, work: list[_Batch]) -> bool:
+        """Whether to convert the groups of ``work`` (the batches taken at once) while the
+        delivery before each is still being written, rather than after it. Overlapping pays
+        when those writes wait: on an object store (the requests), or when the sender has
+        fallen behind (a full batch or more taken, the producer filling batches faster than
+        they go out), where conversion and writes both release the GIL for long stretches. A
+        producer that keeps up on a local disk takes a few records at a time, whose commits
+        are CPU work under the GIL: converting the next group beside one delays it, and a
+        record's acknowledgement waits for about three such commits instead of two
+        (docs/BENCHMARKS.md: at 5,000 records/s, acknowledgement p50 a fifth to a third
+        lower finished first)."""
+        if self.store.storage.is_remote:
+            return True
+        return sum(batch.nbytes for batch in work) >= self._batch_size
 
     def _groups(self, work: list[_Batch]) -> Iterator[list[_Batch]]:
         """Queued batches in delivery groups: consecutive batches of ``send()`` to one topic

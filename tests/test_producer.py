@@ -729,3 +729,46 @@ def test_a_batch_converts_its_timestamps_alike_whatever_its_size(size: int) -> N
     expected = [given[i] * 1000 if i in given else round(s * 1e6) for i, s in enumerate(seconds)]
     assert micros == expected
     assert table.schema.field("timestamp").type == TIMESTAMP_TYPE
+
+
+@pytest.mark.parametrize(
+    ("backend", "value_size", "overlapped"),
+    [("local", 10, False), ("memory", 10, False), ("local", 1_500, True), ("moto", 10, True)],
+)
+def test_a_delivery_overlaps_the_next_only_where_its_writes_wait(
+    backend: str, value_size: int, overlapped: bool, request: pytest.FixtureRequest
+) -> None:
+    """Two topics' batches taken in one round are two deliveries. On a local disk with a few
+    records the first is finished before the second is converted (its commit is CPU work:
+    converting beside it only delays the acknowledgement); when the sender takes a full batch
+    or more, or the storage is remote, the second is converted while the first is written.
+    Either way every record lands."""
+    url, options = request.getfixturevalue(f"{backend}_store")
+    store = kstore.Store(url, options)
+    for topic in ("a", "b"):
+        store.create_topic(topic, partitions=2)
+    events: list[tuple[str, str]] = []
+    with Producer(store, linger_ms=60_000, batch_size=4096) as producer:
+        start, finish = producer._start, producer._finish
+
+        def traced_start(group: list[Any]) -> Any:
+            events.append(("start", group[0].topic))
+            return start(group)
+
+        def traced_finish(delivery: Any) -> None:
+            events.append(("finish", delivery.batch.topic))
+            finish(delivery)
+
+        producer._start, producer._finish = traced_start, traced_finish  # type: ignore[method-assign]
+        futures = [
+            producer.send(topic, b"v" * value_size, key=b"%d" % i)
+            for topic in ("a", "b")
+            for i in range(2)  # 2 x 1,500 bytes per topic: under one batch each, over one in all
+        ]
+        producer.flush()
+        assert [f.get(timeout=30).topic for f in futures] == ["a"] * 2 + ["b"] * 2
+    if overlapped:
+        assert events == [("start", "a"), ("start", "b"), ("finish", "a"), ("finish", "b")]
+    else:
+        assert events == [("start", "a"), ("finish", "a"), ("start", "b"), ("finish", "b")]
+    assert sum(len(rows) for rows in read_all(store, "b").values()) == 2
