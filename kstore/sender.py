@@ -101,9 +101,12 @@ class _Delivery:
     order: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(0, np.int64))
     jobs: dict[int, tuple[int, int]] = field(default_factory=dict)  # partition -> (start, count)
     writes: dict[int, concurrent.futures.Future[tuple[int, int]]] = field(default_factory=dict)
+    # What it waits on: the partition writes, or in layout 3 the topic-log writes behind them
+    # (a few, however many partitions: the sender looks at these after every wakeup).
+    waits: list[concurrent.futures.Future[Any]] = field(default_factory=list)
 
     def written(self) -> bool:
-        return all(write.done() for write in self.writes.values())
+        return all(wait.done() for wait in self.waits)
 
 
 class Sender:
@@ -284,7 +287,8 @@ class Sender:
         tag = self._register_partitions(batch.topic, delivery.jobs)
         if info.metadata.layout == 3:
             self._submit_shared(delivery, info, pieces, deadline, tag)
-        for p in delivery.jobs if info.metadata.layout != 3 else ():
+            return
+        for p in delivery.jobs:
             # A partition's writes are chained: each waits for the one before (of an earlier
             # delivery), so commits, sequences and epochs stay in send order.
             key = (batch.topic, p)
@@ -293,7 +297,7 @@ class Sender:
             )
             self._last_write[key] = write
             delivery.writes[p] = write
-        for write in delivery.writes.values():
+            delivery.waits.append(write)
             write.add_done_callback(self._on_written)
 
     def _submit_shared(
@@ -325,6 +329,8 @@ class Sender:
             job.add_done_callback(
                 functools.partial(_fan_out, each={p: delivery.writes[p] for p in tables})
             )
+            job.add_done_callback(self._on_written)  # once the partitions have their outcome
+            delivery.waits.append(job)
 
     def _chained_shared_write(
         self,

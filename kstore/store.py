@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -86,10 +87,16 @@ class TopicMetadata:
     @property
     def commit_logs(self) -> int:
         """Layout 3: how many topic logs the partitions share (partition p: log p mod this)."""
-        return int(self.effective_config["commit.logs"])
+        return int(self._effective["commit.logs"])
 
     @property
     def effective_config(self) -> dict[str, Any]:
+        return dict(self._effective)  # a copy: the cached one is this metadata's
+
+    @functools.cached_property
+    def _effective(self) -> dict[str, Any]:
+        # Worked out once: it costs about 12 us, and a producer asks for the commit logs of
+        # every partition of every flush.
         return topic_config.effective(self.config)
 
     @property

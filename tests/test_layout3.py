@@ -380,3 +380,21 @@ def test_writers_sharing_a_topic_log_look_before_they_write(
     for p in range(4):
         assert by_partition[p] == [b"%d-%d-%d" % (n, r, p) for r in range(rounds) for n in range(2)]
         assert [r.offset for r in records if r.partition == p] == list(range(2 * rounds))
+
+
+def test_a_topics_effective_config_is_worked_out_once_and_handed_out_as_a_copy(
+    tmp_path: Any,
+) -> None:
+    """The metadata keeps its effective configuration (a producer asks for the commit logs of
+    every partition of every flush); what callers get is theirs to change."""
+    store = Store(str(tmp_path / "store"))
+    store.create_topic("t", partitions=4, config={"commit.logs": 2, "retention.ms": 1000})
+    meta = store.topic("t")
+    effective = meta.effective_config
+    assert (meta.commit_logs, effective["retention.ms"]) == (2, 1000)
+    effective["commit.logs"] = 3
+    effective["retention.ms"] = 5
+    assert meta.commit_logs == 2
+    assert meta.effective_config["retention.ms"] == 1000
+    store.alter_topic_config("t", {"retention.ms": 2000})
+    assert store.topic("t").effective_config["retention.ms"] == 2000
