@@ -487,7 +487,7 @@ class Sender:
         )
         return _Data(files, written_at, None)
 
-    def _on_written(self, _: concurrent.futures.Future[tuple[int, int]]) -> None:
+    def _on_written(self, _: concurrent.futures.Future[Any]) -> None:
         with self._lock:
             self._wakeup.notify()  # the sender may be waiting to finish a delivery
 
