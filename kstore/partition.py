@@ -684,12 +684,16 @@ def prefetch(
         except KStoreError:
             found = {}
         fetched.extend((*whole[loc], data) for loc, data in found.items())
-    if len(ranged) == 1 or not storage.is_remote:
-        for location in ranged:
+    # Commits that carry their data were kept when the log read them: their ranges cost no
+    # request, and a tailing reader's are almost all such. Threads only for the others.
+    requested = [loc for loc in ranged if storage.is_remote and not storage.remembers(loc)]
+    concurrent_reads = requested if len(requested) > 1 else []
+    for location in ranged:
+        if location not in concurrent_reads:
             fetched.extend(fetch_object(location))
-    elif ranged:
-        with concurrent.futures.ThreadPoolExecutor(min(8, len(ranged))) as pool:
-            for part in pool.map(fetch_object, list(ranged)):
+    if concurrent_reads:
+        with concurrent.futures.ThreadPoolExecutor(min(8, len(concurrent_reads))) as pool:
+            for part in pool.map(fetch_object, concurrent_reads):
                 fetched.extend(part)
     for partition, seg, data in fetched:
         if seg.byte_range is not None and len(data) != seg.byte_range[1]:

@@ -727,6 +727,11 @@ class Storage:
                 _, old = self._remembered.popitem(last=False)
                 self._remembered_bytes -= len(old)
 
+    def remembers(self, rel: str) -> bool:
+        """Whether :meth:`remember` holds ``rel``: its ranges cost no request."""
+        with self._remembered_lock:
+            return rel in self._remembered
+
     def read_ranges(
         self, rel: str, ranges: Sequence[tuple[int, int]], *, gap: int = COALESCE_GAP
     ) -> list[bytes]:

@@ -287,9 +287,11 @@ def test_the_fast_decode_leaves_anything_unusual_to_the_general_path() -> None:
 
 
 def test_a_delivery_uploads_its_data_while_the_previous_commit_lands(
-    memory_store: tuple[str, dict[str, Any]],
+    moto_store: tuple[str, dict[str, Any]],
 ) -> None:
-    url, options = memory_store
+    """On an object store (where a delivery's writes wait on requests; on a local disk the
+    sender finishes a small delivery before starting the next, test_producer)."""
+    url, options = moto_store
     store = kstore.Store(url, options)
     meta = store.create_topic("t", partitions=4)
     incarnation = topic_data_dir("t", meta.topic_id)
@@ -871,3 +873,66 @@ def _writer_file_compressed(table: pa.Table, schema: pa.Schema) -> bytes:
     with pa.ipc.RecordBatchFileWriter(sink, schema, options=options) as writer:
         writer.write_table(table, max_chunksize=table.num_rows)
     return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize("carried", [True, False])
+def test_a_prefetch_reads_carried_ranges_from_the_commits_it_holds_and_only_the_rest_at_once(
+    moto_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch, carried: bool
+) -> None:
+    """A tailing reader's ranges are mostly in commits that carry their data (PROTOCOL.md
+    11.8), which the log kept when it read them: read from memory, in the reader's thread, with
+    no request and no thread started. Ranges of data objects are read at once, one thread per
+    object. Either way every record arrives once, in order."""
+    from kstore.storage import Storage
+
+    url, options = moto_store
+    store = kstore.Store(url, options)
+    config = {} if carried else {"commit.inline.bytes": 0}
+    store.create_topic("t", partitions=4, config=config)
+    tps = [TopicPartition("t", p) for p in range(4)]
+    producer = Producer(store, linger_ms=0)
+    producer.send("t", value=b"first", partition=0).get(timeout=30)  # a topic log's first
+    # commit writes a data object whatever the topic's configuration.
+    # The reader's own Store, as in another process: it learns the commits by reading them.
+    reader = kstore.Store(url, options, create=False)
+    consumer = Consumer(store=reader, auto_offset_reset="earliest", fetch_max_wait_ms=0)
+    reads: list[tuple[str, bool, int]] = []
+    real = Storage.read_ranges
+
+    def read_ranges(self: Storage, rel: str, ranges: Any, **kwargs: Any) -> list[bytes]:
+        remembered = self.remembers(rel)
+        with self.count_requests() as counts:
+            out = real(self, rel, ranges, **kwargs)
+        on_own_thread = threading.current_thread() is not threading.main_thread()
+        reads.append((rel, on_own_thread, sum(counts.values()) if not remembered else -1))
+        assert not (remembered and counts), counts
+        return out
+
+    try:
+        consumer.assign(tps)
+        first: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while not first and time.monotonic() < deadline:
+            first = [r.value for rs in consumer.poll(timeout_ms=200).values() for r in rs]
+        assert first == [b"first"]
+        with producer:
+            for flush in range(3):  # three flushes, three commits touching every partition
+                for p in range(4):
+                    producer.send("t", value=b"%d-%d" % (flush, p), partition=p)
+                producer.flush()
+        monkeypatch.setattr(Storage, "read_ranges", read_ranges)
+        got: dict[int, list[bytes]] = {p: [] for p in range(4)}
+        while sum(map(len, got.values())) < 12 and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=200).items():
+                got[tp.partition].extend(r.value for r in records)
+    finally:
+        consumer.close()
+        producer.close()
+    assert got == {p: [b"%d-%d" % (f, p) for f in range(3)] for p in range(4)}
+    objects = {rel for rel, _, _ in reads}
+    assert len(objects) == 3, reads  # the three flushes' commits or data objects
+    if carried:
+        assert all("/_log/" in rel and not threaded for rel, threaded, _ in reads), reads
+        assert all(requests == -1 for _, _, requests in reads), reads  # from memory
+    else:
+        assert all("/_data/" in rel and threaded for rel, threaded, _ in reads), reads
