@@ -688,9 +688,8 @@ def prefetch(
     # request, and a tailing reader's are almost all such. Threads only for the others.
     requested = [loc for loc in ranged if storage.is_remote and not storage.remembers(loc)]
     concurrent_reads = requested if len(requested) > 1 else []
-    for location in ranged:
-        if location not in concurrent_reads:
-            fetched.extend(fetch_object(location))
+    for location in ranged.keys() - set(concurrent_reads):
+        fetched.extend(fetch_object(location))
     if concurrent_reads:
         with concurrent.futures.ThreadPoolExecutor(min(8, len(concurrent_reads))) as pool:
             for part in pool.map(fetch_object, concurrent_reads):
