@@ -219,7 +219,7 @@ def run_case(
         TOPIC,
         store=store,
         auto_offset_reset="latest",
-        fetch_max_wait_ms=5,
+        fetch_max_wait_ms=args.fetch_max_wait_ms,
         max_poll_records=args.max_poll_records,
     )
     consumer.poll(timeout_ms=0)
@@ -672,6 +672,12 @@ def main() -> None:
         "format 5/6: a sidecar file per changed partition at each checkpoint)",
     )
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--fetch-max-wait-ms",
+        type=int,
+        default=5,
+        help="the consumer's fetch_max_wait_ms (5 by default here; the consumer's own default is 100)",
+    )
     parser.add_argument("--backend", choices=["seaweedfs", "local"], default="seaweedfs")
     parser.add_argument(
         "--cost-example",
@@ -699,6 +705,8 @@ def main() -> None:
         section += f" max_poll_records={args.max_poll_records}"
     if args.gc_freeze:
         section += " gc-freeze"
+    if args.fetch_max_wait_ms != 5:
+        section += f" fetch_max_wait_ms={args.fetch_max_wait_ms}"
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     before = {"load": load_now(), "busiest": busy_processes()}
     runs: list[dict[str, Any]] = []

@@ -754,6 +754,70 @@ def test_writers_in_rhythm_whose_commits_fall_due_together_are_asked_for_without
     assert 3 in rounds, rounds
 
 
+def test_a_reader_learns_when_commits_are_seen_from_when_its_looks_were_sent(
+    moto_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer commits every 100 ms; each look is sent 5 ms after a commit landed and its
+    answer takes 40 ms to come back (a slow store, or a wide topic's replay). The reader must
+    expect the next commit about 5 ms after its due time, not 45: counting the answer's time
+    made every look that much late, and a consumer then slept at the start of every poll while
+    the records it wanted were already there. A find right after a look that missed it landed
+    between the two looks: midway."""
+    from kstore.log import LogState
+
+    tailed = _TailedLog(moto_store, monkeypatch, "seen-test/_log")
+    reader, clock = tailed.reader, tailed.clock
+    wall = {"now": 2_000_000_000.0}
+    monkeypatch.setattr(clock, "time", lambda: wall["now"], raising=False)
+    original = tailed.storage.read_many
+
+    def slow(rels: list[str]) -> dict[str, bytes]:
+        found = original(rels)
+        wall["now"] += 0.04  # the answer comes back 40 ms after the look was sent
+        return found
+
+    monkeypatch.setattr(tailed.storage, "read_many", slow)
+
+    def commit(ts: float) -> None:
+        tailed.newest += 1
+        tailed.storage.put_if_absent(
+            f"{tailed.directory}/{tailed.newest:020d}.json",
+            encode_commit(
+                [{"producer": {"id": "w", "epoch": 0, "firstSequence": 0, "lastSequence": 0}}],
+                {"timestamp": int(ts * 1000), "operation": "APPEND"},
+            ),
+        )
+
+    state = reader.update(LogState(), tail=True)
+    ts = wall["now"]
+    for _ in range(6):
+        ts += 0.1
+        commit(ts)
+        wall["now"] = ts + 0.005  # the look is sent 5 ms after the commit landed
+        clock.now += 0.1
+        state = reader.update(state, tail=True)
+        assert state.version == tailed.newest
+    due = reader.rhythms.next_due(wall["now"])
+    assert due is not None
+    assert due == pytest.approx(ts + 0.1 + 0.005, abs=0.002)
+
+    # A look sent 10 ms before the next commit lands misses it; the next, sent as soon as
+    # that answer is back (30 ms after the landing), finds it: it landed between the two
+    # looks, counted midway (10 ms after its timestamp), not when the second look's answer
+    # came back (70 ms).
+    wall["now"] = ts + 0.1 - 0.01
+    clock.now += 0.09
+    state = reader.update(state, tail=True)  # nothing yet
+    assert state.version == tailed.newest
+    ts += 0.1
+    commit(ts)
+    clock.now += 0.04
+    state = reader.update(state, tail=True)
+    assert state.version == tailed.newest
+    writer = reader.rhythms._writers["w"]
+    assert list(writer.lags)[-1] == pytest.approx(0.01, abs=0.002)
+
+
 def test_short_polls_over_a_quiet_topic_back_off_as_one_long_poll_does(
     moto_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
