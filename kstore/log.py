@@ -477,6 +477,7 @@ class Log(Generic[S]):
         self._found_at: float | None = None
         self._version_gap: float | None = None
         self._missed_at: float | None = None  # when a tailing look last found nothing new
+        self._missed_look: float | None = None  # and when (wall clock) that look was sent
         self._unconfirmed = False  # the last tailing look returned without asking past its find
         # This look asks for the version a look moments ago missed, or comes well before the
         # next version is due: a find then says nothing, or much, about versions behind it.
@@ -608,6 +609,7 @@ class Log(Generic[S]):
                 # The rhythms said several were due and none was there: they are out of date.
                 self.rhythms.forget_overdue(time.time())
             self._note_versions(now, hits)
+            self._missed_look = looked_at if hits == 0 else None
         newest = next_state if next_state is not None else state
         # Bookkeeping only (the state's content is unchanged): when it was last known newest.
         newest.confirmed_at = now if confirmed else state.confirmed_at
@@ -672,12 +674,14 @@ class Log(Generic[S]):
         store: that is when it counts as seen, not when the answer came back and the commit
         was applied (a round trip and, on a wide topic, milliseconds of replay later, which
         made every next look that much late). ``tight``: the look right before this one,
-        moments ago, did not find it (it landed between the two looks; the later is kept, so
-        that looks stay on the late side of a landing: one a little early costs a GET)."""
+        moments ago, did not find it, so it landed between the two: midway."""
         stamp = info.get("timestamp")
         writer = next((body.get("id") for name, body in actions if name == "producer"), None)
         if isinstance(stamp, int) and isinstance(writer, str):
-            self.rhythms.note(writer, stamp, looked_at, tight=tight)
+            seen = looked_at
+            if tight and self._missed_look is not None:
+                seen = (self._missed_look + looked_at) / 2
+            self.rhythms.note(writer, stamp, seen, tight=tight)
 
     def next_due(self) -> float | None:
         """Seconds until a writer in rhythm is expected to land its next commit (negative: it
