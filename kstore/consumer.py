@@ -291,10 +291,24 @@ class Consumer:
         self._listener = listener
         self._subscription = set(topics) if topics else self._matching_topics()
         with self._lock:
-            if self._group is not None:
-                self._join()
-            else:
+            if self._group is None:
                 self._set_assignment(self._all_partitions(self._subscription))
+                return
+            try:
+                self._join()
+            except KStoreError as exc:
+                if not exc.retriable:
+                    raise
+                # As Kafka's subscribe(), which never reaches the coordinator: the join is the
+                # next poll's (retried there as a rejoin is), not an error that leaves the
+                # caller without a consumer because a lease write failed once.
+                log.warning(
+                    "consumer %s: joining group %s failed (%s); the next poll joins",
+                    self.client_id,
+                    self.group_id,
+                    exc,
+                )
+                self._needs_rejoin = True
 
     def unsubscribe(self) -> None:
         self._stop_heartbeat()

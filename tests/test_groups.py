@@ -87,6 +87,51 @@ def test_three_members_share_six_partitions(store: kstore.Store) -> None:
             m.close()
 
 
+def test_a_join_that_fails_in_subscribe_is_made_by_the_next_poll(
+    store: kstore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A storage error while subscribe() joins (the member's lease PUT failed, or landed and
+    its answer was lost) does not fail the constructor: as in Kafka, whose subscribe() never
+    reaches the coordinator, the next poll joins and reads. An error that retrying cannot
+    mend still raises."""
+    from kstore.errors import StorageError
+
+    store.create_topic("t", partitions=2)
+    produce(store, "t", 20)
+    original = Group.write_lease
+    failures = iter([StorageError("lease PUT failed (injected)")])
+
+    def failing_once(self: Group, member_id: str) -> None:
+        failure = next(failures, None)
+        if failure is not None:
+            original(self, member_id)  # it landed; the answer was lost
+            raise failure
+        original(self, member_id)
+
+    monkeypatch.setattr(Group, "write_lease", failing_once)
+    consumer = Consumer("t", store=store, group_id="g", auto_offset_reset="earliest", **FAST)
+    try:
+        assert consumer.assignment() == set()
+        seen: list[bytes] = []
+
+        def poll() -> None:
+            for records in consumer.poll(timeout_ms=100).values():
+                seen.extend(r.value for r in records)
+
+        wait_until(lambda: len(seen) == 20, 10, poll)
+        assert parts(consumer) == [0, 1]
+        assert sorted(seen) == sorted(b"%d" % i for i in range(20))
+    finally:
+        consumer.close()
+
+    def refused(self: Group, member_id: str) -> None:
+        raise IllegalStateError("not a storage error")
+
+    monkeypatch.setattr(Group, "write_lease", refused)
+    with pytest.raises(IllegalStateError):
+        Consumer("t", store=store, group_id="g2", **FAST)
+
+
 def test_extra_members_idle(store: kstore.Store) -> None:
     store.create_topic("t", partitions=2)
     members = [Consumer("t", store=store, group_id="g", **FAST) for _ in range(3)]
