@@ -477,7 +477,6 @@ class Log(Generic[S]):
         self._found_at: float | None = None
         self._version_gap: float | None = None
         self._missed_at: float | None = None  # when a tailing look last found nothing new
-        self._missed_look: float | None = None  # and when (wall clock) that look was sent
         self._unconfirmed = False  # the last tailing look returned without asking past its find
         # This look asks for the version a look moments ago missed, or comes well before the
         # next version is due: a find then says nothing, or much, about versions behind it.
@@ -555,10 +554,8 @@ class Log(Generic[S]):
         window, confirm = self._first_window(now) if tail and remote else (1, True)
         first, hits, confirmed = window, 0, True
         first_round_full = False
-        first_look = True
         while True:
             paths = [self._path(version_file(v)) for v in range(version + 1, version + 1 + window)]
-            looked_at = time.time()  # when the look was sent: what the rhythms learn from
             found = self.storage.read_many(paths)
             applied = 0
             for offset, path in enumerate(paths):
@@ -575,10 +572,7 @@ class Log(Generic[S]):
                 self._apply_commit(next_state, version + 1 + offset, info, actions)
                 applied += 1
                 if tail and remote:
-                    self._note_writer(
-                        info, actions, looked_at, tight=first_look and self._after_miss
-                    )
-            first_look = False
+                    self._note_writer(info, actions)
             version += applied
             hits += applied
             if applied < window:
@@ -609,7 +603,6 @@ class Log(Generic[S]):
                 # The rhythms said several were due and none was there: they are out of date.
                 self.rhythms.forget_overdue(time.time())
             self._note_versions(now, hits)
-            self._missed_look = looked_at if hits == 0 else None
         newest = next_state if next_state is not None else state
         # Bookkeeping only (the state's content is unchanged): when it was last known newest.
         newest.confirmed_at = now if confirmed else state.confirmed_at
@@ -659,29 +652,13 @@ class Log(Generic[S]):
         # a reader that turns out to be behind widens from here.
         return min(_MAX_WINDOW, max(due, 1) + 1), True
 
-    def _note_writer(
-        self,
-        info: dict[str, Any],
-        actions: list[tuple[str, dict[str, Any]]],
-        looked_at: float,
-        *,
-        tight: bool,
-    ) -> None:
+    def _note_writer(self, info: dict[str, Any], actions: list[tuple[str, dict[str, Any]]]) -> None:
         """Learn the rhythm of the producer that wrote a commit a tailing look found (its
-        idempotent identity, 15; commits without one have no rhythm to learn).
-
-        The commit was there when the look sent at ``looked_at`` (wall clock) reached the
-        store: that is when it counts as seen, not when the answer came back and the commit
-        was applied (a round trip and, on a wide topic, milliseconds of replay later, which
-        made every next look that much late). ``tight``: the look right before this one,
-        moments ago, did not find it, so it landed between the two: midway."""
+        idempotent identity, 15; commits without one have no rhythm to learn)."""
         stamp = info.get("timestamp")
         writer = next((body.get("id") for name, body in actions if name == "producer"), None)
         if isinstance(stamp, int) and isinstance(writer, str):
-            seen = looked_at
-            if tight and self._missed_look is not None:
-                seen = (self._missed_look + looked_at) / 2
-            self.rhythms.note(writer, stamp, seen, tight=tight)
+            self.rhythms.note(writer, stamp, time.time(), tight=self._after_miss)
 
     def next_due(self) -> float | None:
         """Seconds until a writer in rhythm is expected to land its next commit (negative: it

@@ -9,11 +9,8 @@ clock) can look when the next one is due.
 
 The writer's clock is never compared with the reader's directly: what is learnt is, per writer,
 how long after its timestamp a commit is seen here (the commit's own latency plus any clock
-skew). A commit counts as seen when the look that found it was sent, not when its answer came
-back: the answer's round trip, and the replay of a wide topic's commit, would make every next
-look late by as much. The best measures are finds right after a look that missed (the commit
-landed between the two looks: midway between them is taken), and the upper quartile of those
-is used.
+skew), measured from finds that came right after a look that missed (so they are within one
+backoff step of the landing), and the upper quartile of those is used.
 """
 
 from __future__ import annotations
@@ -34,9 +31,9 @@ _DUE_TOLERANCE = 0.1
 
 
 def _lag(writer: _Writer) -> float:
-    """How long after its timestamp a writer's commit is seen. Tight finds place the landing
-    within half the time between two looks: their upper quartile (a look a little late costs a
-    few milliseconds, one a little early a GET that finds nothing and a backoff step). Without
+    """How long after its timestamp a writer's commit is seen. Tight finds are within a
+    backoff step of the landing: their upper quartile (a look a little late costs a few
+    milliseconds, one a little early a GET that finds nothing and a backoff step). Without
     them, the least lag seen (a find on a first look is late by the look's delay)."""
     if len(writer.lags) >= 4:
         return statistics.quantiles(writer.lags, n=4)[2]
@@ -61,9 +58,8 @@ class WriterRhythms:
         self._writers: dict[str, _Writer] = {}
 
     def note(self, writer: str, timestamp_ms: int, seen_at: float, *, tight: bool) -> None:
-        """A commit by ``writer`` stamped ``timestamp_ms`` was there at ``seen_at`` (wall clock,
-        seconds: when the look that found it was sent). ``tight``: found by a look moments
-        after one that missed it (``seen_at`` then midway between the two)."""
+        """A commit by ``writer`` stamped ``timestamp_ms`` was found at ``seen_at`` (wall clock,
+        seconds). ``tight``: found by a look moments after one that missed it."""
         ts = timestamp_ms / 1000
         known = self._writers.get(writer)
         if known is None:
