@@ -102,27 +102,20 @@ def main() -> None:
                 result = run_case(partitions, args.rate, args.seconds, side)
                 runs.append({"round": rnd, "partitions": partitions, "side": side, **result})
                 print(runs[-1], flush=True)
+    by_case = {(r["round"], r["partitions"], r["side"]): r for r in runs}
     rows = []
     for partitions in counts:
         row: dict[str, Any] = {"partitions": partitions}
-        medians = {}
         for side in ("current", "overlap"):
-            p50s = [r["p50_ms"] for r in runs if (r["partitions"], r["side"]) == (partitions, side)]
-            p99s = [r["p99_ms"] for r in runs if (r["partitions"], r["side"]) == (partitions, side)]
-            medians[side] = statistics.median(p50s)
-            row[f"{side} p50 ms"] = f"{medians[side]:.2f} ({min(p50s):.2f}-{max(p50s):.2f})"
-            row[f"{side} p99 ms"] = f"{statistics.median(p99s):.1f}"
+            cases = [by_case[(rnd, partitions, side)] for rnd in range(args.rounds)]
+            p50s = [c["p50_ms"] for c in cases]
+            row[f"{side} p50 ms"] = (
+                f"{statistics.median(p50s):.2f} ({min(p50s):.2f}-{max(p50s):.2f})"
+            )
+            row[f"{side} p99 ms"] = f"{statistics.median(c['p99_ms'] for c in cases):.1f}"
         pairs = [
-            next(
-                r["p50_ms"]
-                for r in runs
-                if (r["round"], r["partitions"], r["side"]) == (rnd, partitions, "current")
-            )
-            / next(
-                r["p50_ms"]
-                for r in runs
-                if (r["round"], r["partitions"], r["side"]) == (rnd, partitions, "overlap")
-            )
+            by_case[(rnd, partitions, "current")]["p50_ms"]
+            / by_case[(rnd, partitions, "overlap")]["p50_ms"]
             for rnd in range(args.rounds)
         ]
         # Pair by pair (the two sides of a round ran back to back), then the median.
