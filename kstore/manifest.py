@@ -50,12 +50,17 @@ def segment_location(partition_dir: str, path: str) -> str:
 
 
 _BASE_OFFSET = operator.attrgetter("base_offset")
+_set = object.__setattr__
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Segment:
     """A live segment as the manifest records it. ``base_offset``..``last_offset`` is the
-    offset range it covers; a sparse segment may hold fewer records than that range."""
+    offset range it covers; a sparse segment may hold fewer records than that range.
+
+    Slotted: a state holds every live segment and a reader or writer adds one per partition a
+    commit touches; without a ``__dict__`` each is one object for the garbage collector to
+    promote and scan instead of two."""
 
     path: str
     base_offset: int
@@ -77,6 +82,8 @@ class Segment:
     # Layout 3: the bytes ``[start, start + length)`` of a shared data object ("_data/...",
     # relative to the topic incarnation directory) rather than a whole per-partition file.
     byte_range: tuple[int, int] | None = None
+    # The segment's add action as a compact JSON line, once made (add_line, keep_line).
+    _add_line: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def in_data_object(self) -> bool:
@@ -125,7 +132,7 @@ class Segment:
         an open transaction, whose line never changes)."""
         if self.transaction is not None and open_transaction:
             return compact_json(self.to_action(open_transaction=True))
-        line: str | None = self.__dict__.get("_add_line")
+        line = self._add_line
         if line is None:
             line = compact_json(self.to_action(open_transaction=False))
             object.__setattr__(self, "_add_line", line)
@@ -175,26 +182,25 @@ class Segment:
         if horizon is not None and type(horizon) is not int:
             horizon = _optional_int(body, "deleteHorizon")
         created = get("createdTime", 0)
-        # The fields set directly: the frozen dataclass's __init__ sets each through
-        # object.__setattr__, which is most of the cost of opening a partition of 10,000
-        # live segments (an add each). Same fields, same values.
+        # The fields set directly, as the frozen dataclass's __init__ sets them (through
+        # object.__setattr__) but without its keyword handling: a checkpoint holds an add per
+        # live segment, and opening a partition of 10,000 of them is mostly this.
         seg = object.__new__(cls)
-        seg.__dict__.update(
-            path=path,
-            base_offset=base,
-            last_offset=last,
-            record_count=records,
-            min_timestamp_ms=min_ts,
-            max_timestamp_ms=max_ts,
-            size_bytes=size,
-            checksum=checksum,
-            format=fmt,
-            sparse=bool(get("sparse", False)),
-            created_ms=created if type(created) is int else int(created),
-            transaction=transaction if isinstance(transaction, str) else None,
-            delete_horizon_ms=horizon,
-            byte_range=byte_range,
-        )
+        _set(seg, "path", path)
+        _set(seg, "base_offset", base)
+        _set(seg, "last_offset", last)
+        _set(seg, "record_count", records)
+        _set(seg, "min_timestamp_ms", min_ts)
+        _set(seg, "max_timestamp_ms", max_ts)
+        _set(seg, "size_bytes", size)
+        _set(seg, "checksum", checksum)
+        _set(seg, "format", fmt)
+        _set(seg, "sparse", bool(get("sparse", False)))
+        _set(seg, "created_ms", created if type(created) is int else int(created))
+        _set(seg, "transaction", transaction if isinstance(transaction, str) else None)
+        _set(seg, "delete_horizon_ms", horizon)
+        _set(seg, "byte_range", byte_range)
+        _set(seg, "_add_line", None)
         prefix = "segments/" if byte_range is None else DATA_PREFIX
         if (not seg.path.startswith(prefix) or ".." in seg.path or "\\" in seg.path) and not (
             byte_range is not None and is_carried_path(seg.path)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import functools
 import logging
 import os
 import threading
@@ -100,7 +99,10 @@ class _Delivery:
     error: BaseException | None = None  # failed before its writes were submitted
     order: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(0, np.int64))
     jobs: dict[int, tuple[int, int]] = field(default_factory=dict)  # partition -> (start, count)
-    writes: dict[int, concurrent.futures.Future[tuple[int, int]]] = field(default_factory=dict)
+    # Partition -> its write's outcome (``result()`` gives its base offset and log start).
+    writes: dict[int, concurrent.futures.Future[tuple[int, int]] | _LogWriteOutcome] = field(
+        default_factory=dict
+    )
     # What it waits on: the partition writes, or in layout 3 the topic-log writes behind them
     # (a few, however many partitions: the sender looks at these after every wakeup).
     waits: list[concurrent.futures.Future[Any]] = field(default_factory=list)
@@ -324,12 +326,8 @@ class Sender:
             )
             self._shared_writes[key] = job
             for p in tables:
-                each: concurrent.futures.Future[tuple[int, int]] = concurrent.futures.Future()
-                delivery.writes[p] = each
-            job.add_done_callback(
-                functools.partial(_fan_out, each={p: delivery.writes[p] for p in tables})
-            )
-            job.add_done_callback(self._on_written)  # once the partitions have their outcome
+                delivery.writes[p] = _LogWriteOutcome(job, p)
+            job.add_done_callback(self._on_written)
             delivery.waits.append(job)
 
     def _chained_shared_write(
@@ -527,7 +525,7 @@ class Sender:
         group, batch = delivery.group, delivery.batch
         try:
             if delivery.error is not None:
-                concurrent.futures.wait(delivery.writes.values())  # any it submitted end first
+                concurrent.futures.wait(delivery.waits)  # any it submitted end first
                 raise delivery.error
             self._assign_offsets(delivery)
         except BaseException as exc:  # never leave a future hanging
@@ -693,16 +691,23 @@ class Sender:
                 self._sequences.clear()
 
 
-def _fan_out(
-    done: concurrent.futures.Future[dict[int, tuple[int, int] | BaseException]],
-    each: dict[int, concurrent.futures.Future[tuple[int, int]]],
-) -> None:
-    """A topic log's write done: give each of its partitions its own outcome."""
-    error = done.exception()
-    results = done.result() if error is None else {}
-    for p, future in each.items():
-        outcome = error if error is not None else results[p]
+class _LogWriteOutcome:
+    """One partition's outcome of a topic log's write (layout 3), read from that write's
+    future when asked. A future per partition (a condition, a lock, a deque and a handful of
+    bound methods each) was most of what a delivery to many partitions left for the garbage
+    collector to promote and scan."""
+
+    __slots__ = ("_job", "_partition")
+
+    def __init__(
+        self,
+        job: concurrent.futures.Future[dict[int, tuple[int, int] | BaseException]],
+        partition: int,
+    ) -> None:
+        self._job, self._partition = job, partition
+
+    def result(self) -> tuple[int, int]:
+        outcome = self._job.result()[self._partition]
         if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
+            raise outcome
+        return outcome

@@ -188,22 +188,23 @@ class TopicLogState(LogState):
         state.apply(name, body)
         self._views.pop(partition, None)
         if self.keeps_pending and name in PARTITION_ACTIONS:
-            if line is not None and name == "add":
+            cut = None if line is None else _without_partition(line, partition, body)
+            if cut is not None and name == "add":
                 # The new segment's line in a base sidecar is this line without its partition,
                 # when the body is exactly the one the segment's own action encodes.
                 seg = state.last_segment
-                cut = _without_partition(line, partition, body)
-                if seg is not None and cut is not None and seg.path == body["path"]:
+                if seg is not None and seg.path == body["path"]:
                     seg.keep_line(body, cut)
-            # Kept for the delta of a checkpoint (13.4), with the version being built and the
-            # line its commit encoded it as: the bodies are not changed once applied, so a
-            # reference is enough.
+            # Kept for the delta of a checkpoint (13.4), with the version being built: the
+            # line cut from its commit's, else the body (not changed once applied, so a
+            # reference is enough) to encode then. A node of strings and numbers holds nothing
+            # the garbage collector must follow, and it stops tracking it.
             self.pending[partition] = (
                 self.pending.get(partition),
                 name,
-                body,
+                body if cut is None else None,
                 self.version + 1,
-                line,
+                cut,
             )
 
     def pending_lines(self, partition: int, after: int) -> list[str]:
@@ -215,9 +216,9 @@ class TopicLogState(LogState):
         out: list[str] = []
         node = self.pending.get(partition)
         while node is not None and node[3] > after:
-            node, name, body, _, line = node
-            cut = None if line is None else _without_partition(line, partition, body)
+            node, name, body, _, cut = node
             if cut is None:
+                assert body is not None
                 cut = compact_json({name: {k: v for k, v in body.items() if k != "partition"}})
             out.append(cut)
         out.reverse()
@@ -302,9 +303,10 @@ def tag_actions(actions: list[Action], partition: int) -> list[Action]:
 
 
 SIDECARS = "_sidecars"
-# A pending action list node: (the previous node or None, action name, action body, the
-# topic log version that holds the action, its line in that version's commit if known).
-_Pending = tuple[Any, str, dict[str, Any], int, str | None]
+# A pending action list node: (the previous node or None, action name, the action's body
+# unless its line is known, the topic log version that holds the action, its line without
+# the partition when cut from that version's commit).
+_Pending = tuple[Any, str, dict[str, Any] | None, int, str | None]
 # A checkpoint as its writer knows it: its version, each partition's chain of sidecars, and
 # when it was written (monotonic).
 Lineage = tuple[int, dict[int, list[Action]], float]

@@ -279,7 +279,7 @@ def test_replay_through_chains_equals_replay_of_every_commit(local_store: StoreU
     Workload(shared, [0], seed=5).run(3)
     newest_segment = shared.state(refresh=False).partition(0).last_segment
     assert newest_segment is not None
-    assert newest_segment.transaction is not None or "_add_line" in newest_segment.__dict__
+    assert newest_segment.transaction is not None or newest_segment._add_line is not None
 
 
 def test_checkpoints_written_in_the_background_chain_as_those_of_the_committing_thread(
