@@ -71,8 +71,9 @@ from kstore import Store
 from kstore.producer import Producer
 url, options, rate, seconds = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 linger_ms, prefix, gc_freeze = int(sys.argv[5]), sys.argv[6].encode(), sys.argv[7] == "1"
+compression = sys.argv[8] if len(sys.argv) > 8 else None
 store = Store(url, options, create=False)
-with Producer(store, acks=1, linger_ms=linger_ms) as producer:
+with Producer(store, acks=1, linger_ms=linger_ms, compression_type=compression) as producer:
     producer.partitions_for("req")
     if gc_freeze:  # OPERATIONS.md "Tail latency": the S3 client's objects out of every collection
         gc.collect()
@@ -227,7 +228,14 @@ def run_case(
         gc.collect()
         gc.freeze()
     proc = start_producer(
-        url, options, args.rate, args.seconds, linger_ms=0, prefix="k", gc_freeze=args.gc_freeze
+        url,
+        options,
+        args.rate,
+        args.seconds,
+        linger_ms=0,
+        prefix="k",
+        gc_freeze=args.gc_freeze,
+        compression=args.compression,
     )
     assert proc.stdout is not None
     assert proc.stdin is not None
@@ -314,6 +322,7 @@ def start_producer(
     linger_ms: int,
     prefix: str,
     gc_freeze: bool = False,
+    compression: str | None = None,
 ) -> subprocess.Popen[str]:
     """A producer process; it prints "ready", starts on a line of input, and prints its
     figures (records sent, requests, deliveries, commits) as one JSON line at the end."""
@@ -329,6 +338,7 @@ def start_producer(
             str(linger_ms),
             prefix,
             "1" if gc_freeze else "0",
+            *([compression] if compression else []),
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -665,6 +675,11 @@ def main() -> None:
     )
     parser.add_argument("--partitions", default="1,8,64")
     parser.add_argument(
+        "--compression",
+        choices=["zstd", "lz4"],
+        help="the latency producer's compression_type (default: the topic's, uncompressed)",
+    )
+    parser.add_argument(
         "--layouts",
         default="2,3d,3",
         help="layouts to run side by side: 2; 3 (data carried in commits, the default); 3d "
@@ -705,6 +720,8 @@ def main() -> None:
         section += f" max_poll_records={args.max_poll_records}"
     if args.gc_freeze:
         section += " gc-freeze"
+    if args.compression:
+        section += f" {args.compression}"
     if args.fetch_max_wait_ms != 5:
         section += f" fetch_max_wait_ms={args.fetch_max_wait_ms}"
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

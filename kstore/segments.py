@@ -95,6 +95,20 @@ FORMAT_ARROW = "arrow"
 FORMAT_PARQUET = "parquet"
 CHECKSUM_ALGORITHM = "crc32c"
 COMPRESSIONS = {"uncompressed": None, "zstd": "zstd", "lz4": "lz4"}
+# A segment or range whose buffers hold fewer bytes than this is written uncompressed whatever
+# the compression asked (readers decode both alike). Arrow compresses each buffer of a record
+# batch on its own, a dozen of them, each with a fresh codec context: about 100 us (lz4) to
+# 200 us (zstd) to write a small range and as much to read it, against 20 and 10 uncompressed,
+# where it saves little or nothing (a two-record range comes out larger). A producer flush
+# spread over many partitions writes exactly such ranges, one per partition.
+COMPRESS_MIN_BYTES = 4096
+_UNCOMPRESSED = ipc.IpcWriteOptions()
+
+
+def _write_options(table: pa.Table, options: ipc.IpcWriteOptions) -> ipc.IpcWriteOptions:
+    if options.compression is None or table.get_total_buffer_size() >= COMPRESS_MIN_BYTES:
+        return options
+    return _UNCOMPRESSED
 
 
 @dataclass(frozen=True)
@@ -253,7 +267,7 @@ def encode_arrow(table: pa.Table, compression: str) -> pa.Buffer:
         raise InvalidRecordError(
             f"unknown segment compression {compression!r}; use {sorted(COMPRESSIONS)}"
         )
-    options = ipc.IpcWriteOptions(compression=COMPRESSIONS[compression])
+    options = _write_options(table, ipc.IpcWriteOptions(compression=COMPRESSIONS[compression]))
 
     def write(sink: pa.NativeFile) -> None:
         with ipc.new_file(sink, table.schema, options=options) as writer:
@@ -437,7 +451,7 @@ def encode_data_object(
         min_ts, max_ts = _timestamp_range_ms(table)
         # Each range is a whole IPC file of its own (its footer's offsets count from its
         # start), so each is written to its own buffer.
-        buf = _ipc_file(table, schema, options)
+        buf = _ipc_file(table, schema, _write_options(table, options))
         size = len(buf)
         buffers.append(buf)
         out[partition] = SegmentFile(

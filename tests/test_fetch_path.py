@@ -809,7 +809,8 @@ def test_a_data_object_frames_its_ranges_as_the_ipc_writer_does(
     """A data object's ranges are framed by hand once the IPC writer's framing is learned for
     a schema (segments._IpcFileFrame): every range is the writer's file byte for byte, for
     binary and typed records, headers, large values and several chunks; a framing the frame
-    cannot reproduce leaves the writer writing; a compressed range is the writer's."""
+    cannot reproduce leaves the writer writing; a compressed range is the writer's, and a small
+    one is written uncompressed."""
     monkeypatch.setattr(segments, "_IPC_FRAMES", {})
     typed = Layout(
         key=pa.string(),
@@ -854,9 +855,16 @@ def test_a_data_object_frames_its_ranges_as_the_ipc_writer_does(
         frame = segments._IPC_FRAMES[id(layout.record_schema)]
         assert frame is not None
         assert frame.checked
-    # Compressed: the writer's own file, also with a learned frame.
-    data, files = encode_data_object([(0, tables[1], typed)], "_data/x.kdat", compression="zstd")
-    assert bytes(data) == _writer_file_compressed(tables[1], typed.record_schema)
+    # Compressed: the writer's own file, also with a learned frame; a range under
+    # COMPRESS_MIN_BYTES of buffers is written uncompressed (PROTOCOL.md 11.4).
+    big, small = tables[2], tables[1]
+    assert big.get_total_buffer_size() >= segments.COMPRESS_MIN_BYTES
+    assert small.get_total_buffer_size() < segments.COMPRESS_MIN_BYTES
+    data, files = encode_data_object([(0, big, typed)], "_data/x.kdat", compression="zstd")
+    assert bytes(data) == _writer_file_compressed(big, typed.record_schema)
+    assert bytes(data) != _writer_file(big, typed.record_schema)
+    data, files = encode_data_object([(0, small, typed)], "_data/x.kdat", compression="zstd")
+    assert bytes(data) == _writer_file(small, typed.record_schema)
     # A frame that does not reproduce the writer is dropped for good: the writer writes.
     monkeypatch.setattr(segments, "_IPC_FRAMES", {})
     monkeypatch.setattr(segments, "_END_OF_STREAM", b"\xff\xff\xff\xff\x00\x00\x00\x01")
@@ -936,3 +944,35 @@ def test_a_prefetch_reads_carried_ranges_from_the_commits_it_holds_and_only_the_
         assert all(requests == -1 for _, _, requests in reads), reads  # from memory
     else:
         assert all("/_data/" in rel and threaded for rel, threaded, _ in reads), reads
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+def test_a_small_segment_file_is_written_uncompressed_and_a_large_one_compressed(
+    codec: str,
+) -> None:
+    """Layout 2's whole segment files follow the same rule as data object ranges (PROTOCOL.md
+    11.4): compressed from COMPRESS_MIN_BYTES of buffers, uncompressed below; both decode."""
+
+    def table(n: int) -> pa.Table:
+        return conform(
+            pa.table({"key": [b"k%d" % i for i in range(n)], "value": [b"v" * 200] * n}),
+            BINARY.record_schema,
+        )
+
+    for n, compressed in ((2, False), (200, True)):
+        records = table(n)
+        assert (records.get_total_buffer_size() >= segments.COMPRESS_MIN_BYTES) is compressed
+        data, _, described = encode_segment(records, compression=codec)
+        plain, _, _ = encode_segment(records, compression="uncompressed")
+        assert (bytes(data) != bytes(plain)) is compressed
+        assert (len(data) < len(plain)) is compressed
+        decoded = decode_segment(
+            bytes(data),
+            where="test",
+            expected_checksum=described.checksum,
+            fmt="arrow",
+            sparse=False,
+            base_offset=0,
+            record_count=n,
+        )
+        assert decoded.column("value").to_pylist() == [b"v" * 200] * n
