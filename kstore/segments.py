@@ -106,7 +106,9 @@ _UNCOMPRESSED = ipc.IpcWriteOptions()
 
 
 def _write_options(table: pa.Table, options: ipc.IpcWriteOptions) -> ipc.IpcWriteOptions:
-    if options.compression is None or table.get_total_buffer_size() >= COMPRESS_MIN_BYTES:
+    # Table.nbytes counts what a slice holds (a partition's share of a flush is a slice of
+    # the flush's sorted table, whose buffers are the whole flush's).
+    if options.compression is None or table.nbytes >= COMPRESS_MIN_BYTES:
         return options
     return _UNCOMPRESSED
 

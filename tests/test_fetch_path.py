@@ -858,8 +858,7 @@ def test_a_data_object_frames_its_ranges_as_the_ipc_writer_does(
     # Compressed: the writer's own file, also with a learned frame; a range under
     # COMPRESS_MIN_BYTES of buffers is written uncompressed (PROTOCOL.md 11.4).
     big, small = tables[2], tables[1]
-    assert big.get_total_buffer_size() >= segments.COMPRESS_MIN_BYTES
-    assert small.get_total_buffer_size() < segments.COMPRESS_MIN_BYTES
+    assert big.nbytes >= segments.COMPRESS_MIN_BYTES > small.nbytes
     data, files = encode_data_object([(0, big, typed)], "_data/x.kdat", compression="zstd")
     assert bytes(data) == _writer_file_compressed(big, typed.record_schema)
     assert bytes(data) != _writer_file(big, typed.record_schema)
@@ -961,7 +960,7 @@ def test_a_small_segment_file_is_written_uncompressed_and_a_large_one_compressed
 
     for n, compressed in ((2, False), (200, True)):
         records = table(n)
-        assert (records.get_total_buffer_size() >= segments.COMPRESS_MIN_BYTES) is compressed
+        assert (records.nbytes >= segments.COMPRESS_MIN_BYTES) is compressed
         data, _, described = encode_segment(records, compression=codec)
         plain, _, _ = encode_segment(records, compression="uncompressed")
         assert (bytes(data) != bytes(plain)) is compressed
