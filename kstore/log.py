@@ -595,8 +595,14 @@ class Log(Generic[S]):
                 break
             # A reader that is keeping up finds one new version and then a miss: it stays at
             # one request per version. Only a reader that keeps finding versions (it is behind)
-            # widens the window.
-            if hits >= 2 and remote:
+            # widens the window: to the commits the writers' rhythms say are due by now past
+            # the newest it found, when they know (a reader back from a pause, a garbage
+            # collection or a slow round learns in one round how far behind it is, where
+            # doubling cost a round trip per doubling and overshot at the end), else twice.
+            due = self.rhythms.due_count(time.time()) if tail and remote and hits else None
+            if due is not None:
+                window = min(max(due + 1, window), _MAX_WINDOW)
+            elif hits >= 2 and remote:
                 window = min(window * 2, _MAX_WINDOW)
         if tail:
             if hits == 0 and first > 1 and self._in_rhythm:
