@@ -172,3 +172,47 @@ def test_a_copy_shares_the_live_segments_it_has_not_changed() -> None:
             10 * n for n in range(k, min(k + 3, 5_001))
         ]
     assert copy.segment_index_for(10 * 5_001) == 5_001
+
+
+def test_a_state_no_copy_shares_takes_its_live_segments_in_place() -> None:
+    """Replaying a checkpoint's adds into a fresh state puts them in its live index at once,
+    without folding changes into new bases (which made opening a partition of 10,000 live
+    segments cost a quarter more); once copied, neither side changes what they share, and each
+    still refuses a live path twice and a removal of a path that is not live."""
+    state = PartitionState()
+    for n in range(2_000):
+        state.apply("add", _add(n))
+    live = state._live
+    assert live._owned
+    assert not live._added
+    assert not live._dropped
+    assert len(live._base) == 2_000
+    shared = live._base
+    copy = state.copy()
+    assert copy._live._base is shared
+    assert not copy._live._owned
+    assert not live._owned
+    copy.apply("remove", {"path": _add(7)["path"], "deletionTimestamp": 1})
+    copy.apply("add", _add(2_000))
+    state.apply("remove", {"path": _add(9)["path"], "deletionTimestamp": 2})
+    assert len(shared) == 2_000
+    assert _add(7)["path"] in shared
+    assert _add(2_000)["path"] not in shared
+    assert _add(7)["path"] not in copy._live
+    assert _add(9)["path"] in copy._live
+    assert _add(9)["path"] not in state._live
+    assert _add(7)["path"] in state._live
+    with pytest.raises(CorruptLogError, match="already a live segment"):
+        state.apply("add", {**_add(7), "baseOffset": 30_000, "lastOffset": 30_009})
+    with pytest.raises(CorruptLogError, match="not a live segment"):
+        copy.apply("remove", {"path": _add(7)["path"], "deletionTimestamp": 3})
+    # A fold gives a copy a base of its own, which it then changes in place.
+    for n in range(2_001, 2_100):
+        copy.apply("add", _add(n))
+    assert copy._live._owned
+    assert copy._live._base is not shared
+    assert not copy._live._added
+    copy.apply("add", _add(2_100))
+    assert _add(2_100)["path"] in copy._live._base
+    assert _add(2_100)["path"] not in shared
+    assert _add(2_100)["path"] not in state._live
