@@ -166,21 +166,35 @@ class Sender:
         return float(min(cap, base * 2 ** min(attempt, 10))) / 1000
 
     def _run(self) -> None:
-        """The sender: drains batches into deliveries, one group at a time. A delivery's
-        partition writes run on the pool while the sender converts the next group where that
-        pays (see ``_overlaps``); it is finished (offsets given out, futures completed,
-        buffer released) once the next one has started, or before it starts where they do
-        not overlap, or as soon as its writes are done when nothing else is queued."""
+        """The sender: drains batches into deliveries, one group at a time. While a delivery
+        is written, new records keep filling their batches (unless a full batch waits or a
+        flush is asked for): cut when the write ends, they go out in one delivery after one
+        write's wait. A delivery's partition writes run on the pool while the sender converts
+        the next group where that pays (see ``_overlaps``); it is finished (offsets given out,
+        futures completed, buffer released) once the next one has started, or before it
+        starts where they do not overlap or its writes are done, or as soon as its writes are
+        done when nothing else is queued."""
         linger = self.config["linger_ms"] / 1000
         pending: _Delivery | None = None
         while True:
             with self._lock:
                 while True:
                     now = time.monotonic()
-                    for topic, batch in list(self._open.items()):
-                        if self._flush_requested or now - batch.created >= linger:
-                            self._queue.append(self._open.pop(topic))
-                    self._flush_requested = False
+                    # While a delivery is being written, what arrives keeps filling the open
+                    # batches instead of being cut into the next delivery now, which would
+                    # then wait for the write anyway: it is cut when the write ends (or once
+                    # a full batch waits), so a record waits for about one write, not two.
+                    hold = (
+                        pending is not None
+                        and not pending.written()
+                        and not self._queue
+                        and not self._flush_requested
+                    )
+                    if not hold:
+                        for topic, batch in list(self._open.items()):
+                            if self._flush_requested or now - batch.created >= linger:
+                                self._queue.append(self._open.pop(topic))
+                        self._flush_requested = False
                     if self._queue:
                         work, self._queue = self._queue, []
                         self._in_flight.extend(work)
@@ -191,11 +205,13 @@ class Sender:
                     if self._closed and pending is None:
                         return
                     wait = None
-                    if self._open:
+                    if self._open and not hold:
                         oldest = min(b.created for b in self._open.values())
                         wait = max(0.0, oldest + linger - now)
                     self._wakeup.wait(wait)  # new work, lingering over, or pending written
-            overlap = self._overlaps(work)
+            # A delivery already written is finished first: its acknowledgements do not
+            # wait for the next group's conversion.
+            overlap = self._overlaps(work) and not (pending is not None and pending.written())
             for group in self._groups(work):
                 if pending is not None and not overlap:
                     self._finish(pending)

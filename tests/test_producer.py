@@ -206,6 +206,36 @@ def test_batches_queued_behind_a_slow_delivery_are_merged_and_keep_every_outcome
     assert len(rows) == 402
 
 
+def test_records_sent_while_a_delivery_is_written_go_out_together_when_it_ends(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    """With linger 0, records sent while a delivery is still being written wait for that
+    write to end and then go out together, in one delivery. Cut at once, the first of them
+    made a delivery of its own that waited for the same write: a record waited for two writes,
+    not one, and the producer made a commit more per write."""
+    faulty, store = faulty_local_store(local_store, 2)
+
+    def topic_log_commit(path: str) -> bool:
+        return is_commit(path) and bool(re.search(r"topics/t/[0-9a-f]{32}/_log/", path))
+
+    faulty.add(Fault("put_if_absent", when="delay", delay_s=0.6, times=1, match=topic_log_commit))
+    with Producer(store, linger_ms=0) as producer:
+        first = producer.send("t", b"first", key=b"k")
+        time.sleep(0.2)  # the first delivery's commit is being written (slowly)
+        rest = []
+        for i in range(20):
+            rest.append(producer.send("t", b"r%d" % i, key=b"k%d" % i))
+            time.sleep(0.005)
+        producer.flush()
+        assert producer.metrics()["batch-total"] == 2
+    assert faulty.injected["put_if_absent:delay"] == 1
+    assert first.get(timeout=30).offset == 0
+    placed = [future.get(timeout=30) for future in rest]
+    rows = {(p, r["offset"]): r["value"] for p, rs in read_all(store, "t").items() for r in rs}
+    assert [rows[(m.partition, m.offset)] for m in placed] == [b"r%d" % i for i in range(20)]
+    assert store.topic_logs("t")[0].state().version == 1  # two commits: versions 0 and 1
+
+
 def test_a_failed_partition_of_a_merged_delivery_fails_exactly_its_records(
     local_store: tuple[str, dict[str, Any]],
 ) -> None:
