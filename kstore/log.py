@@ -599,7 +599,7 @@ class Log(Generic[S]):
             # the newest it found, when they know (a reader back from a pause, a garbage
             # collection or a slow round learns in one round how far behind it is, where
             # doubling cost a round trip per doubling and overshot at the end), else twice.
-            due = self.rhythms.due_count(time.time()) if tail and remote and hits else None
+            due = self.rhythms.due_count(time.time()) if tail and remote else None
             if due is not None:
                 window = min(max(due + 1, window), _MAX_WINDOW)
             elif hits >= 2 and remote:

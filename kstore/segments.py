@@ -95,8 +95,9 @@ FORMAT_ARROW = "arrow"
 FORMAT_PARQUET = "parquet"
 CHECKSUM_ALGORITHM = "crc32c"
 COMPRESSIONS = {"uncompressed": None, "zstd": "zstd", "lz4": "lz4"}
-# A segment or range whose buffers hold fewer bytes than this is written uncompressed whatever
-# the compression asked (readers decode both alike). Arrow compresses each buffer of a record
+# A segment or range whose records hold fewer bytes than this (Table.nbytes: what the slice
+# holds, not the buffers it shares) is written uncompressed whatever the compression asked
+# (readers decode both alike). Arrow compresses each buffer of a record
 # batch on its own, a dozen of them, each with a fresh codec context: about 100 us (lz4) to
 # 200 us (zstd) to write a small range and as much to read it, against 20 and 10 uncompressed,
 # where it saves little or nothing (a two-record range comes out larger). A producer flush
