@@ -289,8 +289,11 @@ def test_the_fast_decode_leaves_anything_unusual_to_the_general_path() -> None:
 def test_a_delivery_uploads_its_data_while_the_previous_commit_lands(
     moto_store: tuple[str, dict[str, Any]],
 ) -> None:
-    """On an object store (where a delivery's writes wait on requests; on a local disk the
-    sender finishes a small delivery before starting the next, test_producer)."""
+    """On an object store, a delivery the sender takes while the previous one's commit lands
+    (here a full batch, batch_size 1: a sender that has fallen behind; a few records sent
+    meanwhile wait for that write instead and go out together, test_producer) uploads its data
+    meanwhile: only commits keep their order. On a local disk the sender finishes a small
+    delivery before starting the next (test_producer)."""
     url, options = moto_store
     store = kstore.Store(url, options)
     meta = store.create_topic("t", partitions=4)
@@ -321,7 +324,7 @@ def test_a_delivery_uploads_its_data_while_the_previous_commit_lands(
 
     storage.put_new = put_new  # type: ignore[method-assign]
     storage.put_if_absent = put_if_absent  # type: ignore[method-assign]
-    with Producer(store, linger_ms=0) as producer:
+    with Producer(store, linger_ms=0, batch_size=1) as producer:
         first = producer.send("t", value=b"a", partition=0)
         assert commit_started.wait(5)
         second = producer.send("t", value=b"b", partition=1)
