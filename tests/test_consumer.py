@@ -166,6 +166,75 @@ def test_deserializers_and_headers(store: kstore.Store) -> None:
     assert tombstone.serialized_value_size == -1
 
 
+def test_one_poll_of_many_partitions_gives_each_record_its_own_partition_and_fields(
+    store: kstore.Store,
+) -> None:
+    """A poll that gathers a few records from each of many partitions (converted together,
+    a topic at a time) hands every partition exactly its own records, in offset order, with
+    their own keys, values, headers and sizes, across two topics."""
+    store.create_topic("a", partitions=16, layout=3)
+    store.create_topic("b", partitions=4)
+    sent: dict[tuple[str, int], list[tuple[bytes | None, bytes | None, tuple[Any, ...]]]] = {}
+    with Producer(store, linger_ms=50) as producer:
+        for i in range(60):
+            topic = "a" if i % 3 else "b"
+            partition = i % (16 if topic == "a" else 4)
+            key = None if i % 7 == 0 else b"k%d" % i
+            value = None if i % 11 == 0 else b"v" * (i % 5)
+            headers = [("h", b"%d" % i)] if i % 2 else []
+            producer.send(topic, value=value, key=key, partition=partition, headers=headers)
+            sent.setdefault((topic, partition), []).append((key, value, tuple(headers)))
+    with Consumer(
+        "a", "b", store=store, auto_offset_reset="earliest", max_poll_records=1000
+    ) as consumer:
+        got: dict[TopicPartition, list[Any]] = {}
+        for _ in range(50):
+            for tp, records in consumer.poll(timeout_ms=50).items():
+                got.setdefault(tp, []).extend(records)
+            if sum(map(len, got.values())) == 60:
+                break
+    assert {(tp.topic, tp.partition) for tp in got} == set(sent)
+    for tp, records in got.items():
+        assert all((r.topic, r.partition) == (tp.topic, tp.partition) for r in records)
+        assert [r.offset for r in records] == list(range(len(records)))
+        assert [(r.key, r.value, r.headers) for r in records] == sent[(tp.topic, tp.partition)]
+        assert [r.serialized_key_size for r in records] == [
+            -1 if k is None else len(k) for k, _, _ in sent[(tp.topic, tp.partition)]
+        ]
+
+
+def test_records_of_partitions_whose_batches_differ_in_schema_are_built_apart(
+    memory_store: tuple[str, dict[str, Any]],
+) -> None:
+    """Batches that cannot be joined (their schemas differ) are converted one at a time,
+    each record keeping its partition."""
+    store = kstore.Store(*memory_store)
+    store.create_topic("t", partitions=2)
+    consumer = Consumer("t", store=store)
+
+    def batch(values: pa.Array, offset: int) -> pa.RecordBatch:
+        n = len(values)
+        return pa.record_batch(
+            {
+                "key": pa.array([b"k"] * n),
+                "value": values,
+                "timestamp": pa.array([1_000_000] * n, pa.timestamp("us", tz="UTC")),
+                "headers": pa.nulls(
+                    n, pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+                ),
+                "offset": pa.array(range(offset, offset + n), pa.int64()),
+            }
+        )
+
+    zero, one = TopicPartition("t", 0), TopicPartition("t", 1)
+    records = consumer._to_records(
+        {zero: [batch(pa.array([b"x", b"y"]), 5)], one: [batch(pa.array(["z"]), 9)]}
+    )
+    consumer.close()
+    assert [(r.partition, r.offset, r.value) for r in records[zero]] == [(0, 5, b"x"), (0, 6, b"y")]
+    assert [(r.partition, r.offset, r.value) for r in records[one]] == [(1, 9, "z")]
+
+
 def test_serialized_sizes_are_the_raw_lengths_and_minus_one_for_null(
     store: kstore.Store,
 ) -> None:
