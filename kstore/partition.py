@@ -465,11 +465,17 @@ class Partition:
         self, seg: Segment, columns: list[str] | None = None, *, data: bytes | None = None
     ) -> pa.Table:
         """A live segment's records (READ_SCHEMA), verified against its checksum."""
-        layout = self.layout
-        key = _cache_key(seg, columns, layout)
-        cached = self.cache.get(f"{self.directory}/{key}")
+        key = f"{self.directory}/{_cache_key(seg, columns, self.layout)}"
+        cached = self.cache.get(key)
         if cached is not None:
             return cached
+        return self._decode_segment(seg, columns, key, data)
+
+    def _decode_segment(
+        self, seg: Segment, columns: list[str] | None, key: str, data: bytes | None
+    ) -> pa.Table:
+        """:meth:`read_segment` of a segment not in the cache (``key``, its cache key)."""
+        layout = self.layout
         location = segment_location(self.directory, seg.path)
         where = f"{self.storage.display_url}/{location} ({self.topic}-{self.partition})"
         if data is None:
@@ -491,7 +497,7 @@ class Partition:
                 offsets[0].as_py() < seg.base_offset or offsets[-1].as_py() > seg.last_offset
             ):
                 raise CorruptLogError(f"{where}: offsets outside the manifest range")
-        self.cache.put(f"{self.directory}/{key}", table)
+        self.cache.put(key, table)
         return table
 
     def read(
@@ -624,6 +630,10 @@ class Partition:
         return None
 
 
+# A segment prefetch reads: its partition, the segment and its cache key (not in the cache).
+_Wanted = tuple[Partition, Segment, str]
+
+
 def prefetch(
     reads: Sequence[tuple[Partition, PartitionState, int, int]],
     *,
@@ -636,7 +646,7 @@ def prefetch(
     files concurrently, the ranges of each data object coalesced (PROTOCOL.md 11.7). Decoded
     into the partitions' caches; a segment that cannot be fetched here is read (and its error
     raised) by the read itself."""
-    wanted: list[tuple[Partition, Segment]] = []
+    wanted: list[_Wanted] = []
     budget = max_bytes
     for partition, state, position, end in reads:
         if position >= end:
@@ -650,40 +660,41 @@ def prefetch(
                 continue  # a local file costs no round trip; local ranges share one open
             key = f"{partition.directory}/{_cache_key(seg, columns, partition.layout)}"
             if partition.cache.get(key) is None:
-                wanted.append((partition, seg))
+                wanted.append((partition, seg, key))
                 budget -= seg.size_bytes
     if len(wanted) < 2:
         return
     storage = wanted[0][0].storage
-    whole: dict[str, tuple[Partition, Segment]] = {}
-    ranged: dict[str, list[tuple[Partition, Segment]]] = {}
-    for partition, seg in wanted:
+    whole: dict[str, _Wanted] = {}
+    ranged: dict[str, list[_Wanted]] = {}
+    for item in wanted:
+        partition, seg, _ = item
         location = segment_location(partition.directory, seg.path)
         if seg.byte_range is None:
-            whole[location] = (partition, seg)
+            whole[location] = item
         else:
-            ranged.setdefault(location, []).append((partition, seg))
+            ranged.setdefault(location, []).append(item)
 
-    def fetch_object(location: str) -> list[tuple[Partition, Segment, bytes]]:
+    def fetch_object(location: str) -> list[tuple[_Wanted, bytes]]:
         members = ranged[location]
         spans = [
             (seg.byte_range[0], seg.byte_range[0] + seg.byte_range[1])
-            for _, seg in members
+            for _, seg, _ in members
             if seg.byte_range is not None
         ]
         try:
             pieces = storage.read_ranges(location, spans)
         except (FileNotFoundError, KStoreError):
             return []
-        return [(p, seg, data) for (p, seg), data in zip(members, pieces, strict=True)]
+        return list(zip(members, pieces, strict=True))
 
-    fetched: list[tuple[Partition, Segment, bytes]] = []
+    fetched: list[tuple[_Wanted, bytes]] = []
     if whole:
         try:
             found = storage.read_many(list(whole))
         except KStoreError:
             found = {}
-        fetched.extend((*whole[loc], data) for loc, data in found.items())
+        fetched.extend((whole[loc], data) for loc, data in found.items())
     # Commits that carry their data were kept when the log read them: their ranges cost no
     # request, and a tailing reader's are almost all such. Threads only for the others.
     requested = [loc for loc in ranged if storage.is_remote and not storage.remembers(loc)]
@@ -694,10 +705,11 @@ def prefetch(
         with concurrent.futures.ThreadPoolExecutor(min(8, len(concurrent_reads))) as pool:
             for part in pool.map(fetch_object, concurrent_reads):
                 fetched.extend(part)
-    for partition, seg, data in fetched:
+    for (partition, seg, key), data in fetched:
         if seg.byte_range is not None and len(data) != seg.byte_range[1]:
             continue  # cut short: the read itself reports it
-        partition.read_segment(seg, columns, data=data)
+        partition._decode_segment(seg, columns, key, data)
+
 
 
 # A cached state not confirmed as the newest for this long is reloaded from a checkpoint

@@ -329,9 +329,10 @@ class Storage:
     def __repr__(self) -> str:
         return f"Storage({self.display_url!r})"
 
-    @property
+    @functools.cached_property
     def display_url(self) -> str:
-        """The URL with any embedded credentials removed: the only form put in messages."""
+        """The URL with any embedded credentials removed: the only form put in messages
+        (made once: a reader names every range it decodes with it)."""
         return redact_url(self.url)
 
     # -- capabilities ------------------------------------------------------------------------
@@ -741,13 +742,13 @@ class Storage:
         the file are not returned (a range may come back short or empty). Raises
         FileNotFoundError when the file is absent. A file :meth:`remember` holds is read from
         memory."""
-        runs = _coalesce(ranges, gap)
-        if not runs:
-            return []
         with self._remembered_lock:
             whole = self._remembered.get(rel)
         if whole is not None:
             return [whole[lo:hi] for lo, hi in ranges]
+        runs = _coalesce(ranges, gap)
+        if not runs:
+            return []
         path = self.full_path(rel)
         try:
             if self.is_local:
