@@ -240,7 +240,7 @@ _ADD_KEYS = (
 _RANGED_ADD_KEYS = (*_ADD_KEYS[:-1], "range", "partition")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ProducerEntry:
     """The last batch a producer committed to this partition (idempotence and fencing)."""
 
@@ -276,16 +276,13 @@ class _LiveIndex:
     def __init__(self, base: dict[str, Segment] | None = None) -> None:
         self._base: dict[str, Segment] = {} if base is None else base
         self._added: dict[str, Segment] = {}
-        self._dropped: set[str] = set()
+        # Immutable: copies share it (removals are rare, a copy is made per commit).
+        self._dropped: frozenset[str] = frozenset()
         self._owned = True  # no copy shares ``_base`` (nor are there changes beside it)
 
     def copy(self) -> _LiveIndex:
         clone = _LiveIndex.__new__(_LiveIndex)
-        clone._base, clone._added, clone._dropped = (
-            self._base,
-            dict(self._added),
-            set(self._dropped),
-        )
+        clone._base, clone._added, clone._dropped = self._base, dict(self._added), self._dropped
         self._owned = clone._owned = False
         return clone
 
@@ -307,7 +304,7 @@ class _LiveIndex:
         if seg is None and path not in self._dropped:
             seg = self._base.get(path)
             if seg is not None:
-                self._dropped.add(path)
+                self._dropped = self._dropped | {path}
         self._fold_when_due()
         return seg
 
@@ -320,7 +317,7 @@ class _LiveIndex:
             else:
                 base = dict(self._base)
             base.update(self._added)
-            self._base, self._added, self._dropped, self._owned = base, {}, set(), True
+            self._base, self._added, self._dropped, self._owned = base, {}, frozenset(), True
 
 
 class PartitionState(LogState):
@@ -355,6 +352,9 @@ class PartitionState(LogState):
         self._time_index: list[int] | None = None  # running max of segment max timestamps
         self.open_transactions: dict[str, int] = {}  # "<producer>:<version>" -> first offset
         self.ended_transactions: dict[str, int] = {}  # producer -> newest version with a marker
+        # Whether ``txns``, ``open_transactions`` and ``ended_transactions`` are this state's
+        # own: copies share them until one changes them (most commits touch none of them).
+        self._txns_owned = True
         # Layout 2 only: the partition log was sealed by an upgrade to this layout (26.9).
         self.sealed_layout: int | None = None
 
@@ -364,11 +364,9 @@ class PartitionState(LogState):
         self._base_owned = clone._base_owned = False
         clone._live = self._live.copy()
         clone.producers = dict(self.producers)
-        clone.txns = dict(self.txns)
         self._removed_owned = clone._removed_owned = False
+        self._txns_owned = clone._txns_owned = False
         clone._time_index = None
-        clone.open_transactions = dict(self.open_transactions)
-        clone.ended_transactions = dict(self.ended_transactions)
         return clone
 
     def view(self) -> PartitionState:
@@ -379,6 +377,7 @@ class PartitionState(LogState):
         # the view may change its own).
         self._removed_owned = clone._removed_owned = False
         self._base_owned = clone._base_owned = False
+        self._txns_owned = clone._txns_owned = False
         return clone
 
     # -- replay --------------------------------------------------------------------------------
@@ -406,6 +405,7 @@ class PartitionState(LogState):
             self._time_index = None
             self.end_offset = max(self.end_offset, seg.last_offset + 1)
             if seg.transaction is not None:
+                self._own_txns()
                 first = self.open_transactions.get(seg.transaction)
                 self.open_transactions[seg.transaction] = (
                     seg.base_offset if first is None else min(first, seg.base_offset)
@@ -430,21 +430,34 @@ class PartitionState(LogState):
         elif name == "endOffset":  # only in checkpoints: the end survives removal of all segments
             self.end_offset = max(self.end_offset, _int(body, "offset"))
         elif name == "producer":
-            self.producers[_str(body, "id")] = ProducerEntry(
-                epoch=_int(body, "epoch"),
-                first_sequence=_int(body, "firstSequence"),
-                last_sequence=_int(body, "lastSequence"),
-                base_offset=_int(body, "baseOffset"),
-                last_offset=_int(body, "lastOffset"),
-                timestamp_ms=int(body.get("timestamp", 0)),
+            get = body.get
+            pid, epoch, first_seq = get("id"), get("epoch"), get("firstSequence")
+            last_seq, base, end = get("lastSequence"), get("baseOffset"), get("lastOffset")
+            # Exact types in one test (a producer action per partition of every append);
+            # anything else takes the checks that name the field at fault.
+            if not (
+                type(pid) is str
+                and type(epoch) is int
+                and type(first_seq) is int
+                and type(last_seq) is int
+                and type(base) is int
+                and type(end) is int
+            ):
+                pid, epoch = _str(body, "id"), _int(body, "epoch")
+                first_seq, last_seq = _int(body, "firstSequence"), _int(body, "lastSequence")
+                base, end = _int(body, "baseOffset"), _int(body, "lastOffset")
+            self.producers[pid] = ProducerEntry(
+                epoch, first_seq, last_seq, base, end, int(get("timestamp", 0))
             )
         elif name == "txn":
+            self._own_txns()
             app = _str(body, "appId")
             self.txns[app] = max(self.txns.get(app, -1), _int(body, "version"))
         elif name == "txnMarker":
             # Ends a transaction: its records become visible (commit) or were removed in the
             # same commit (abort). The marker's epoch fences older instances of the producer.
             key = f"{_str(body, 'producerId')}:{_int(body, 'version')}"
+            self._own_txns()
             self.open_transactions.pop(key, None)
             pid, epoch = _str(body, "producerId"), _int(body, "epoch")
             self.ended_transactions[pid] = max(
@@ -457,6 +470,7 @@ class PartitionState(LogState):
                 )
         elif name == "txnEnded":  # only in checkpoints: the newest ended transaction per producer
             pid = _str(body, "producerId")
+            self._own_txns()
             self.ended_transactions[pid] = max(
                 self.ended_transactions.get(pid, -1), _int(body, "version")
             )
@@ -475,6 +489,14 @@ class PartitionState(LogState):
                     self._own_removed().pop(path)
         else:
             super().apply(name, body)
+
+    def _own_txns(self) -> None:
+        """Copy the transaction dicts first if a copy of this state shares them."""
+        if not self._txns_owned:
+            self.txns = dict(self.txns)
+            self.open_transactions = dict(self.open_transactions)
+            self.ended_transactions = dict(self.ended_transactions)
+            self._txns_owned = True
 
     def _own_removed(self) -> dict[str, int]:
         """``removed``, copied first if a copy of this state shares it."""

@@ -216,3 +216,59 @@ def test_a_state_no_copy_shares_takes_its_live_segments_in_place() -> None:
     assert _add(2_100)["path"] in copy._live._base
     assert _add(2_100)["path"] not in shared
     assert _add(2_100)["path"] not in state._live
+
+
+def _txn_state(state: PartitionState) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    return dict(state.txns), dict(state.open_transactions), dict(state.ended_transactions)
+
+
+def test_copies_share_transaction_state_until_one_changes_it() -> None:
+    """The transaction dicts (exactly-once application versions, open and ended transactions)
+    are shared by copies until one changes them, on either side and through views: a marker,
+    a transactional append or an application version on one never shows in another."""
+    state = PartitionState()
+    state.apply("add", {**_add(0), "transaction": "7:1"})
+    state.apply("txn", {"appId": "app", "version": 3})
+    copy = state.copy()
+    assert copy.open_transactions is state.open_transactions  # shared while unchanged
+    before = _txn_state(state)
+    copy.apply(
+        "txnMarker", {"producerId": "7", "version": 1, "epoch": 0, "commit": True, "timestamp": 1}
+    )
+    copy.apply("txn", {"appId": "app", "version": 4})
+    assert _txn_state(state) == before == ({"app": 3}, {"7:1": 0}, {})
+    assert _txn_state(copy) == ({"app": 4}, {}, {"7": 1})
+    # The original changing afterwards leaves the copy alone, and a copy of a view too.
+    mirror = _txn_state(copy)
+    from_view = state.view().copy()
+    state.apply("add", {**_add(1), "transaction": "8:2"})
+    state.apply("txnEnded", {"producerId": "9", "version": 5})
+    assert _txn_state(copy) == mirror
+    assert _txn_state(from_view) == before
+    assert _txn_state(state) == ({"app": 3}, {"7:1": 0, "8:2": 10}, {"9": 5})
+    # An append with no transaction copies nothing.
+    plain = state.copy()
+    plain.apply("add", _add(2))
+    assert plain.open_transactions is state.open_transactions
+
+
+def test_a_producer_action_with_a_field_of_the_wrong_type_is_refused_by_name() -> None:
+    """The producer action's fields are checked in one test when all are well typed; any that
+    is not is named."""
+    state = PartitionState()
+    good = {
+        "id": "p",
+        "epoch": 0,
+        "firstSequence": 0,
+        "lastSequence": 4,
+        "baseOffset": 0,
+        "lastOffset": 4,
+        "timestamp": 1,
+    }
+    state.apply("producer", good)
+    entry = state.producers["p"]
+    assert (entry.epoch, entry.first_sequence, entry.last_sequence) == (0, 0, 4)
+    assert (entry.base_offset, entry.last_offset, entry.timestamp_ms) == (0, 4, 1)
+    for field, bad in (("id", 5), ("epoch", "0"), ("lastSequence", True), ("lastOffset", None)):
+        with pytest.raises(CorruptLogError, match=repr(field)):
+            state.apply("producer", {**good, field: bad})
