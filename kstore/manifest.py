@@ -90,28 +90,22 @@ class Segment:
         return self.byte_range is not None
 
     def to_action(self, *, open_transaction: bool = True) -> Action:
-        action: Action = {
-            "add": {
-                "path": self.path,
-                "baseOffset": self.base_offset,
-                "lastOffset": self.last_offset,
-                "records": self.record_count,
-                "minTimestamp": self.min_timestamp_ms,
-                "maxTimestamp": self.max_timestamp_ms,
-                "size": self.size_bytes,
-                "checksum": self.checksum,
-                "format": self.format,
-                "sparse": self.sparse,
-                "createdTime": self.created_ms,
-            }
-        }
-        if self.transaction is not None and open_transaction:
-            action["add"]["transaction"] = self.transaction
-        if self.delete_horizon_ms is not None:
-            action["add"]["deleteHorizon"] = self.delete_horizon_ms
-        if self.byte_range is not None:
-            action["add"]["range"] = list(self.byte_range)
-        return action
+        return add_action(
+            self.path,
+            self.base_offset,
+            self.last_offset,
+            self.record_count,
+            self.min_timestamp_ms,
+            self.max_timestamp_ms,
+            self.size_bytes,
+            self.checksum,
+            self.format,
+            self.sparse,
+            self.created_ms,
+            transaction=self.transaction if open_transaction else None,
+            delete_horizon_ms=self.delete_horizon_ms,
+            byte_range=self.byte_range,
+        )
 
     def keep_line(self, body: dict[str, Any], line: str) -> None:
         """Keep ``line``, the compact JSON of ``body`` (without ``partition``), as this
@@ -219,6 +213,47 @@ class Segment:
                 f"add {seg.path}: dense segment record count does not match its offsets"
             )
         return seg
+
+
+def add_action(
+    path: str,
+    base_offset: int,
+    last_offset: int,
+    record_count: int,
+    min_timestamp_ms: int,
+    max_timestamp_ms: int,
+    size_bytes: int,
+    checksum: str,
+    fmt: str,
+    sparse: bool,
+    created_ms: int,
+    *,
+    transaction: str | None = None,
+    delete_horizon_ms: int | None = None,
+    byte_range: tuple[int, int] | None = None,
+) -> Action:
+    """A segment's ``add`` action (Segment.to_action), made from its fields: a writer's
+    append makes one per partition it commits without building the Segment first."""
+    body: dict[str, Any] = {
+        "path": path,
+        "baseOffset": base_offset,
+        "lastOffset": last_offset,
+        "records": record_count,
+        "minTimestamp": min_timestamp_ms,
+        "maxTimestamp": max_timestamp_ms,
+        "size": size_bytes,
+        "checksum": checksum,
+        "format": fmt,
+        "sparse": sparse,
+        "createdTime": created_ms,
+    }
+    if transaction is not None:
+        body["transaction"] = transaction
+    if delete_horizon_ms is not None:
+        body["deleteHorizon"] = delete_horizon_ms
+    if byte_range is not None:
+        body["range"] = list(byte_range)
+    return {"add": body}
 
 
 # The fields of a segment's add action without a transaction or delete horizon, in the

@@ -30,7 +30,7 @@ from kstore.manifest import PartitionState as PartitionState
 from kstore.manifest import ProducerBatch as ProducerBatch
 from kstore.manifest import ProducerEntry as ProducerEntry
 from kstore.manifest import Segment as Segment
-from kstore.manifest import segment_location
+from kstore.manifest import add_action, segment_location
 from kstore.segments import (
     BINARY,
     FORMAT_ARROW,
@@ -280,22 +280,23 @@ class Partition:
             offset = state.end_offset
             base = offset
             for f in files:
-                seg = Segment(
-                    path=f.path,
-                    base_offset=offset,
-                    last_offset=offset + f.record_count - 1,
-                    record_count=f.record_count,
-                    min_timestamp_ms=f.min_timestamp_ms,
-                    max_timestamp_ms=f.max_timestamp_ms,
-                    size_bytes=f.size_bytes,
-                    checksum=f.checksum,
-                    format=f.format,
-                    sparse=False,
-                    created_ms=now,
-                    transaction=transaction,
-                    byte_range=f.byte_range,
+                actions.append(
+                    add_action(
+                        f.path,
+                        offset,
+                        offset + f.record_count - 1,
+                        f.record_count,
+                        f.min_timestamp_ms,
+                        f.max_timestamp_ms,
+                        f.size_bytes,
+                        f.checksum,
+                        f.format,
+                        False,
+                        now,
+                        transaction=transaction,
+                        byte_range=f.byte_range,
+                    )
                 )
-                actions.append(seg.to_action())
                 offset += f.record_count
             if producer is not None:
                 actions.append(producer.action(base, offset - 1, now))

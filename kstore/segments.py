@@ -444,12 +444,13 @@ def encode_data_object(
     for partition, table, layout in parts:
         if partition in out:
             raise ValueError(f"partition {partition} appears twice in one data object")
-        if "offset" in table.column_names:
+        schema = layout.record_schema
+        exact = table.schema.equals(schema)  # the record schema has no offset column
+        if not exact and "offset" in table.column_names:
             raise ValueError("a data object holds dense records only (no offset column)")
         if table.num_rows == 0:
             raise InvalidRecordError("a segment needs at least one record")
-        schema = layout.record_schema
-        if not table.schema.equals(schema):
+        if not exact:
             table = conform(table, schema)
         min_ts, max_ts = _timestamp_range_ms(table)
         # Each range is a whole IPC file of its own (its footer's offsets count from its
@@ -509,12 +510,12 @@ class _IpcFileFrame:
         ):
             self.block_at = -1  # framed otherwise than expected: the writer it is
 
-    def _block(self, message: bytes) -> bytes:
-        metadata = 8 + int.from_bytes(message[4:8], "little", signed=True)
+    def _block(self, message: bytes | pa.Buffer) -> bytes:
+        metadata = 8 + int.from_bytes(memoryview(message)[4:8], "little", signed=True)
         return struct.pack("<qi4xq", len(self.head), metadata, len(message) - metadata)
 
     def file(self, batch: pa.RecordBatch) -> bytes:
-        message = batch.serialize().to_pybytes()
+        message = batch.serialize()  # joined below as it is: no copy to bytes first
         at = self.block_at
         footer = b"".join((self.footer[:at], self._block(message), self.footer[at + 24 :]))
         return b"".join(
