@@ -454,7 +454,9 @@ class Sender:
                         continue
                     landed = outcomes[p].get("range") or outcomes[p].get("duplicate")
                     assert landed is not None
-                    results[p] = (landed[0], state.partition(p).start_offset)
+                    # The partition's own state, read only: no view made per partition.
+                    raw = state.partitions.get(p)
+                    results[p] = (landed[0], 0 if raw is None else raw.start_offset)
                     producer = producers.get(p)
                     if producer is not None:
                         with self._sequence_lock:
