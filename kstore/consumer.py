@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from itertools import chain, repeat
 from typing import Any, Protocol
 
@@ -120,9 +121,25 @@ ARRIVAL_GAP_MAX_S = 1.0
 # backing off): a flush a little late costs a few GETs, not one every doubling from 0.5 ms.
 ARRIVAL_STEP = 0.05
 # On local disk a look for new records is a failed open (microseconds), so a reader that found
-# records within ARRIVAL_GAP_MAX_S looks at least this often instead of backing off to
-# fetch_max_wait_ms; an idle one backs off as before.
+# records within ARRIVAL_GAP_MAX_S looks this share of the average gap between arrivals apart,
+# within these bounds, instead of backing off to fetch_max_wait_ms; an idle one backs off as
+# before. A busy stream is found a fraction of a commit late; a slow one costs few looks.
+LOCAL_LOOK_SHARE = 0.1
+LOCAL_LOOK_MIN_S = 0.0002
 LOCAL_LOOK_MAX_S = 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class _IdleFetch:
+    """What a fetch that found nothing to read read from (Consumer._unchanged_since_idle)."""
+
+    states: tuple[tuple[TopicLog, TopicLogState], ...]
+    positions: dict[TopicPartition, int]
+    assigned: list[TopicPartition]
+    paused: frozenset[TopicPartition]
+    ownership: tuple[object, ...]
+    metadata: dict[str, tuple[TopicMetadata, float]]
+    metadata_until: float
 
 
 def _ms_config(cfg: dict[str, Any], name: str, minimum: int = 0) -> int:
@@ -237,10 +254,12 @@ class Consumer:
         # Layout 3: partitions a fetch found caught up, with what it found them at (see _fill).
         self._caught_up: dict[
             TopicPartition,
-            tuple[tuple[TopicMetadata, float], TopicLog, PartitionState, int],
+            tuple[tuple[TopicMetadata, float], TopicLog, PartitionState | None, int],
         ] = {}
         # The logs the last fetch tailed: when their writers' next commits are due.
         self._tailed: list[Log[Any]] = []
+        # What the last fetch that found nothing to read read from (see _unchanged_since_idle).
+        self._idle: _IdleFetch | None = None
 
         self._group: Group | None = Group(self.store, self.group_id) if self.group_id else None
         self._member_id: str | None = None
@@ -787,22 +806,25 @@ class Consumer:
         if not parts:
             return
         start = self._rotation % len(parts)
+        now = time.monotonic()
         # Which partitions to read, and from where. In layout 3 the partitions of one topic
         # log share its state: one request per topic log per poll, not one per partition.
-        asked: dict[int, TopicLogState] = {}
-        tailed: dict[int, Log[Any]] = {}
+        asked: dict[int, tuple[TopicLog, TopicLogState]] = {}
+        if self._unchanged_since_idle(now, asked):
+            return
+        tailed: dict[int, Log[Any]] = {id(shared.log): shared.log for shared, _ in asked.values()}
+        per_partition_logs = False
         plan: list[tuple[TopicPartition, Partition, PartitionState]] = []
         caught_up = self._caught_up
         if len(caught_up) > len(parts):
             self._caught_up = caught_up = {tp: v for tp, v in caught_up.items() if tp in assigned}
-        now = time.monotonic()
 
         def shared_state(shared: TopicLog) -> TopicLogState:
             known = asked.get(id(shared))
             if known is None:
-                known = asked[id(shared)] = shared.state(tail=True)
+                known = asked[id(shared)] = (shared, shared.state(tail=True))
                 tailed[id(shared.log)] = shared.log
-            return known
+            return known[1]
 
         for tp in parts[start:] + parts[:start]:
             if not self._fetchable(tp) or tp in self._buffer:
@@ -826,6 +848,7 @@ class Consumer:
             if partition.topic_log is None:
                 state = partition.state(tail=True)
                 tailed[id(partition.log)] = partition.log
+                per_partition_logs = True
             else:
                 state = shared_state(partition.topic_log).partition(tp.partition)
             if state.sealed_layout is not None:
@@ -853,8 +876,10 @@ class Consumer:
                 topic_log = partition.topic_log
                 if topic_log is not None and established:
                     topic_metadata = self._metadata.get(tp.topic)
-                    found = asked[id(topic_log)].partitions.get(tp.partition)
-                    if topic_metadata is not None and found is not None:
+                    if topic_metadata is not None:
+                        # A partition never written has no state (None): caught up as well,
+                        # until a commit gives it one.
+                        found = asked[id(topic_log)][1].partitions.get(tp.partition)
                         caught_up[tp] = (topic_metadata, topic_log, found, position)
                 continue
             if not established:
@@ -877,6 +902,52 @@ class Consumer:
             budget -= sum(n for _, n in sized)
         if self._buffer:
             self._note_arrival()
+        elif not per_partition_logs and self._metadata:
+            self._idle = _IdleFetch(
+                tuple(asked.values()),
+                dict(self._positions),
+                parts,
+                frozenset(self._paused),
+                self._ownership(),
+                dict(self._metadata),
+                min(at for _, at in self._metadata.values()) + METADATA_RECHECK_S,
+            )
+
+    def _ownership(self) -> tuple[object, ...]:
+        """What :meth:`_owns` answers from, compared by identity."""
+        group_state = self._group._state if self._group is not None else None
+        return (group_state, self._member_id, self._needs_rejoin, self._manual)
+
+    def _unchanged_since_idle(
+        self, now: float, asked: dict[int, tuple[TopicLog, TopicLogState]]
+    ) -> bool:
+        """Whether this fetch would read nothing because nothing it depends on changed since
+        the last one that found nothing to read: the same partitions, positions, pauses,
+        ownership and topic metadata, and the same state of every topic log (one look each, as
+        the fetch would make; the states found are left in ``asked`` for it). A tailing reader
+        of many partitions looks for new commits far more often than they come, and each look
+        would otherwise go through every partition it reads."""
+        idle = self._idle
+        if idle is None or self._buffer:
+            return False
+        self._idle = None
+        if (
+            now > idle.metadata_until
+            or idle.assigned is not self._assigned
+            or idle.paused != self._paused
+            or idle.positions != self._positions
+            or idle.metadata != self._metadata
+            or any(a is not b for a, b in zip(idle.ownership, self._ownership(), strict=True))
+        ):
+            return False
+        unchanged = True
+        for shared, state in idle.states:
+            found = shared.state(tail=True)
+            asked[id(shared)] = (shared, found)
+            unchanged = unchanged and found is state
+        if unchanged:
+            self._idle = idle
+        return unchanged
 
     def _note_arrival(self) -> None:
         """A fetch found new records: learn how often they come (an average of the gaps
@@ -892,6 +963,13 @@ class Consumer:
             )
             self._next_arrival = now + ARRIVAL_EARLY * self._arrival_gap
         self._last_arrival = now
+
+    def _local_look_step(self) -> float:
+        """How far apart a reader on local disk that found records lately looks for more."""
+        gap = self._arrival_gap
+        if gap is None:
+            return LOCAL_LOOK_MAX_S
+        return min(LOCAL_LOOK_MAX_S, max(LOCAL_LOOK_MIN_S, LOCAL_LOOK_SHARE * gap))
 
     def _next_due(self) -> float | None:
         """Seconds until the next commit a tailed log's writers are due to land (negative: one
@@ -912,6 +990,11 @@ class Consumer:
         cap = self.config["fetch_max_wait_ms"] / 1000
         remote = self.store.storage.is_remote
         backoff = 0.0005
+        recent = self._last_arrival is not None and (
+            time.monotonic() - self._last_arrival < ARRIVAL_GAP_MAX_S
+        )
+        if recent and not remote:
+            backoff = self._local_look_step()
         if remote and self._arrival_gap is not None:
             backoff = min(cap, max(backoff, ARRIVAL_STEP * self._arrival_gap))
         if remote and self._look_backoff is not None:
@@ -949,7 +1032,7 @@ class Consumer:
                 recent = (
                     self._last_arrival is not None and now - self._last_arrival < ARRIVAL_GAP_MAX_S
                 )
-                limit = min(cap, LOCAL_LOOK_MAX_S) if recent and not remote else cap
+                limit = min(cap, self._local_look_step()) if recent and not remote else cap
                 backoff = min(limit, backoff * 2)
             if remote:
                 self._next_look, self._look_backoff = now + step, backoff

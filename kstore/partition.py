@@ -712,7 +712,6 @@ def prefetch(
         partition._decode_segment(seg, columns, key, data)
 
 
-
 # A cached state not confirmed as the newest for this long is reloaded from a checkpoint
 # before it is used: vacuum keeps log versions at least twice as long (PROTOCOL.md 17.5).
 STALE_STATE_S = 24 * 3600.0

@@ -203,6 +203,104 @@ def test_one_poll_of_many_partitions_gives_each_record_its_own_partition_and_fie
         ]
 
 
+def _visits(consumer: Consumer, monkeypatch: pytest.MonkeyPatch) -> list[TopicPartition]:
+    """The partitions a consumer's fetches look up one by one, from now on."""
+    visited: list[TopicPartition] = []
+    real = consumer._partition
+
+    def counted(tp: TopicPartition, *, cached_metadata: bool = False) -> Any:
+        visited.append(tp)
+        return real(tp, cached_metadata=cached_metadata)
+
+    monkeypatch.setattr(consumer, "_partition", counted)
+    return visited
+
+
+def _drain(consumer: Consumer, want: int) -> dict[TopicPartition, list[int]]:
+    got: dict[TopicPartition, list[int]] = {}
+    for _ in range(100):
+        for tp, records in consumer.poll(timeout_ms=20).items():
+            got.setdefault(tp, []).extend(r.offset for r in records)
+        if sum(map(len, got.values())) >= want:
+            break
+    return got
+
+
+def test_a_tailing_consumer_looks_without_visiting_its_partitions_while_nothing_changes(
+    store: kstore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a fetch of a topic log's partitions found nothing to read, looks that find the
+    same state go through none of them (partitions not written yet included), and anything that
+    changes what a fetch reads is seen at once: a commit, a seek, a pause and a resume, a new
+    assignment."""
+    # Topic metadata is not checked again during the test: only what changed brings a fetch.
+    monkeypatch.setattr(kstore.consumer, "METADATA_RECHECK_S", 3600.0)
+    store.create_topic("t", partitions=12, layout=3)
+    with Producer(store, linger_ms=0) as producer:
+        for p in (0, 1, 2, 11):  # partitions 3-10 are not written yet; 11 is not assigned yet
+            producer.send("t", b"v", partition=p)
+    consumer = Consumer(store=store, auto_offset_reset="earliest")
+    consumer.assign([TopicPartition("t", p) for p in range(11)])
+    assert sum(map(len, _drain(consumer, 3).values())) == 3
+    assert consumer.poll(timeout_ms=0) == {}  # finds every partition caught up
+    visited = _visits(consumer, monkeypatch)
+    for _ in range(5):
+        assert consumer.poll(timeout_ms=5) == {}
+    assert visited == []
+    # A commit to a partition never written until now.
+    with Producer(store, linger_ms=0) as producer:
+        producer.send("t", b"w", partition=9)
+    assert _drain(consumer, 1) == {TopicPartition("t", 9): [0]}
+    # A seek back, with nothing new committed.
+    assert consumer.poll(timeout_ms=0) == {}
+    consumer.seek(TopicPartition("t", 2), 0)
+    assert _drain(consumer, 1) == {TopicPartition("t", 2): [0]}
+    # A pause: the paused partition's records wait for its resume.
+    assert consumer.poll(timeout_ms=0) == {}
+    consumer.pause(TopicPartition("t", 0))
+    with Producer(store, linger_ms=0) as producer:
+        producer.send("t", b"x", partition=0)
+        producer.send("t", b"x", partition=1)
+    assert _drain(consumer, 1) == {TopicPartition("t", 1): [1]}
+    assert consumer.poll(timeout_ms=0) == {}
+    consumer.resume(TopicPartition("t", 0))
+    assert _drain(consumer, 1) == {TopicPartition("t", 0): [1]}
+    # A new assignment, with nothing new committed: the newly assigned partition is read
+    # (the positions of the others are kept, so only the assignment tells).
+    assert consumer.poll(timeout_ms=0) == {}
+    consumer.assign([TopicPartition("t", p) for p in range(12)])
+    assert _drain(consumer, 1) == {TopicPartition("t", 11): [0]}
+    consumer.close()
+
+
+def test_a_consumer_looking_at_an_unchanged_log_sees_a_topic_deleted_meanwhile(
+    local_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Looks that skip the partitions of an unchanged topic log still check the topic's
+    metadata as often as before: a topic deleted meanwhile is reported, not tailed forever."""
+    store = kstore.Store(*local_store)
+    store.create_topic("t", partitions=3, layout=3)
+    with Producer(store, linger_ms=0) as producer:
+        producer.send("t", b"v", partition=1)
+    consumer = Consumer(store=kstore.Store(*local_store), auto_offset_reset="earliest")
+    consumer.assign([TopicPartition("t", p) for p in range(3)])
+    assert sum(map(len, _drain(consumer, 1).values())) == 1
+    assert consumer.poll(timeout_ms=0) == {}
+    store.delete_topic("t")
+    monkeypatch.setattr(kstore.consumer, "METADATA_RECHECK_S", 0.05)
+    consumer._metadata = {
+        topic: (meta, at - 1.0) for topic, (meta, at) in consumer._metadata.items()
+    }
+
+    def poll_until_refused() -> None:
+        for _ in range(50):
+            consumer.poll(timeout_ms=10)
+
+    with pytest.raises(UnknownTopicOrPartitionError):
+        poll_until_refused()
+    consumer.close()
+
+
 def test_records_of_partitions_whose_batches_differ_in_schema_are_built_apart(
     memory_store: tuple[str, dict[str, Any]],
 ) -> None:
