@@ -898,8 +898,18 @@ class Consumer:
                 # Only gaps (compaction, aborted transactions) up to the visible end: skip them.
                 self._positions[tp] = visible_end
                 continue
-            self._buffer[tp] = (position, [(b, n) for b, n in sized if b.num_rows])
+            kept = [(b, n) for b, n in sized if b.num_rows]
+            self._buffer[tp] = (position, kept)
             budget -= sum(n for _, n in sized)
+            topic_log = partition.topic_log
+            topic_metadata = self._metadata.get(tp.topic)
+            if topic_log is not None and topic_metadata is not None:
+                end = int(kept[-1][0].column("offset")[-1].as_py()) + 1
+                if end >= visible_end:
+                    # Read to the visible end: caught up once the buffer is served, unless a
+                    # commit changes the partition (the next poll need not plan it again).
+                    found = asked[id(topic_log)][1].partitions.get(tp.partition)
+                    caught_up[tp] = (topic_metadata, topic_log, found, end)
         if self._buffer:
             self._note_arrival()
         elif not per_partition_logs and self._metadata:
