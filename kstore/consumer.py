@@ -826,6 +826,14 @@ class Consumer:
                 tailed[id(shared.log)] = shared.log
             return known[1]
 
+        def note_caught_up(tp: TopicPartition, topic_log: TopicLog | None, position: int) -> None:
+            # Skipped by later fetches while its topic log holds the same state of it (None for
+            # a partition never written) and its position is ``position``.
+            topic_metadata = self._metadata.get(tp.topic)
+            if topic_log is not None and topic_metadata is not None:
+                found = asked[id(topic_log)][1].partitions.get(tp.partition)
+                caught_up[tp] = (topic_metadata, topic_log, found, position)
+
         for tp in parts[start:] + parts[:start]:
             if not self._fetchable(tp) or tp in self._buffer:
                 continue
@@ -873,14 +881,8 @@ class Consumer:
             position = self._position_for(tp, state)
             visible_end = self._visible_end(state)
             if position >= visible_end:
-                topic_log = partition.topic_log
-                if topic_log is not None and established:
-                    topic_metadata = self._metadata.get(tp.topic)
-                    if topic_metadata is not None:
-                        # A partition never written has no state (None): caught up as well,
-                        # until a commit gives it one.
-                        found = asked[id(topic_log)][1].partitions.get(tp.partition)
-                        caught_up[tp] = (topic_metadata, topic_log, found, position)
+                if established:
+                    note_caught_up(tp, partition.topic_log, position)
                 continue
             if not established:
                 # A position is set when a poll returns records from it, not by the fetch: a
@@ -901,15 +903,11 @@ class Consumer:
             kept = [(b, n) for b, n in sized if b.num_rows]
             self._buffer[tp] = (position, kept)
             budget -= sum(n for _, n in sized)
-            topic_log = partition.topic_log
-            topic_metadata = self._metadata.get(tp.topic)
-            if topic_log is not None and topic_metadata is not None:
-                end = int(kept[-1][0].column("offset")[-1].as_py()) + 1
-                if end >= visible_end:
-                    # Read to the visible end: caught up once the buffer is served, unless a
-                    # commit changes the partition (the next poll need not plan it again).
-                    found = asked[id(topic_log)][1].partitions.get(tp.partition)
-                    caught_up[tp] = (topic_metadata, topic_log, found, end)
+            end = int(kept[-1][0].column("offset")[-1].as_py()) + 1
+            if end >= visible_end:
+                # Read to the visible end: caught up once the buffer is served, unless a
+                # commit changes the partition (the next poll need not plan it again).
+                note_caught_up(tp, partition.topic_log, end)
         if self._buffer:
             self._note_arrival()
         elif not per_partition_logs and self._metadata:
@@ -974,6 +972,10 @@ class Consumer:
             self._next_arrival = now + ARRIVAL_EARLY * self._arrival_gap
         self._last_arrival = now
 
+    def _found_lately(self, now: float) -> bool:
+        """Whether a fetch found records within ARRIVAL_GAP_MAX_S of ``now``."""
+        return self._last_arrival is not None and now - self._last_arrival < ARRIVAL_GAP_MAX_S
+
     def _local_look_step(self) -> float:
         """How far apart a reader on local disk that found records lately looks for more."""
         gap = self._arrival_gap
@@ -1000,10 +1002,7 @@ class Consumer:
         cap = self.config["fetch_max_wait_ms"] / 1000
         remote = self.store.storage.is_remote
         backoff = 0.0005
-        recent = self._last_arrival is not None and (
-            time.monotonic() - self._last_arrival < ARRIVAL_GAP_MAX_S
-        )
-        if recent and not remote:
+        if not remote and self._found_lately(time.monotonic()):
             backoff = self._local_look_step()
         if remote and self._arrival_gap is not None:
             backoff = min(cap, max(backoff, ARRIVAL_STEP * self._arrival_gap))
@@ -1039,10 +1038,8 @@ class Consumer:
                 step = due
             else:
                 step = backoff
-                recent = (
-                    self._last_arrival is not None and now - self._last_arrival < ARRIVAL_GAP_MAX_S
-                )
-                limit = min(cap, self._local_look_step()) if recent and not remote else cap
+                lately = not remote and self._found_lately(now)
+                limit = min(cap, self._local_look_step()) if lately else cap
                 backoff = min(limit, backoff * 2)
             if remote:
                 self._next_look, self._look_backoff = now + step, backoff
