@@ -332,19 +332,42 @@ class Sender:
         by_log: dict[int, dict[int, pa.Table]] = {}
         for p in delivery.jobs:
             by_log.setdefault(p % meta.commit_logs, {})[p] = pieces[p]
+        inline = self._writes_inline(delivery, len(by_log))
         for index, tables in by_log.items():
             # Writes to one topic log are chained, as a partition's are in layout 2: commits,
             # sequences and epochs stay in send order. (Keys below 0 name topic logs.)
             key = (topic, -1 - index)
             previous = self._shared_writes.get(key)
-            job = self._pool.submit(
-                self._chained_shared_write, previous, info, index, tables, deadline, tag
-            )
+            job: concurrent.futures.Future[dict[int, tuple[int, int] | BaseException]]
+            if inline and (previous is None or previous.done()):
+                job = concurrent.futures.Future()
+                try:
+                    job.set_result(
+                        self._chained_shared_write(None, info, index, tables, deadline, tag)
+                    )
+                except BaseException as exc:  # as the pool would: the outcome is the future's
+                    job.set_exception(exc)
+            else:
+                job = self._pool.submit(
+                    self._chained_shared_write, previous, info, index, tables, deadline, tag
+                )
             self._shared_writes[key] = job
             for p in tables:
                 delivery.writes[p] = _LogWriteOutcome(job, p)
             job.add_done_callback(self._on_written)
             delivery.waits.append(job)
+
+    def _writes_inline(self, delivery: _Delivery, logs: int) -> bool:
+        """Whether the sender writes a delivery to one topic log itself rather than on the
+        pool. On a local disk a delivery the sender would not overlap with the next (see
+        ``_overlaps``) is CPU work under the GIL that the sender only waits for: handing it
+        to a pool thread and back costs two thread switches a flush (about 0.1 ms of CPU
+        each on a 2-core machine) and adds their wakeups to every record's latency."""
+        return (
+            logs == 1
+            and not self.store.storage.is_remote
+            and delivery.batch.nbytes < self._batch_size
+        )
 
     def _chained_shared_write(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -16,8 +17,10 @@ from kstore import (
     ProducerFencedError,
     Store,
 )
+from kstore.errors import StorageError
 from kstore.log import decode_commit, version_file
-from kstore.topic_log import TOPIC_LOG_VERSION, TopicLogState
+from kstore.sender import Sender
+from kstore.topic_log import TOPIC_LOG_VERSION, TopicLog, TopicLogState
 from tests.conftest import StoreTarget
 
 
@@ -398,3 +401,66 @@ def test_a_topics_effective_config_is_worked_out_once_and_handed_out_as_a_copy(
     assert meta.effective_config["retention.ms"] == 1000
     store.alter_topic_config("t", {"retention.ms": 2000})
     assert store.topic("t").effective_config["retention.ms"] == 2000
+
+
+def test_the_sender_writes_a_small_delivery_itself_on_local_storage_and_hands_others_to_the_pool(
+    any_store: StoreTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery to one topic log that the sender would not overlap with the next is written
+    by the sender thread itself where the storage is local (no handoff to a pool thread and
+    back per flush); on an object store, and for a delivery of a full batch, a pool thread
+    writes it. Offsets follow send order across the two, and a write that fails on the sender
+    thread fails its records, not the thread."""
+    store = _store(any_store)
+    store.create_topic("t", 4)
+    threads: list[str] = []
+    commit = TopicLog.commit
+
+    def recording(self: TopicLog, *args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(TopicLog, "commit", recording)
+    local = any_store.name in ("memory", "local")
+    sent: dict[int, list[bytes]] = {}
+    with Producer(store, linger_ms=60_000, batch_size=4096, client_id="handoff") as producer:
+        small = [producer.send("t", b"small-%d" % i, key=b"k%d" % i) for i in range(8)]
+        producer.flush()
+        for i, future in enumerate(small):
+            sent.setdefault(future.get(timeout=30).partition, []).append(b"small-%d" % i)
+        assert threads
+        assert all(n.startswith("kstore-sender-handoff") == local for n in threads)
+        threads.clear()
+        # Full batches (over batch_size): written on the pool, as on an object store.
+        big = [producer.send("t", b"big-%03d" % i + b"x" * 92, key=b"k%d" % i) for i in range(120)]
+        tail = [producer.send("t", b"tail-%d" % i, key=b"k%d" % i) for i in range(8)]
+        producer.flush()
+        for i, future in enumerate(big):
+            sent.setdefault(future.get(timeout=30).partition, []).append(
+                b"big-%03d" % i + b"x" * 92
+            )
+        for i, future in enumerate(tail):
+            sent.setdefault(future.get(timeout=30).partition, []).append(b"tail-%d" % i)
+        assert any(n.startswith("kstore-handoff") for n in threads)
+    records = _consume_all(store.storage.url, store.storage.storage_options, "t", 136)
+    got: dict[int, list[bytes]] = {}
+    for record in sorted(records, key=lambda r: (r.partition, r.offset)):
+        assert record.offset == len(got.setdefault(record.partition, []))  # dense, from 0
+        got[record.partition].append(record.value)
+    assert got == sent  # each partition in send order
+
+    failures = iter([StorageError("injected write failure")])
+    write = Sender._write_shared
+
+    def failing_once(self: Sender, *args: Any, **kwargs: Any) -> Any:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Sender, "_write_shared", failing_once)
+    with Producer(store, linger_ms=0, retries=0, client_id="failing") as producer:
+        with pytest.raises(StorageError, match="injected"):
+            producer.send("t", b"lost", key=b"k1").get(timeout=30)
+        assert producer._sender.is_alive()
+        assert producer.send("t", b"kept", key=b"k1").get(timeout=30).offset >= 0
