@@ -13,6 +13,7 @@ of every kind of state (partition, group, topic, producer identity) replays to t
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import tempfile
 import time
@@ -31,7 +32,7 @@ from kstore.errors import (
     ProducerFencedError,
 )
 from kstore.groups import GroupState
-from kstore.log import Log, LogState, decode_commit, encode_commit, version_file
+from kstore.log import Log, LogState, compact_json, decode_commit, encode_commit, version_file
 from kstore.manifest import PartitionState, ProducerBatch, Segment
 from kstore.partition import Partition
 from kstore.segments import SegmentFile
@@ -696,3 +697,48 @@ def test_a_checkpoint_file_is_what_replay_reads() -> None:
     assert storage.exists(f"{part.log.directory}/{version_file(4)}")
     history = replay_from_zero(part.log, 4)
     assert canonical(part.log._read_checkpoint(4)) == history[4]  # type: ignore[arg-type]
+
+
+# --- the JSON of log lines -------------------------------------------------------------------
+
+_JSON_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)  # past 64 bits too
+    | st.text(max_size=12)  # any code point: non-ASCII, controls, lone surrogates, U+2028
+    | st.floats(allow_nan=False, allow_infinity=False)
+)
+_JSON_VALUES = st.recursive(
+    _JSON_SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+        # integer keys, which json writes as strings
+        | st.dictionaries(st.integers(-5, 5), inner, min_size=1, max_size=2)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_JSON_VALUES)
+def test_a_log_line_is_what_the_standard_encoder_writes(value: Any) -> None:
+    """Log lines are encoded by orjson where it writes json's text: the same text as json.dumps
+    with compact separators (ASCII, every non-ASCII character escaped, integers exact at any
+    size), except a float's exponent (``1e-7`` against ``1e-07``, the same number)."""
+    line = compact_json(value)
+    standard = json.dumps(value, separators=(",", ":"))
+    assert line.isascii()
+    assert json.loads(line) == json.loads(standard)
+    if not _has_float(value):
+        assert line == standard
+
+
+def _has_float(value: Any) -> bool:
+    if isinstance(value, float):
+        return True
+    if isinstance(value, dict):
+        return any(_has_float(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_float(v) for v in value)
+    return False
