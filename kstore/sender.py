@@ -362,7 +362,7 @@ class Sender:
         pool. On a local disk a delivery the sender would not overlap with the next (see
         ``_overlaps``) is CPU work under the GIL that the sender only waits for: handing it
         to a pool thread and back costs two thread switches a flush (about 0.1 ms of CPU
-        each on a 2-core machine) and adds their wakeups to every record's latency."""
+        for the two on a 2-core machine) and adds their wakeups to every record's latency."""
         return (
             logs == 1
             and not self.store.storage.is_remote
