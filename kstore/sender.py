@@ -359,15 +359,11 @@ class Sender:
 
     def _writes_inline(self, delivery: _Delivery, logs: int) -> bool:
         """Whether the sender writes a delivery to one topic log itself rather than on the
-        pool. On a local disk a delivery the sender would not overlap with the next (see
-        ``_overlaps``) is CPU work under the GIL that the sender only waits for: handing it
-        to a pool thread and back costs two thread switches a flush (about 0.1 ms of CPU
-        for the two on a 2-core machine) and adds their wakeups to every record's latency."""
-        return (
-            logs == 1
-            and not self.store.storage.is_remote
-            and delivery.batch.nbytes < self._batch_size
-        )
+        pool: when it would not overlap the delivery with the next (``_overlaps``), the write
+        is CPU work under the GIL that the sender only waits for, and handing it to a pool
+        thread and back costs two thread switches a flush (about 0.1 ms of CPU for the two
+        on a 2-core machine) and adds their wakeups to every record's latency."""
+        return logs == 1 and not self._overlaps(delivery.group)
 
     def _chained_shared_write(
         self,
