@@ -391,16 +391,35 @@ def _by_partition(
     for chunk in chunks:
         rows = parts[start : start + chunk.num_rows]
         start += chunk.num_rows
-        order = np.argsort(_sort_key(rows, n_parts), kind="stable")
-        indices = fixed_array(order.astype(np.int64, copy=False), pa.int64())
-        ordered = chunk.take(indices) if len(order) > 1 else chunk
         counts = np.bincount(rows, minlength=n_parts)
+        ordered = (
+            chunk
+            if _in_order(rows)
+            else _take(chunk, np.argsort(_sort_key(rows, n_parts), kind="stable"))
+        )
         offset = 0
         for p in np.nonzero(counts)[0].tolist():
             count = int(counts[p])
             pieces.setdefault(p, []).append(ordered.slice(offset, count))
             offset += count
     return {p: pa.Table.from_batches(b, schema=table.schema) for p, b in pieces.items()}
+
+
+def _in_order(rows: np.ndarray[Any, Any]) -> bool:
+    """Whether the partitions of ``rows`` never go down (every record of a one-partition topic,
+    a delivery that sends one partition's records together): the chunk needs no reordering."""
+    return len(rows) < 2 or bool((rows[1:] >= rows[:-1]).all())
+
+
+def _take(chunk: pa.RecordBatch, order: np.ndarray[Any, Any]) -> pa.RecordBatch:
+    """``chunk``'s rows in ``order``. A column with no value (headers, in most deliveries) is
+    the same in any order: kept as it is, for its take is the costliest of the batch's."""
+    indices = fixed_array(order.astype(np.int64, copy=False), pa.int64())
+    columns = [
+        column if column.null_count == len(column) else column.take(indices)
+        for column in chunk.columns
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=chunk.schema)
 
 
 def _to_table(data: Any) -> pa.Table:

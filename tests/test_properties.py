@@ -742,3 +742,59 @@ def _has_float(value: Any) -> bool:
     if isinstance(value, list):
         return any(_has_float(v) for v in value)
     return False
+
+
+# --- a delivery split by partition -----------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 5),  # partition
+            st.none() | st.binary(max_size=3),  # key
+            st.none() | st.lists(st.tuples(st.text(max_size=2), st.binary(max_size=2)), max_size=2),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    st.integers(1, 4),  # chunks
+)
+def test_a_delivery_splits_into_each_partitions_records_in_send_order(
+    records: list[tuple[int, bytes | None, list[tuple[str, bytes]] | None]], chunks: int
+) -> None:
+    """The sender's split of a delivery by partition (one or several chunks, a merged
+    delivery's): each partition gets exactly its records, in the order they were sent, keys
+    and headers with them, whether the delivery is in partition order already or not, and
+    whether a column has no value at all or some."""
+    import numpy as np
+    import pyarrow as pa
+
+    from kstore.accumulator import _by_partition
+    from kstore.segments import BINARY
+
+    schema = BINARY.record_schema
+    rows = [
+        {
+            "key": key,
+            "value": b"%d" % i,
+            "timestamp": i,
+            "headers": None if headers is None else [{"key": k, "value": v} for k, v in headers],
+        }
+        for i, (_, key, headers) in enumerate(records)
+    ]
+    size = -(-len(rows) // chunks)
+    table = pa.Table.from_batches(
+        [
+            pa.RecordBatch.from_pylist(rows[i : i + size], schema=schema)
+            for i in range(0, len(rows), size)
+        ],
+        schema=schema,
+    )
+    sent = table.to_pylist()
+    parts = np.array([p for p, _, _ in records], np.int32)
+    pieces = _by_partition(table, parts, 6)
+    assert sorted(pieces) == sorted(set(parts.tolist()))
+    for p, piece in pieces.items():
+        assert piece.schema == schema
+        assert piece.to_pylist() == [row for row, q in zip(sent, parts, strict=True) if q == p]
