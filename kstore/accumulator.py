@@ -36,6 +36,7 @@ from kstore.segments import (
     binary_array,
     fixed_array,
     headers_array,
+    null_headers,
     numpy_values,
 )
 from kstore.store import TopicMetadata
@@ -355,7 +356,7 @@ def _build_table(batch: _Batch, layout: Layout) -> pa.Table:
             np.fromiter(given.values(), np.int64, len(given)) * 1000
         )
     timestamps = fixed_array(micros, TIMESTAMP_TYPE)  # timestamp[us]: int64 microseconds
-    headers = headers_array(batch.headers, n) if batch.headers else pa.nulls(n, HEADERS_TYPE)
+    headers = headers_array(batch.headers, n) if batch.headers else null_headers(n)
     return pa.Table.from_arrays([keys, values, timestamps, headers], schema=layout.record_schema)
 
 
@@ -377,12 +378,18 @@ MAX_CHUNKS_REORDERED_APART = 64
 
 
 def _by_partition(
-    table: pa.Table, parts: np.ndarray[Any, Any], n_parts: int
+    table: pa.Table, parts: np.ndarray[Any, Any], n_parts: int, *, compact: bool = False
 ) -> dict[int, pa.Table]:
     """Each partition's records of ``table``, in table order. A table of a few chunks (a
     merged delivery has one per batch) is reordered a chunk at a time, so its chunks are never
     concatenated first (a copy of every record): a partition's table then has a chunk, and
-    its segment a record batch, per chunk that has records for it."""
+    its segment a record batch, per chunk that has records for it.
+
+    The reordering (a take) copies the records into arrays that hold them alone, which is
+    what a segment must be written from: an IPC message of a slice can carry buffers of the
+    whole array it was cut from (a list column's children). Only a ``compact`` table, one the
+    sender built itself from ``send()`` records, is sliced without a take where its records
+    are in partition order already (every delivery to a one-partition topic)."""
     chunks = table.to_batches()
     if not 1 < len(chunks) <= MAX_CHUNKS_REORDERED_APART:
         chunks = [table.combine_chunks().to_batches()[0]] if table.num_rows else []
@@ -392,11 +399,11 @@ def _by_partition(
         rows = parts[start : start + chunk.num_rows]
         start += chunk.num_rows
         counts = np.bincount(rows, minlength=n_parts)
-        ordered = (
-            chunk
-            if _in_order(rows)
-            else _take(chunk, np.argsort(_sort_key(rows, n_parts), kind="stable"))
-        )
+        if compact and _in_order(rows):
+            ordered = chunk
+        else:
+            order = np.argsort(_sort_key(rows, n_parts), kind="stable")
+            ordered = chunk.take(fixed_array(order.astype(np.int64, copy=False), pa.int64()))
         offset = 0
         for p in np.nonzero(counts)[0].tolist():
             count = int(counts[p])
@@ -407,19 +414,8 @@ def _by_partition(
 
 def _in_order(rows: np.ndarray[Any, Any]) -> bool:
     """Whether the partitions of ``rows`` never go down (every record of a one-partition topic,
-    a delivery that sends one partition's records together): the chunk needs no reordering."""
+    a delivery that sends one partition's records together)."""
     return len(rows) < 2 or bool((rows[1:] >= rows[:-1]).all())
-
-
-def _take(chunk: pa.RecordBatch, order: np.ndarray[Any, Any]) -> pa.RecordBatch:
-    """``chunk``'s rows in ``order``. A column with no value (headers, in most deliveries) is
-    the same in any order: kept as it is, for its take is the costliest of the batch's."""
-    indices = fixed_array(order.astype(np.int64, copy=False), pa.int64())
-    columns = [
-        column if column.null_count == len(column) else column.take(indices)
-        for column in chunk.columns
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=chunk.schema)
 
 
 def _to_table(data: Any) -> pa.Table:
@@ -525,7 +521,7 @@ def _conform_batch(table: pa.Table, info: _TopicInfo, partition: int | None) -> 
                 f"send_batch: column 'headers' must be list<struct<key: string, value: binary>>: {exc}"
             ) from None
     else:
-        cols["headers"] = pa.nulls(n, HEADERS_TYPE)
+        cols["headers"] = null_headers(n)
     out = pa.Table.from_arrays(
         [cols[f.name] for f in layout.record_schema], schema=layout.record_schema
     )

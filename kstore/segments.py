@@ -211,6 +211,26 @@ def headers_array(rows: dict[int, list[tuple[str, bytes]]], n: int) -> pa.Array:
     )
 
 
+def null_headers(n: int) -> pa.Array:
+    """``n`` null headers (HEADERS_TYPE) that hold nothing else. ``pa.nulls`` allocates the
+    list's children for ``n`` values as well, and an IPC message of it, or of a slice of it,
+    carries those buffers: 8 bytes a record, and a slice of a large one all of its parent's."""
+    global _NULL_HEADERS
+    if len(_NULL_HEADERS) < n:
+        size = max(n, 2 * len(_NULL_HEADERS), 1024)
+        _NULL_HEADERS = pa.Array.from_buffers(
+            HEADERS_TYPE,
+            size,
+            [pa.py_buffer(bytes(-(-size // 8))), pa.py_buffer(np.zeros(size + 1, np.int32))],
+            null_count=size,
+            children=[pa.nulls(0, HEADER_TYPE)],
+        )
+    return _NULL_HEADERS.slice(0, n)
+
+
+_NULL_HEADERS: pa.Array = pa.nulls(0, HEADERS_TYPE)
+
+
 def new_segment_name(extension: str) -> str:
     # Time-ordered and unique: listings sort by age, and no two writers ever collide.
     return f"segments/{int(time.time() * 1000):013d}-{unique_id()}.{extension}"
@@ -233,7 +253,11 @@ def conform(table: pa.Table | pa.RecordBatch, schema: pa.Schema = RECORD_SCHEMA)
                 columns.append(stamps.cast(field.type))
                 continue
             if field.name in ("key", "headers"):
-                columns.append(pa.nulls(table.num_rows, field.type))
+                columns.append(
+                    null_headers(table.num_rows)
+                    if field.type == HEADERS_TYPE
+                    else pa.nulls(table.num_rows, field.type)
+                )
                 continue
             raise InvalidRecordError(
                 f"records need a {field.name!r} column; got {table.column_names}"

@@ -300,7 +300,8 @@ class Sender:
             count = int(counts[p])
             delivery.jobs[p] = (start, count)
             start += count
-        pieces = _by_partition(table, parts, n_parts)
+        # Built here from send() records, the table holds them alone (_by_partition).
+        pieces = _by_partition(table, parts, n_parts, compact=batch.table is None)
         deadline = batch.created + self.config["delivery_timeout_ms"] / 1000
         tag = self._register_partitions(batch.topic, delivery.jobs)
         if info.metadata.layout == 3:

@@ -759,19 +759,24 @@ def _has_float(value: Any) -> bool:
         max_size=30,
     ),
     st.integers(1, 4),  # chunks
+    st.booleans(),  # a table the sender built (compact), or one a user gave (a slice)
 )
 def test_a_delivery_splits_into_each_partitions_records_in_send_order(
-    records: list[tuple[int, bytes | None, list[tuple[str, bytes]] | None]], chunks: int
+    records: list[tuple[int, bytes | None, list[tuple[str, bytes]] | None]],
+    chunks: int,
+    built: bool,
 ) -> None:
     """The sender's split of a delivery by partition (one or several chunks, a merged
     delivery's): each partition gets exactly its records, in the order they were sent, keys
-    and headers with them, whether the delivery is in partition order already or not, and
-    whether a column has no value at all or some."""
+    and headers with them, whether the delivery is in partition order already or not; and
+    each partition's table holds its records alone, even when the delivery is a slice of a
+    larger table whose headers are ``pa.nulls`` (an IPC message of such a slice would carry
+    the whole table's buffers)."""
     import numpy as np
     import pyarrow as pa
 
     from kstore.accumulator import _by_partition
-    from kstore.segments import BINARY
+    from kstore.segments import BINARY, null_headers
 
     schema = BINARY.record_schema
     rows = [
@@ -784,17 +789,40 @@ def test_a_delivery_splits_into_each_partitions_records_in_send_order(
         for i, (_, key, headers) in enumerate(records)
     ]
     size = -(-len(rows) // chunks)
-    table = pa.Table.from_batches(
-        [
-            pa.RecordBatch.from_pylist(rows[i : i + size], schema=schema)
-            for i in range(0, len(rows), size)
-        ],
-        schema=schema,
-    )
+    batches = [
+        pa.RecordBatch.from_pylist(rows[i : i + size], schema=schema)
+        for i in range(0, len(rows), size)
+    ]
+    no_headers = all(r["headers"] is None for r in rows)
+    if not built:  # a user's table: each chunk a slice of a much larger one
+        pad = pa.RecordBatch.from_pylist([{"value": b"x"}] * 500, schema=schema)
+        batches = [
+            pa.concat_batches([pad, b, pad]).slice(pad.num_rows, b.num_rows) for b in batches
+        ]
+    if no_headers:  # as a sender builds them, or as pa.nulls makes them (a user's)
+        batches = [
+            b.set_column(
+                3,
+                "headers",
+                null_headers(b.num_rows)
+                if built
+                else pa.nulls(b.num_rows + 1000, schema.field("headers").type).slice(
+                    500, b.num_rows
+                ),
+            )
+            for b in batches
+        ]
+    table = pa.Table.from_batches(batches, schema=schema)
     sent = table.to_pylist()
     parts = np.array([p for p, _, _ in records], np.int32)
-    pieces = _by_partition(table, parts, 6)
+    pieces = _by_partition(table, parts, 6, compact=built)
     assert sorted(pieces) == sorted(set(parts.tolist()))
     for p, piece in pieces.items():
         assert piece.schema == schema
-        assert piece.to_pylist() == [row for row, q in zip(sent, parts, strict=True) if q == p]
+        mine = [row for row, q in zip(sent, parts, strict=True) if q == p]
+        assert piece.to_pylist() == mine
+        for batch in piece.to_batches():
+            # As many bytes as the same records built afresh, give or take buffer padding.
+            fresh = pa.RecordBatch.from_pylist(batch.to_pylist(), schema=schema)
+            buffers = sum(len(column.buffers()) for column in batch.columns)
+            assert batch.serialize().size <= fresh.serialize().size + 16 * buffers
