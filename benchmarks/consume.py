@@ -1,9 +1,10 @@
 """Consumer throughput and end-to-end latency, beside their baselines in the same run.
 
 1. ``poll()`` (Python records) and ``poll_batches()`` (Arrow) over N records (10M by default)
-   in 8 partitions on local disk, against pyarrow reading the same segment files directly
-   (the floor: no manifest, no checksums, no positions). Kafka's single consumer, 940,521/s,
-   is printed as a reference: a published figure, not a baseline.
+   in 8 partitions on local disk, against pyarrow reading the same segments directly (the
+   floor: no manifest, no checksums, no positions), and against the same reads of a layout-2
+   topic (segment files and a log per partition) in the same run. Kafka's single consumer,
+   940,521/s, is printed as a reference: a published figure, not a baseline.
 2. End-to-end latency: a producer process sends 5,000 records/s (linger 0); this process
    polls and measures send-to-receive time from the timestamp in each value; p50 and p99 on
    local disk and on SeaweedFS (started here on loopback).
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import struct
 import subprocess
 import sys
@@ -34,15 +36,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import percentile, table, write_results
 from kstore import Store
 from kstore.consumer import Consumer
+from kstore.manifest import segment_location
 from kstore.producer import Producer
 from kstore.segments import HEADERS_TYPE, RECORD_SCHEMA, TIMESTAMP_TYPE
 
 VALUE = b"v" * 100
 
 
-def fill(root: str, n: int) -> Store:
+def fill(root: str, n: int, layout: int = 3) -> Store:
     store = Store(root)
-    store.create_topic("t", partitions=8)
+    store.create_topic("t", partitions=8, layout=layout)
     chunk = 500_000
     with Producer(store, acks=1) as producer:
         for start in range(0, n, chunk):
@@ -104,19 +107,25 @@ def consume_records(store: Store, n: int) -> float:
 
 
 def pyarrow_floor(store: Store) -> float:
-    """Read every segment file of the topic with pyarrow alone: the file's bytes, then the
-    IPC reader over them (what kstore does, less the manifest, checksum and positions)."""
+    """Read every segment of the topic with pyarrow alone: the segment's bytes (its file, or
+    its range of a data object in layout 3), then the IPC reader over them (what kstore does,
+    less the manifest, checksum and positions)."""
     meta = store.topic("t")
-    paths = [
-        os.path.join(store.storage.root, store.partition("t", p).directory, seg.path)
-        for p in range(meta.partitions)
-        for seg in store.partition("t", p).state().segments
-    ]
+    pieces: list[tuple[str, tuple[int, int] | None]] = []
+    for p in range(meta.partitions):
+        partition = store.partition("t", p)
+        for seg in partition.state().segments:
+            location = segment_location(partition.directory, seg.path)
+            pieces.append((os.path.join(store.storage.root, location), seg.byte_range))
     rows = 0
     started = time.perf_counter()
-    for path in paths:
+    for path, byte_range in pieces:
         with open(path, "rb") as f:
-            data = f.read()
+            if byte_range is None:
+                data = f.read()
+            else:
+                f.seek(byte_range[0])
+                data = f.read(byte_range[1])
         rows += ipc.open_file(pa.py_buffer(data)).read_all().num_rows
     return rows / (time.perf_counter() - started)
 
@@ -186,36 +195,70 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=10_000_000)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--repeat", type=int, default=1, help="reads of each layout, in turn")
     args = parser.parse_args()
     n = args.records
     work = tempfile.mkdtemp(prefix="kstore-bench-")
     results: dict[str, Any] = {"records": n}
     rows = []
     try:
-        store = fill(os.path.join(work, "store"), n)
-        floor = pyarrow_floor(store)
-        batches = consume_batches(Store(store.url), n)
-        records = consume_records(Store(store.url), n)
-        results.update(pyarrow_floor=floor, poll_batches=batches, poll=records)
+        # Layout 3 (the default) and layout 2 (a log and segment files per partition) side by
+        # side: each read in turn, ``--repeat`` times, medians.
+        stores = {
+            layout: fill(os.path.join(work, f"store{layout}"), n, layout) for layout in (3, 2)
+        }
+        runs: dict[str, list[float]] = {}
+        for _ in range(args.repeat):
+            for layout, store in stores.items():
+                runs.setdefault(f"floor{layout}", []).append(pyarrow_floor(store))
+                runs.setdefault(f"batches{layout}", []).append(consume_batches(Store(store.url), n))
+                runs.setdefault(f"records{layout}", []).append(consume_records(Store(store.url), n))
+        med = {name: statistics.median(values) for name, values in runs.items()}
+        floor, batches, records = med["floor3"], med["batches3"], med["records3"]
+        results.update(
+            pyarrow_floor=floor,
+            poll_batches=batches,
+            poll=records,
+            layout2={
+                "pyarrow_floor": med["floor2"],
+                "poll_batches": med["batches2"],
+                "poll": med["records2"],
+            },
+            runs=runs,
+        )
+
+        def spread(name: str) -> str:
+            values = runs[name]
+            return f"runs {min(values):,.0f}-{max(values):,.0f}; " if len(values) > 1 else ""
+
         rows.append(
             {
                 "case": "poll_batches()",
                 "records/s": batches,
-                "baseline": f"pyarrow {floor:,.0f}/s",
+                "baseline": f"{spread('batches3')}pyarrow {floor:,.0f}/s",
                 "ratio": batches / floor,
+            }
+        )
+        rows.append(
+            {
+                "case": "poll_batches(), layout 3 / 2",
+                "records/s": batches,
+                "baseline": f"{spread('batches2')}layout 2 {med['batches2']:,.0f}/s",
+                "ratio": batches / med["batches2"],
             }
         )
         rows.append(
             {
                 "case": "poll()",
                 "records/s": records,
-                "baseline": "",
-                "ratio": "",
+                "baseline": f"{spread('records2')}layout 2 {med['records2']:,.0f}/s",
+                "ratio": records / med["records2"],
                 # A published figure, not measured here: printed beside, never divided into.
                 "reference": "Kafka 2014: 940,521/s",
             }
         )
-        shutil.rmtree(os.path.join(work, "store"), ignore_errors=True)
+        for layout in stores:
+            shutil.rmtree(os.path.join(work, f"store{layout}"), ignore_errors=True)
         local = latency(Path(work, "lat").as_uri(), {}, 5_000, args.latency_seconds)
         results["latency_local"] = local
         rows.append(
