@@ -106,6 +106,8 @@ LIST_PAGE_SIZE = 1000
 # read_ranges fetches ranges this close together in one request: below this, a second
 # request costs more (a round trip, and on S3 a GET's price) than the bytes between.
 COALESCE_GAP = 64 << 10
+# The largest run of ranges read together from a local file (read_ranges).
+LOCAL_RUN_BYTES = 1 << 20
 # Request kinds of the S3 operations kstore sends (what count_requests reports).
 _REQUEST_KINDS = {
     "GetObject": "GET",
@@ -746,7 +748,10 @@ class Storage:
             whole = self._remembered.get(rel)
         if whole is not None:
             return [whole[lo:hi] for lo, hi in ranges]
-        runs = _coalesce(ranges, gap)
+        # A run's ranges are copied out of it. On an object store that is the price of one
+        # request instead of several; on local disk a read costs a system call, and a large
+        # range is read into a buffer of its own rather than copied twice.
+        runs = _coalesce(ranges, gap, LOCAL_RUN_BYTES if self.is_local else None)
         if not runs:
             return []
         path = self.full_path(rel)
@@ -1317,9 +1322,12 @@ def _is_precondition_failed(exc: BaseException) -> bool:
     return False
 
 
-def _coalesce(ranges: Sequence[tuple[int, int]], gap: int) -> list[tuple[int, int, list[int]]]:
+def _coalesce(
+    ranges: Sequence[tuple[int, int]], gap: int, limit: int | None = None
+) -> list[tuple[int, int, list[int]]]:
     """Merge byte ranges into runs ``(start, end, indexes of the ranges inside)``: ranges that
-    overlap or lie within ``gap`` bytes of each other share a run."""
+    overlap or lie within ``gap`` bytes of each other share a run, while the run stays within
+    ``limit`` bytes (None: any size)."""
     if isinstance(gap, bool) or not isinstance(gap, int) or gap < 0:
         raise ValueError(f"read_ranges: gap must be a non-negative integer, got {gap!r}")
     for index, item in enumerate(ranges):
@@ -1333,7 +1341,11 @@ def _coalesce(ranges: Sequence[tuple[int, int]], gap: int) -> list[tuple[int, in
     runs: list[tuple[int, int, list[int]]] = []
     for index in sorted(range(len(ranges)), key=lambda i: ranges[i]):
         start, end = ranges[index]
-        if runs and start <= runs[-1][1] + gap:
+        if (
+            runs
+            and start <= runs[-1][1] + gap
+            and (limit is None or max(runs[-1][1], end) - runs[-1][0] <= limit)
+        ):
             first, last, members = runs[-1]
             runs[-1] = (first, max(last, end), [*members, index])
         else:

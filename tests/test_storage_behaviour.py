@@ -196,6 +196,35 @@ def test_read_ranges_returns_each_range_in_the_order_asked(any_store: StoreTarge
         st.read_ranges("r/file", [(0, 1)], gap=-1)
 
 
+def test_large_neighbouring_ranges_are_read_apart_on_local_disk(
+    any_store: StoreTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranges that touch each other come back whole and in the order asked on every store. On
+    local disk those whose run would pass LOCAL_RUN_BYTES are each read into a buffer of their
+    own (one pread each), not read together and copied out of the run; small ones still share
+    a read."""
+    import kstore.storage as storage_module
+
+    st = storage_of(any_store)
+    size = storage_module.LOCAL_RUN_BYTES // 2 + 1000
+    data = os.urandom(3 * size)
+    st.put_if_absent("big/object", data)
+    big = [(2 * size, 3 * size), (0, size), (size, 2 * size)]
+    small = [(10, 20), (20, 30), (40, 50)]
+    reads: list[int] = []
+    real_pread = os.pread
+
+    def pread(fd: int, length: int, offset: int) -> bytes:
+        reads.append(length)
+        return real_pread(fd, length, offset)
+
+    monkeypatch.setattr(storage_module.os, "pread", pread)
+    assert st.read_ranges("big/object", big) == [data[a:b] for a, b in big]
+    assert st.read_ranges("big/object", small) == [data[a:b] for a, b in small]
+    if st.is_local:
+        assert reads == [size, size, size, 40]
+
+
 def test_put_overwrites_whole_file(any_store: StoreTarget) -> None:
     st = storage_of(any_store)
     st.put("p/_last_checkpoint", b'{"version": 100, "padding": "xxxxxxxxxxxxxxxx"}')
