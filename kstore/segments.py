@@ -216,16 +216,18 @@ def null_headers(n: int) -> pa.Array:
     list's children for ``n`` values as well, and an IPC message of it, or of a slice of it,
     carries those buffers: 8 bytes a record, and a slice of a large one all of its parent's."""
     global _NULL_HEADERS
-    if len(_NULL_HEADERS) < n:
-        size = max(n, 2 * len(_NULL_HEADERS), 1024)
-        _NULL_HEADERS = pa.Array.from_buffers(
+    found = _NULL_HEADERS  # read once: another thread may put a shorter one meanwhile
+    if len(found) < n:
+        size = max(n, 2 * len(found), 1024)
+        found = pa.Array.from_buffers(
             HEADERS_TYPE,
             size,
             [pa.py_buffer(bytes(-(-size // 8))), pa.py_buffer(np.zeros(size + 1, np.int32))],
             null_count=size,
             children=[pa.nulls(0, HEADER_TYPE)],
         )
-    return _NULL_HEADERS.slice(0, n)
+        _NULL_HEADERS = found
+    return found.slice(0, n)
 
 
 _NULL_HEADERS: pa.Array = pa.nulls(0, HEADERS_TYPE)

@@ -826,3 +826,35 @@ def test_a_delivery_splits_into_each_partitions_records_in_send_order(
             fresh = pa.RecordBatch.from_pylist(batch.to_pylist(), schema=schema)
             buffers = sum(len(column.buffers()) for column in batch.columns)
             assert batch.serialize().size <= fresh.serialize().size + 16 * buffers
+
+
+def test_null_headers_of_any_length_from_many_threads_hold_nothing_else() -> None:
+    """null_headers is shared by the sender thread and send_batch() callers: each gets exactly
+    the length it asked for, all null, with no children's buffers, while others grow it."""
+    import threading
+
+    import pyarrow as pa
+
+    from kstore.segments import HEADERS_TYPE, null_headers
+
+    lengths = [1, 5000, 3, 70_000, 1024, 200_000, 17, 4096] * 4
+    results: dict[int, tuple[int, int, int]] = {}
+
+    def take(i: int, n: int) -> None:
+        a = null_headers(n)
+        results[i] = (len(a), a.null_count, len(a.values))
+
+    threads = [threading.Thread(target=take, args=(i, n)) for i, n in enumerate(lengths)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(len(lengths))] == [(n, n, 0) for n in lengths]
+    one = null_headers(3)
+    assert one.type == HEADERS_TYPE
+    one.validate(full=True)
+    size = pa.RecordBatch.from_arrays([null_headers(1000)], names=["h"]).serialize().size
+    assert (
+        size
+        < pa.RecordBatch.from_arrays([pa.nulls(1000, HEADERS_TYPE)], names=["h"]).serialize().size
+    )
