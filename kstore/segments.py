@@ -218,14 +218,7 @@ def null_headers(n: int) -> pa.Array:
     global _NULL_HEADERS
     found = _NULL_HEADERS  # read once: another thread may put a shorter one meanwhile
     if len(found) < n:
-        size = max(n, 2 * len(found), 1024)
-        found = pa.Array.from_buffers(
-            HEADERS_TYPE,
-            size,
-            [pa.py_buffer(bytes(-(-size // 8))), pa.py_buffer(np.zeros(size + 1, np.int32))],
-            null_count=size,
-            children=[pa.nulls(0, HEADER_TYPE)],
-        )
+        found = headers_array({}, max(n, 2 * len(found), 1024))  # built once, then sliced
         _NULL_HEADERS = found
     return found.slice(0, n)
 
