@@ -108,6 +108,11 @@ LIST_PAGE_SIZE = 1000
 COALESCE_GAP = 64 << 10
 # The largest run of ranges read together from a local file (read_ranges).
 LOCAL_RUN_BYTES = 1 << 20
+# The most one write() call hands the kernel. Measured on the 2-core VMs this project runs on:
+# once a process had written some hundreds of MB, single calls of several MB went at about
+# 350 MB/s (throttled as the disk's writeback) where calls of 1 MiB kept page-cache speed,
+# 4 GB/s; a call more per MiB costs microseconds (benchmarks/write_calls.py).
+WRITE_CALL_BYTES = 1 << 20
 # Request kinds of the S3 operations kstore sends (what count_requests reports).
 _REQUEST_KINDS = {
     "GetObject": "GET",
@@ -1294,7 +1299,7 @@ def _create_file(path: str, data: bytes | memoryview, *, durable: bool) -> None:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view) :]
+                view = view[os.write(fd, view[:WRITE_CALL_BYTES]) :]
             if durable:
                 os.fsync(fd)
         finally:

@@ -877,6 +877,69 @@ def test_a_data_object_frames_its_ranges_as_the_ipc_writer_does(
     assert segments._IPC_FRAMES[id(BINARY.record_schema)] is None
 
 
+def test_a_data_object_writes_its_large_ranges_in_place_as_the_ipc_writer_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A range over FRAMED_MAX_BYTES is encoded by the IPC writer straight into the data
+    object's buffer, alone or among framed ones: each range is still the writer's file byte for
+    byte, its checksum is of those bytes, and the ranges tile the object exactly. Were the
+    writer to write less than it counted, the object is refused, never padded with whatever
+    the buffer held."""
+
+    def binary(n: int, size: int) -> pa.Table:
+        return conform(
+            pa.table({"key": [b"k%d" % i for i in range(n)], "value": [b"v" * size] * n}),
+            BINARY.record_schema,
+        )
+
+    typed = Layout(key=pa.string(), value=pa.struct([pa.field("n", pa.int64())]), schema_id=3)
+    n = 20_000
+    many_typed = conform(
+        pa.table({"key": [f"k{i}" for i in range(n)], "value": [{"n": i} for i in range(n)]}),
+        typed.record_schema,
+    )
+    few_typed = conform(
+        pa.table({"key": ["a", "b"], "value": [{"n": 1}, {"n": 2}]}), typed.record_schema
+    )
+    small, big, bigger = binary(3, 10), binary(200, 1000), binary(50, 30_000)
+    limit = segments.FRAMED_MAX_BYTES
+    for table in (big, bigger, many_typed):
+        assert segments._ipc_body_exceeds(table, limit)
+    # Conformed, a few records share the producer's large null headers: their buffers pass
+    # the limit, their IPC bytes do not.
+    assert small.get_total_buffer_size() > limit
+    assert not segments._ipc_body_exceeds(small, limit)
+    cases = [
+        [(0, big, BINARY)],
+        [(0, small, BINARY), (1, big, BINARY), (2, small, BINARY), (3, bigger, BINARY)],
+        [(5, many_typed, typed), (9, few_typed, typed)],
+    ]
+    for parts in cases:
+        data, files = encode_data_object(parts, "_data/x.kdat")
+        position = 0
+        for partition, table, layout in parts:
+            start, length = files[partition].byte_range or (0, 0)
+            assert start == position
+            piece = bytes(memoryview(data)[start : start + length])
+            assert piece == _writer_file(table, layout.record_schema)
+            assert files[partition].checksum == segments.checksum(piece)
+            assert files[partition].size_bytes == length
+            position += length
+        assert position == len(data)
+
+    real_write = segments._write_ipc_file
+
+    def short_write(sink: pa.NativeFile, *args: Any) -> None:
+        if isinstance(sink, pa.FixedSizeBufferWriter):
+            sink.write(b"\0" * 8)  # far less than the file counted
+            return
+        real_write(sink, *args)
+
+    monkeypatch.setattr(segments, "_write_ipc_file", short_write)
+    with pytest.raises(AssertionError, match="wrote 8 bytes of"):
+        encode_data_object([(0, small, BINARY), (1, big, BINARY)], "_data/x.kdat")
+
+
 def _writer_file_compressed(table: pa.Table, schema: pa.Schema) -> bytes:
     sink = pa.BufferOutputStream()
     options = pa.ipc.IpcWriteOptions(compression="zstd")
