@@ -31,8 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import table, write_results  # noqa: E402
-from kstore.storage import WRITE_CALL_BYTES  # noqa: E402
+from benchmarks.common import table, write_results
+from kstore.storage import WRITE_CALL_BYTES
 
 
 def write_file(path: str, data: memoryview, call_bytes: int) -> None:

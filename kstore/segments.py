@@ -543,7 +543,8 @@ def _ipc_body_exceeds(table: pa.Table, limit: int) -> bool:
     null headers)."""
     if table.get_total_buffer_size() <= limit:
         return False
-    return sum(ipc.get_record_batch_size(batch) for batch in table.to_batches()) > limit
+    body: int = sum(ipc.get_record_batch_size(batch) for batch in table.to_batches())
+    return body > limit
 
 
 def _write_ipc_file(
