@@ -873,6 +873,7 @@ class Consumer:
                 if tp in self._positions
             ],
             max_bytes=budget,
+            partition_max_bytes=self.config["max_partition_fetch_bytes"],
         )
         for tp, partition, state in plan:
             if budget <= 0:

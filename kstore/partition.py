@@ -557,11 +557,15 @@ class Partition:
         position = from_offset
         ahead: list[Segment] = []
         expected = 0
+        # Fetched ahead: what the read may reach, and no more than half the (bounded) segment
+        # cache, or the segments fetched first are evicted by the last before they are read.
+        ahead_bytes = min(budget, self.cache.max_bytes // 2)
         for seg in state.segment_slice(i, i + 32):
-            if expected >= remaining or seg.base_offset >= stop:
+            if expected >= remaining or seg.base_offset >= stop or ahead_bytes <= 0:
                 break
             ahead.append(seg)
             expected += seg.record_count
+            ahead_bytes -= seg.size_bytes
         self._prefetch(ahead, want)
         # A window of segments at a time, not the list of all of them: a tailing reader reads
         # a few at the end of thousands (between merges).
@@ -639,6 +643,7 @@ def prefetch(
     reads: Sequence[tuple[Partition, PartitionState, int, int]],
     *,
     max_bytes: int,
+    partition_max_bytes: int | None = None,
     columns: list[str] | None = None,
 ) -> None:
     """Fetch at once the segments several partitions are about to read (each read is a
@@ -646,23 +651,33 @@ def prefetch(
     partitions on an object store pays one round trip for all of them, not one each: whole
     files concurrently, the ranges of each data object coalesced (PROTOCOL.md 11.7). Decoded
     into the partitions' caches; a segment that cannot be fetched here is read (and its error
-    raised) by the read itself."""
+    raised) by the read itself.
+
+    At most ``max_bytes`` in all and ``partition_max_bytes`` a partition, as the reads that
+    follow, and at most half the segment cache: the cache is bounded, and fetching more than
+    it holds would evict what this same fetch decoded before the reads reach it, to be read
+    and decoded again."""
     wanted: list[_Wanted] = []
-    budget = max_bytes
+    if not reads:
+        return
+    budget = min(max_bytes, reads[0][0].cache.max_bytes // 2)
     for partition, state, position, end in reads:
         if position >= end:
             continue  # caught up: most partitions of a tailing reader, at every poll
         remote = partition.storage.is_remote
+        own = budget if partition_max_bytes is None else min(budget, partition_max_bytes)
         i = state.segment_index_for(position)
         for seg in state.segment_slice(i, i + 32):
-            if seg.base_offset >= end or budget <= 0:
+            if seg.base_offset >= end or budget <= 0 or own <= 0:
                 break
             if not remote and seg.byte_range is None:
                 continue  # a local file costs no round trip; local ranges share one open
             key = f"{partition.directory}/{_cache_key(seg, columns, partition.layout)}"
             if partition.cache.get(key) is None:
                 wanted.append((partition, seg, key))
-                budget -= seg.size_bytes
+            # Cached or not, the reads below spend the segment's bytes of their budget.
+            budget -= seg.size_bytes
+            own -= seg.size_bytes
     if len(wanted) < 2:
         return
     storage = wanted[0][0].storage

@@ -108,6 +108,77 @@ def test_polls_capped_by_max_poll_records_drain_one_fetch(
         consumer.close()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_fetch_larger_than_the_segment_cache_decodes_each_segment_once(
+    backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer whose fetch may take more than the segment cache holds fetches ahead no
+    more than half the cache (across partitions, and within one): what it decoded ahead is
+    still there when the read reaches it, so every segment is read and decoded once, and
+    every record comes back once, in order."""
+    import kstore.partition as partition_module
+
+    url, options = request.getfixturevalue(f"{backend}_store")
+    cache_bytes = 64 << 10
+    store = kstore.Store(url, options, segment_cache_bytes=cache_bytes)
+    partitions, rows = 4, 8
+    store.create_topic("t", partitions=partitions)
+    producer = Producer(store, acks=1)
+    sent = 0
+
+    def deliver(count: int) -> None:
+        nonlocal sent
+        for _ in range(count):  # one data object a delivery: a range per partition
+            n = rows * partitions
+            keys = [b"k%d" % (sent + i) for i in range(n)]
+            values = [b"%06d" % (sent + i) + b"x" * 2000 for i in range(n)]
+            producer.send_batch("t", pa.table({"key": keys, "value": values})).get()
+            sent += n
+
+    consumer = Consumer(
+        "t",
+        store=store,
+        auto_offset_reset="earliest",
+        max_poll_records=100_000,
+        fetch_max_bytes=1 << 30,
+        max_partition_fetch_bytes=1 << 30,
+        fetch_max_wait_ms=5,
+    )
+    got: dict[int, list[int]] = {}
+
+    def poll_all() -> None:
+        while sum(len(v) for v in got.values()) < sent:
+            polled = consumer.poll(timeout_ms=2_000)
+            assert polled, "the consumer stopped short of the records written"
+            for tp, records in polled.items():
+                got.setdefault(tp.partition, []).extend(r.offset for r in records)
+
+    try:
+        deliver(1)
+        poll_all()  # every partition has a position: the next fetch plans them all at once
+        before = sum(len(store.partition("t", p).state().segments) for p in range(partitions))
+        deliver(12)
+        states = [store.partition("t", p).state() for p in range(partitions)]
+        segments = sum(len(state.segments) for state in states) - before
+        assert segments == 12 * partitions
+        assert sum(s.size_bytes for state in states for s in state.segments) > 4 * cache_bytes
+        decoded: list[str] = []
+        real_decode = partition_module.decode_segment
+
+        def counted(data: Any, **kwargs: Any) -> pa.Table:
+            decoded.append(kwargs["where"])
+            return real_decode(data, **kwargs)
+
+        monkeypatch.setattr(partition_module, "decode_segment", counted)
+        poll_all()
+    finally:
+        consumer.close()
+        producer.close()
+    assert got == {p: list(range(len(got[p]))) for p in range(partitions)}
+    assert len(decoded) == segments
+    assert len(set(decoded)) == segments  # each range of each data object, once
+
+
 def test_a_seek_drops_what_the_buffer_held_and_a_pause_keeps_it(store: kstore.Store) -> None:
     _fill(store, "t", 2, 100)
     tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
