@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, cast
 
@@ -103,11 +103,14 @@ COMPRESSIONS = {"uncompressed": None, "zstd": "zstd", "lz4": "lz4"}
 # where it saves little or nothing (a two-record range comes out larger). A producer flush
 # spread over many partitions writes exactly such ranges, one per partition.
 COMPRESS_MIN_BYTES = 4096
-# A data object's range whose table holds more than this is encoded by pyarrow's IPC writer
-# straight into the object's buffer; a smaller one is framed (_ipc_file, about a third of the
-# writer's cost for a few records) and copied in. Above it the copy costs more than framing
-# saves.
+# A data object's range is encoded by pyarrow's IPC writer straight into the object's buffer
+# when its table holds more than FRAMED_MAX_ROWS records and more than FRAMED_MAX_BYTES of IPC;
+# any other is framed (_ipc_file, about a third of the writer's cost for a few records) and
+# copied in. Above the bytes the second copy costs more than framing saves; below the rows the
+# size check itself costs more (a few microseconds a range inside a flush, and a 64-partition
+# flush has a range of a record or two per partition) unless the records are KBs each.
 FRAMED_MAX_BYTES = 64 << 10
+FRAMED_MAX_ROWS = 256
 _UNCOMPRESSED = ipc.IpcWriteOptions()
 
 
@@ -462,16 +465,13 @@ def encode_data_object(
             f"unknown segment compression {compression!r}; use {sorted(COMPRESSIONS)}"
         )
     options = ipc.IpcWriteOptions(compression=COMPRESSIONS[compression])
-    # Per range: its bytes when encoded already (framed, or compressed) or None when the
-    # writer is to encode it in place below; what the writer needs then; its description.
-    encoded: list[pa.Buffer | bytes | None] = []
-    pending: list[tuple[pa.Table, pa.Schema, ipc.IpcWriteOptions]] = []
-    described: list[tuple[int, int, int, int, int, str]] = []
-    seen: set[int] = set()
+    buffers: list[pa.Buffer | bytes | None] = []  # None: written in place by _assemble
+    in_place: list[tuple[int, pa.Table, pa.Schema, ipc.IpcWriteOptions]] = []
+    out: dict[int, SegmentFile] = {}
+    position = 0
     for partition, table, layout in parts:
-        if partition in seen:
+        if partition in out:
             raise ValueError(f"partition {partition} appears twice in one data object")
-        seen.add(partition)
         schema = layout.record_schema
         exact = table.schema.equals(schema)  # the record schema has no offset column
         if not exact and "offset" in table.column_names:
@@ -483,47 +483,25 @@ def encode_data_object(
         min_ts, max_ts = _timestamp_range_ms(table)
         # Each range is a whole IPC file of its own (its footer's offsets count from its
         # start). A large one is written by the writer straight into the object's buffer
-        # below: framed or compressed first, it would be copied once more.
+        # (_assemble): framed or compressed first, it would be copied once more.
         opts = _write_options(table, options)
-        if opts.compression is None and _ipc_body_exceeds(table, FRAMED_MAX_BYTES):
+        if (
+            opts.compression is None
+            and table.num_rows > FRAMED_MAX_ROWS
+            and _ipc_body_exceeds(table, FRAMED_MAX_BYTES)
+        ):
             counter = pa.MockOutputStream()
             _write_ipc_file(counter, table, schema, opts)
-            encoded.append(None)
-            pending.append((table, schema, opts))
             size, crc = counter.size(), ""  # the checksum once written
+            buffers.append(None)
+            in_place.append((partition, table, schema, opts))
         else:
             buf = _ipc_file(table, schema, opts)
-            encoded.append(buf)
             size, crc = len(buf), checksum(memoryview(buf))
-        described.append((partition, table.num_rows, min_ts, max_ts, size, crc))
-    data: pa.Buffer | bytes
-    if not pending:
-        ready = cast(list[pa.Buffer | bytes], encoded)  # every range encoded already
-        data = b"".join(memoryview(b) for b in ready) if len(ready) > 1 else ready[0]
-    else:
-        data = pa.allocate_buffer(sum(d[4] for d in described))
-        view = memoryview(data).cast("B")
-        position = 0
-        writes = iter(pending)
-        for index, piece in enumerate(encoded):
-            partition, rows, min_ts, max_ts, size, crc = described[index]
-            region = view[position : position + size]
-            if piece is None:
-                table, schema, opts = next(writes)
-                sink = pa.FixedSizeBufferWriter(pa.py_buffer(region))
-                _write_ipc_file(sink, table, schema, opts)
-                if sink.tell() != size:  # the buffer is not zeroed: no byte may stay unwritten
-                    raise AssertionError(f"IPC writer wrote {sink.tell()} bytes of {size} counted")
-                described[index] = (partition, rows, min_ts, max_ts, size, checksum(region))
-            else:
-                region[:] = memoryview(piece).cast("B")
-            position += size
-    out: dict[int, SegmentFile] = {}
-    position = 0
-    for partition, rows, min_ts, max_ts, size, crc in described:
+            buffers.append(buf)
         out[partition] = SegmentFile(
             path=path,
-            record_count=rows,
+            record_count=table.num_rows,
             min_timestamp_ms=min_ts,
             max_timestamp_ms=max_ts,
             size_bytes=size,
@@ -533,7 +511,37 @@ def encode_data_object(
             byte_range=(position, size),
         )
         position += size
-    return data, out
+    if in_place:
+        return _assemble(buffers, in_place, out, position), out
+    ready = cast(list[pa.Buffer | bytes], buffers)  # every range encoded already
+    return (b"".join(memoryview(b) for b in ready) if len(ready) > 1 else ready[0]), out
+
+
+def _assemble(
+    buffers: list[pa.Buffer | bytes | None],
+    in_place: list[tuple[int, pa.Table, pa.Schema, ipc.IpcWriteOptions]],
+    out: dict[int, SegmentFile],
+    size: int,
+) -> pa.Buffer:
+    """The data object of :func:`encode_data_object` when some ranges are to be written in
+    place: one buffer of ``size`` bytes, each range encoded already copied in, each other
+    written there by the IPC writer (and its description given its checksum)."""
+    data = pa.allocate_buffer(size)
+    view = memoryview(data).cast("B")
+    writes = iter(in_place)
+    for buf, described in zip(buffers, list(out.values()), strict=True):
+        start, length = described.byte_range or (0, 0)
+        region = view[start : start + length]
+        if buf is not None:
+            region[:] = memoryview(buf).cast("B")
+            continue
+        partition, table, schema, opts = next(writes)
+        sink = pa.FixedSizeBufferWriter(pa.py_buffer(region))
+        _write_ipc_file(sink, table, schema, opts)
+        if sink.tell() != length:  # the buffer is not zeroed: no byte may stay unwritten
+            raise AssertionError(f"IPC writer wrote {sink.tell()} bytes of {length} counted")
+        out[partition] = replace(described, checksum=checksum(region))
+    return data
 
 
 def _ipc_body_exceeds(table: pa.Table, limit: int) -> bool:

@@ -951,11 +951,11 @@ def test_a_data_object_frames_its_ranges_as_the_ipc_writer_does(
 def test_a_data_object_writes_its_large_ranges_in_place_as_the_ipc_writer_does(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A range over FRAMED_MAX_BYTES is encoded by the IPC writer straight into the data
-    object's buffer, alone or among framed ones: each range is still the writer's file byte for
-    byte, its checksum is of those bytes, and the ranges tile the object exactly. Were the
-    writer to write less than it counted, the object is refused, never padded with whatever
-    the buffer held."""
+    """A range of more than FRAMED_MAX_ROWS records and FRAMED_MAX_BYTES is encoded by the
+    IPC writer straight into the data object's buffer, alone or among framed ones (a few large
+    records are framed): each range is still the writer's file byte for byte, its checksum is
+    of those bytes, and the ranges tile the object exactly. Were the writer to write less than
+    it counted, the object is refused, never padded with whatever the buffer held."""
 
     def binary(n: int, size: int) -> pa.Table:
         return conform(
@@ -972,17 +972,18 @@ def test_a_data_object_writes_its_large_ranges_in_place_as_the_ipc_writer_does(
     few_typed = conform(
         pa.table({"key": ["a", "b"], "value": [{"n": 1}, {"n": 2}]}), typed.record_schema
     )
-    small, big, bigger = binary(3, 10), binary(200, 1000), binary(50, 30_000)
+    small, big, few_large = binary(3, 10), binary(400, 1000), binary(50, 30_000)
     limit = segments.FRAMED_MAX_BYTES
-    for table in (big, bigger, many_typed):
+    for table in (big, few_large, many_typed):
         assert segments._ipc_body_exceeds(table, limit)
+    assert big.num_rows > segments.FRAMED_MAX_ROWS >= few_large.num_rows
     # Conformed, a few records share the producer's large null headers: their buffers pass
     # the limit, their IPC bytes do not.
     assert small.get_total_buffer_size() > limit
     assert not segments._ipc_body_exceeds(small, limit)
     cases = [
         [(0, big, BINARY)],
-        [(0, small, BINARY), (1, big, BINARY), (2, small, BINARY), (3, bigger, BINARY)],
+        [(0, small, BINARY), (1, big, BINARY), (2, small, BINARY), (3, few_large, BINARY)],
         [(5, many_typed, typed), (9, few_typed, typed)],
     ]
     for parts in cases:
