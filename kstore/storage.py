@@ -110,8 +110,8 @@ COALESCE_GAP = 64 << 10
 LOCAL_RUN_BYTES = 1 << 20
 # The most one write() call hands the kernel. Measured on the 2-core VMs this project runs on:
 # once a process had written some hundreds of MB, single calls of several MB went at about
-# 350 MB/s (throttled as the disk's writeback) where calls of 1 MiB kept page-cache speed,
-# 4 GB/s; a call more per MiB costs microseconds (benchmarks/write_calls.py).
+# 350 MB/s (the disk's pace) where calls of 1 MiB kept page-cache speed, 2-4 GB/s; a call more
+# per MiB costs microseconds (benchmarks/write_calls.py).
 WRITE_CALL_BYTES = 1 << 20
 # Request kinds of the S3 operations kstore sends (what count_requests reports).
 _REQUEST_KINDS = {
