@@ -849,6 +849,56 @@ def test_compression_applies_to_a_partitions_share_of_a_flush_of_4_kib_or_more(
     assert [r["value"] for r in rows[1]] == [b"v"]
 
 
+def test_a_large_send_batch_comes_back_whole_from_ranges_written_in_place(
+    store: kstore.Store,
+) -> None:
+    """A send_batch() large enough that every partition's range is written by the IPC writer
+    straight into the data object (more than FRAMED_MAX_ROWS records and FRAMED_MAX_BYTES),
+    beside a partition with a few records (framed and copied in): every record comes back from
+    storage, in its partition in send order, with its key, value, timestamp and headers, and
+    every range is verified against its checksum on the way."""
+    from kstore import segments
+
+    store.create_topic("t", partitions=4)
+    n = 6_000
+    keys = [b"k%d" % i for i in range(n)]
+    values = [b"%d-" % i + b"v" * (37 + i % 50) for i in range(n)]
+    headers = [[{"key": "i", "value": b"%d" % i}] if i % 7 == 0 else None for i in range(n)]
+    stamps = pa.array([1_700_000_000_000_000 + i for i in range(n)], TIMESTAMP_TYPE)
+    # Partition 3 gets the last 5 records alone: a small range among large ones.
+    wanted = [i % 3 for i in range(n - 5)] + [3] * 5
+    table = pa.table(
+        {
+            "key": keys,
+            "value": values,
+            "timestamp": stamps,
+            "headers": headers,
+            "partition": pa.array(wanted, pa.int32()),
+        }
+    )
+    with Producer(store) as producer:
+        producer.send_batch("t", table).get(timeout=60)  # one delivery: one data object
+    rows = read_all(store, "t")
+    for p in range(4):
+        sent = [i for i in range(n) if wanted[i] == p]
+        assert [r["key"] for r in rows[p]] == [keys[i] for i in sent]
+        assert [r["value"] for r in rows[p]] == [values[i] for i in sent]
+        assert [r["offset"] for r in rows[p]] == list(range(len(sent)))
+        assert [r["timestamp"].timestamp() * 1_000_000 for r in rows[p]] == [
+            1_700_000_000_000_000 + i for i in sent
+        ]
+        assert [r["headers"] for r in rows[p]] == [
+            [{"key": "i", "value": b"%d" % i}] if i % 7 == 0 else None for i in sent
+        ]
+    (small,) = store.partition("t", 3).state().segments
+    assert small.record_count == 5
+    for p in range(3):
+        (seg,) = store.partition("t", p).state().segments
+        assert seg.path == small.path  # the same data object
+        assert seg.record_count > segments.FRAMED_MAX_ROWS
+        assert seg.size_bytes > segments.FRAMED_MAX_BYTES
+
+
 @pytest.mark.parametrize("partitions", [1, 8])
 def test_a_segment_holds_its_records_alone_whatever_table_they_came_from(
     store: kstore.Store, partitions: int
