@@ -298,22 +298,18 @@ def encode_arrow(table: pa.Table, compression: str) -> pa.Buffer:
             f"unknown segment compression {compression!r}; use {sorted(COMPRESSIONS)}"
         )
     options = _write_options(table, ipc.IpcWriteOptions(compression=COMPRESSIONS[compression]))
-
-    def write(sink: pa.NativeFile) -> None:
-        with ipc.new_file(sink, table.schema, options=options) as writer:
-            writer.write_table(table, max_chunksize=max(table.num_rows, 1))
-
     if options.compression is not None:
         sink = pa.BufferOutputStream()
-        write(sink)
+        _write_ipc_file(sink, table, table.schema, options)
         return sink.getvalue()
     # Uncompressed, the file's size is known from a pass that only counts bytes: one buffer of
     # exactly that size is filled, where a growing stream copies the data again at each
-    # doubling (and faults in fresh pages each time).
+    # doubling (and faults in fresh pages each time). A data object's large ranges are
+    # written the same way (_assemble).
     counter = pa.MockOutputStream()
-    write(counter)
+    _write_ipc_file(counter, table, table.schema, options)
     buf = pa.allocate_buffer(counter.size())
-    write(pa.FixedSizeBufferWriter(buf))
+    _write_ipc_file(pa.FixedSizeBufferWriter(buf), table, table.schema, options)
     return buf
 
 
