@@ -473,7 +473,16 @@ class Sender:
                         results[p] = refused[p]
                         continue
                     landed = outcomes[p].get("range") or outcomes[p].get("duplicate")
-                    assert landed is not None
+                    if landed is None:
+                        # Neither refused nor built: the commit left it out (TopicLog.commit
+                        # keeps every partition it does not refuse). Its own failure, never
+                        # the landed partitions': they are acknowledged below.
+                        results[p] = KStoreError(
+                            f"{topic}-{p}: the commit of topic log {index} (version "
+                            f"{state.version}) neither holds this partition's records nor "
+                            "refused them; they were not written"
+                        )
+                        continue
                     # The partition's own state, read only: no view made per partition.
                     raw = state.partitions.get(p)
                     results[p] = (landed[0], 0 if raw is None else raw.start_offset)
@@ -585,13 +594,22 @@ class Sender:
 
     def _assign_offsets(self, delivery: _Delivery) -> None:
         batch, jobs, order = delivery.batch, delivery.jobs, delivery.order
+        # One row per partition of the delivery, in the order of ``jobs`` (partition order,
+        # the order of the sorted records); each row's base is looked up by its partition.
+        # ``writes`` is in no such order (layout 3 fills it one topic log at a time: with
+        # commit.logs > 1, partitions 0, 2, 1 for three partitions in two logs), so pairing
+        # it with ``jobs`` by position would hand records another partition's offsets.
         bases = np.zeros(len(jobs), np.int64)
-        for j, (p, write) in enumerate(delivery.writes.items()):
+        for j, (p, (_, size)) in enumerate(jobs.items()):
             try:
-                bases[j], batch.log_start[p] = write.result()
-            except KStoreError as exc:
+                bases[j], batch.log_start[p] = delivery.writes[p].result()
+            except Exception as exc:  # this partition's records fail, not the delivery's
+                if not isinstance(exc, KStoreError):
+                    log.error(
+                        "producer %s: %s-%d failed", self.client_id, batch.topic, p, exc_info=exc
+                    )
                 batch.errors[p] = exc
-                self._metrics["record-error-total"] += jobs[p][1]
+                self._metrics["record-error-total"] += size
         # Each partition's records (contiguous in sorted order) get consecutive offsets from
         # its base: a handful of numpy calls per delivery, not a few per partition.
         starts = np.fromiter((s for s, _ in jobs.values()), np.int64, len(jobs))
