@@ -7,6 +7,7 @@ reads manifests without paying for the data libraries' import.
 from __future__ import annotations
 
 import bisect
+import heapq
 import operator
 import re
 from dataclasses import dataclass, field
@@ -23,6 +24,10 @@ from kstore.log import Action, LogState, compact_json
 # Layout 3's data objects live in the topic incarnation directory, beside the partitions.
 DATA_PREFIX = "_data/"
 PRODUCER_EXPIRATION_MS = 86_400_000  # Kafka's producer.id.expiration.ms default: one day
+# An entry whose batch is among the newest this many batches of a partition's producer entries
+# (by offset: the log's own order, which no writer's clock moves) stays in checkpoints whatever
+# the times say (PROTOCOL.md 8.9): a producer whose clock runs a day behind is still live.
+RECENT_PRODUCERS = 1_000
 
 
 # Layout 3 at version 5: a range of the data a commit file carries names that file (11.8).
@@ -640,13 +645,29 @@ class PartitionState(LogState):
         # are writers' clocks, no single writer may move the cut-off: it runs from the last
         # commit's time but no later than the lower median of the entries' own times, so a
         # minority of clocks running fast cannot drop the other producers' entries.
+        #
+        # A time cut-off alone lost the entries of a producer whose clock runs a day behind
+        # the others (issue 45): every entry it wrote looked a day old to the median, so after
+        # a reload its retry of an ambiguous batch was appended again. So an entry also stays
+        # while its batch is among the newest RECENT_PRODUCERS entries' batches by offset, an
+        # order no clock moves; only an entry that is old by the times *and* that that many
+        # producers have followed in the partition goes (PROTOCOL.md 8.9).
         times = sorted(p.timestamp_ms for p in self.producers.values() if p.timestamp_ms > 0)
         reference = self.last_commit_ms or 0
         if times:
             reference = min(reference, times[(len(times) - 1) // 2])
         horizon = reference - PRODUCER_EXPIRATION_MS
+        # The lowest lastOffset among the newest RECENT_PRODUCERS batches (0: every batch is;
+        # a marker's entry, lastOffset -1, has none and goes by the times alone).
+        recent = 0
+        if any(p.timestamp_ms < horizon for p in self.producers.values()):
+            batches = [p.last_offset for p in self.producers.values() if p.last_offset >= 0]
+            if len(batches) > RECENT_PRODUCERS:
+                recent = heapq.nlargest(RECENT_PRODUCERS, batches)[-1]
         for pid, p in sorted(self.producers.items()):
-            if p.timestamp_ms <= 0 or p.timestamp_ms < horizon:
+            if p.timestamp_ms <= 0:
+                continue
+            if p.timestamp_ms < horizon and not 0 <= recent <= p.last_offset:
                 continue
             actions.append(
                 {

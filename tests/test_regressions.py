@@ -173,15 +173,17 @@ def test_commit_offsets_survive_alter(store: kstore.Store) -> None:
         assert consumer.committed(TopicPartition("t", 0), metadata=True) == OffsetAndMetadata(0, "")
 
 
-def test_idle_producer_entries_expire_from_checkpoints() -> None:
+def test_idle_producer_entries_expire_from_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
     from kstore.partition import PRODUCER_EXPIRATION_MS, PartitionState
 
+    # An old entry goes only once more producers than this wrote after it (8.9).
+    monkeypatch.setattr("kstore.manifest.RECENT_PRODUCERS", 2)
     state = PartitionState()
     now = 10 * PRODUCER_EXPIRATION_MS
     # Two active producers: the cut-off is capped by the lower median of the entries' times
     # (PROTOCOL.md 8.9), so an idle entry expires once most entries are newer.
     entries = (("idle", now - PRODUCER_EXPIRATION_MS - 2), ("active", now - 1), ("busy", now))
-    for pid, when in entries:
+    for offset, (pid, when) in enumerate(entries):
         state.apply(
             "producer",
             {
@@ -189,8 +191,8 @@ def test_idle_producer_entries_expire_from_checkpoints() -> None:
                 "epoch": 0,
                 "firstSequence": 0,
                 "lastSequence": 0,
-                "baseOffset": 0,
-                "lastOffset": 0,
+                "baseOffset": offset,
+                "lastOffset": offset,
                 "timestamp": when,
             },
         )

@@ -314,14 +314,14 @@ def test_a_spark_task_paused_before_its_write_intent_writes_the_segment_again(
 DAY_MS = 86_400_000
 
 
-def producer_action(pid: str, timestamp_ms: int) -> dict[str, Any]:
+def producer_action(pid: str, timestamp_ms: int, offset: int = 0) -> dict[str, Any]:
     return {
         "id": pid,
         "epoch": 0,
         "firstSequence": 0,
         "lastSequence": 0,
-        "baseOffset": 0,
-        "lastOffset": 0,
+        "baseOffset": offset,
+        "lastOffset": offset,
         "timestamp": timestamp_ms,
     }
 
@@ -330,22 +330,29 @@ def checkpointed_producers(state: PartitionState) -> set[str]:
     return {a["producer"]["id"] for a in state.checkpoint_actions() if "producer" in a}
 
 
-def test_a_writer_whose_clock_is_a_day_fast_does_not_expire_other_producers() -> None:
+def test_a_writer_whose_clock_is_a_day_fast_does_not_expire_other_producers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Only the newest batch stays whatever the times (8.9): the others go by the times.
+    monkeypatch.setattr("kstore.manifest.RECENT_PRODUCERS", 1)
     now = wall_ms()
     state = PartitionState()
-    state.apply("producer", producer_action("honest", now))
-    state.apply("producer", producer_action("idle", now - 3 * DAY_MS))
+    state.apply("producer", producer_action("idle", now - 3 * DAY_MS, 0))
+    state.apply("producer", producer_action("honest", now, 1))
     # A writer two days fast commits last: its entry and the commit carry its clock.
-    state.apply("producer", producer_action("fast", now + 2 * DAY_MS))
+    state.apply("producer", producer_action("fast", now + 2 * DAY_MS, 2))
     state.last_commit_ms = now + 2 * DAY_MS
     # The honest producer stays; the one idle for 3 days (by the honest clocks) still expires.
     assert checkpointed_producers(state) == {"honest", "fast"}
 
 
-def test_producer_entries_still_expire_by_the_checkpoint_time() -> None:
+def test_producer_entries_still_expire_by_the_checkpoint_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("kstore.manifest.RECENT_PRODUCERS", 2)  # "old" is followed by more
     now = wall_ms()
     state = PartitionState()
-    for pid, age in (("a", 0), ("b", 0), ("old", 2 * DAY_MS), ("none", now)):
-        state.apply("producer", producer_action(pid, now - age))
+    for offset, (pid, age) in enumerate((("old", 2 * DAY_MS), ("none", now), ("a", 0), ("b", 0))):
+        state.apply("producer", producer_action(pid, now - age, offset))
     state.last_commit_ms = now
     assert checkpointed_producers(state) == {"a", "b"}  # no timestamp (0): always omitted
