@@ -21,7 +21,28 @@ from kstore.errors import StorageError
 from kstore.log import decode_commit, version_file
 from kstore.sender import Sender
 from kstore.topic_log import TOPIC_LOG_VERSION, TopicLog, TopicLogState
+from tests.commit_logs import (
+    ALL_BACKENDS,
+    S3_MARKS,
+    LogsTarget,
+    backend_params,
+    commit_logs_fixture,
+    logs_target,
+)
 from tests.conftest import StoreTarget
+
+
+@pytest.fixture(params=backend_params(ALL_BACKENDS, marks=S3_MARKS))
+def layout3_store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> LogsTarget:
+    """Every backend; on the fast ones with commit.logs 1 and 3 (tests/commit_logs.py)."""
+    return logs_target(request, monkeypatch)
+
+
+commit_logs = commit_logs_fixture()
+
+
+def _log_dir(incarnation: str, index: int) -> str:
+    return f"{incarnation}/_log" if index == 0 else f"{incarnation}/_log.{index}"
 
 
 def _store(target: StoreTarget) -> Store:
@@ -58,8 +79,13 @@ def _consume_all(url: str, options: dict[str, Any], topic: str, expected: int) -
     return records
 
 
-def test_one_flush_to_many_partitions_is_one_object_and_one_commit(any_store: StoreTarget) -> None:
-    store = _store(any_store)
+def test_one_flush_to_many_partitions_is_one_object_and_one_commit(
+    layout3_store: LogsTarget,
+) -> None:
+    """One object and one commit per topic log (with commit.logs 3: three of each, each
+    holding its partitions p mod 3), and every record where its future says."""
+    store = _store(layout3_store)
+    logs = layout3_store.commit_logs
     store.create_topic("t", 8)
     incarnation = _incarnation(store, "t")
     with Producer(store, linger_ms=10_000) as producer:
@@ -69,14 +95,18 @@ def test_one_flush_to_many_partitions_is_one_object_and_one_commit(any_store: St
         producer.flush()
         metas = [f.get() for f in futures]
     assert {m.partition for m in metas} == set(range(8))
-    assert len(_files(store, f"{incarnation}/_data")) == 1
-    commits = _commits(store, f"{incarnation}/_log")
-    appends = [c for c in commits if any(name == "add" for name, _ in c)]
-    assert len(appends) == 1
-    assert sorted(body["partition"] for name, body in appends[0] if name == "add") == list(range(8))
+    assert len(_files(store, f"{incarnation}/_data")) == logs
+    for index in range(logs):
+        commits = _commits(store, _log_dir(incarnation, index))
+        appends = [c for c in commits if any(name == "add" for name, _ in c)]
+        assert len(appends) == 1
+        assert sorted(body["partition"] for name, body in appends[0] if name == "add") == list(
+            range(index, 8, logs)
+        )
     # No partition keeps a log of its own in layout 3.
-    assert not [n for n in _files(store, incarnation) if n not in ("_data", "_log")]
-    records = _consume_all(any_store.url, any_store.storage_options, "t", 400)
+    logs_dirs = {_log_dir(incarnation, k).rsplit("/", 1)[1] for k in range(logs)}
+    assert not [n for n in _files(store, incarnation) if n not in {"_data", *logs_dirs}]
+    records = _consume_all(layout3_store.url, layout3_store.storage_options, "t", 400)
     got = {(r.partition, r.offset): (r.key, r.value) for r in records}
     assert got == {
         (m.partition, m.offset): (f"k{i}".encode(), f"v{i}".encode()) for i, m in enumerate(metas)
@@ -106,21 +136,27 @@ def test_commit_logs_split_partitions_over_logs(local_store: tuple[str, dict[str
         store.create_topic("old", 2, config={"commit.logs": 2}, layout=2)
 
 
-def test_transaction_markers_of_one_log_land_in_one_commit(any_store: StoreTarget) -> None:
-    store = _store(any_store)
-    store.create_topic("t", 3)
+def test_transaction_markers_of_one_log_land_in_one_commit(layout3_store: LogsTarget) -> None:
+    """The markers of the partitions of one topic log: one commit of that log (with
+    commit.logs 3: one commit in each of the three logs, of its two partitions)."""
+    store = _store(layout3_store)
+    logs = layout3_store.commit_logs
+    store.create_topic("t", 6)
     producer = Producer(store, transactional_id="tx")
     producer.init_transactions()
     producer.begin_transaction()
-    for p in range(3):
+    for p in range(6):
         producer.send("t", value=b"in-txn", partition=p)
     producer.commit_transaction()
     producer.close()
-    commits = _commits(store, f"{_incarnation(store, 't')}/_log")
-    with_markers = [c for c in commits if any(n == "txnMarker" for n, _ in c)]
-    assert len(with_markers) == 1
-    assert sorted(b["partition"] for n, b in with_markers[0] if n == "txnMarker") == [0, 1, 2]
-    for p in range(3):
+    for index in range(logs):
+        commits = _commits(store, _log_dir(_incarnation(store, "t"), index))
+        with_markers = [c for c in commits if any(n == "txnMarker" for n, _ in c)]
+        assert len(with_markers) == 1
+        assert sorted(b["partition"] for n, b in with_markers[0] if n == "txnMarker") == list(
+            range(index, 6, logs)
+        )
+    for p in range(6):
         state = store.partition("t", p).state()
         assert state.last_stable_offset == state.end_offset == 1
 
@@ -343,14 +379,16 @@ def test_sidecars_of_a_checkpoint_seen_long_ago_are_written_again(
 
 @pytest.mark.parametrize("inline", [0, None], ids=["objects", "carried"])
 def test_writers_sharing_a_topic_log_look_before_they_write(
-    seaweed_store: tuple[str, dict[str, Any]], inline: int | None
+    seaweed_store: tuple[str, dict[str, Any]], inline: int | None, commit_logs: int
 ) -> None:
     """Two producer processes alternating on one topic log: after the first lost race, each
     looks for the other's newer version (a GET) before writing, instead of sending a commit
     that is refused (a PUT, which costs as much as twelve GETs). A lost race's winner is read
     once. With flushes written as data objects, and carried by their commits (the default,
-    PROTOCOL.md 11.8)."""
+    PROTOCOL.md 11.8); with commit.logs 3, each flush writes to three topic logs (partitions
+    0 and 3 share log 0), each log as one does alone."""
     url, options = seaweed_store
+    logs = min(commit_logs, 4)
     config = {} if inline is None else {"commit.inline.bytes": inline}
     Store(url, options).create_topic("shared", 4, config)
     first, second = (Producer(Store(url, options), linger_ms=0) for _ in range(2))
@@ -365,14 +403,15 @@ def test_writers_sharing_a_topic_log_look_before_they_write(
                         producer.send("shared", value=b"%d-%d-%d" % (number, r, p), partition=p)
                     producer.flush()
         flushes = 2 * rounds
-        # Each flush: one commit, and one data object unless the commit carries the data; the
-        # first commit of the topic log (version 0) never does, so it has one. Refused commits:
-        # one or two early flushes (each producer finds out it shares the log).
-        written = 2 * flushes if inline == 0 else flushes + 1
+        # Each flush, in each topic log: one commit, and one data object unless the commit
+        # carries the data; the first commit of a topic log (version 0) never does, so it has
+        # one. Refused commits: one or two early flushes (each producer finds out it shares the
+        # log).
+        written = logs * (2 * flushes if inline == 0 else flushes + 1)
         refused = counts["PUT"] - written
-        assert 0 <= refused <= 3, dict(counts)
+        assert 0 <= refused <= 3 * logs, dict(counts)
         # Each flush after that: a GET that finds the other's commit and one that finds none.
-        assert counts["GET"] <= 2 * flushes + 2, dict(counts)
+        assert counts["GET"] <= logs * (2 * flushes + 2), dict(counts)
     finally:
         first.close()
         second.close()
@@ -404,13 +443,15 @@ def test_a_topics_effective_config_is_worked_out_once_and_handed_out_as_a_copy(
 
 
 def test_the_sender_writes_a_small_delivery_itself_on_local_storage_and_hands_others_to_the_pool(
-    any_store: StoreTarget, monkeypatch: pytest.MonkeyPatch
+    layout3_store: LogsTarget, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A delivery to one topic log that the sender would not overlap with the next is written
     by the sender thread itself where the storage is local (no handoff to a pool thread and
-    back per flush); on an object store, and for a delivery of a full batch, a pool thread
-    writes it. Offsets follow send order across the two, and a write that fails on the sender
-    thread fails its records, not the thread."""
+    back per flush); on an object store, for a delivery of a full batch, and for one to
+    several topic logs (commit.logs 3), pool threads write it. Offsets follow send order across
+    the two and are the ones acknowledged, and a write that fails on the sender thread fails
+    its records, not the thread."""
+    any_store = layout3_store
     store = _store(any_store)
     store.create_topic("t", 4)
     threads: list[str] = []
@@ -421,26 +462,31 @@ def test_the_sender_writes_a_small_delivery_itself_on_local_storage_and_hands_ot
         return commit(self, *args, **kwargs)
 
     monkeypatch.setattr(TopicLog, "commit", recording)
-    local = any_store.name in ("memory", "local")
+    inline = any_store.name in ("memory", "local") and any_store.commit_logs == 1
     sent: dict[int, list[bytes]] = {}
+    acknowledged: dict[tuple[int, int], bytes] = {}
+
+    def sent_as(future: Any, value: bytes) -> None:
+        metadata = future.get(timeout=30)
+        sent.setdefault(metadata.partition, []).append(value)
+        acknowledged[(metadata.partition, metadata.offset)] = value
+
     with Producer(store, linger_ms=60_000, batch_size=4096, client_id="handoff") as producer:
         small = [producer.send("t", b"small-%d" % i, key=b"k%d" % i) for i in range(8)]
         producer.flush()
         for i, future in enumerate(small):
-            sent.setdefault(future.get(timeout=30).partition, []).append(b"small-%d" % i)
+            sent_as(future, b"small-%d" % i)
         assert threads
-        assert all(n.startswith("kstore-sender-handoff") == local for n in threads)
+        assert all(n.startswith("kstore-sender-handoff") == inline for n in threads)
         threads.clear()
         # Full batches (over batch_size): written on the pool, as on an object store.
         big = [producer.send("t", b"big-%03d" % i + b"x" * 92, key=b"k%d" % i) for i in range(120)]
         tail = [producer.send("t", b"tail-%d" % i, key=b"k%d" % i) for i in range(8)]
         producer.flush()
         for i, future in enumerate(big):
-            sent.setdefault(future.get(timeout=30).partition, []).append(
-                b"big-%03d" % i + b"x" * 92
-            )
+            sent_as(future, b"big-%03d" % i + b"x" * 92)
         for i, future in enumerate(tail):
-            sent.setdefault(future.get(timeout=30).partition, []).append(b"tail-%d" % i)
+            sent_as(future, b"tail-%d" % i)
         assert any(n.startswith("kstore-handoff") for n in threads)
     records = _consume_all(store.storage.url, store.storage.storage_options, "t", 136)
     got: dict[int, list[bytes]] = {}
@@ -448,6 +494,7 @@ def test_the_sender_writes_a_small_delivery_itself_on_local_storage_and_hands_ot
         assert record.offset == len(got.setdefault(record.partition, []))  # dense, from 0
         got[record.partition].append(record.value)
     assert got == sent  # each partition in send order
+    assert {(r.partition, r.offset): r.value for r in records} == acknowledged
 
     failures = iter([StorageError("injected write failure")])
     write = Sender._write_shared

@@ -9,7 +9,6 @@ import threading
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -32,9 +31,18 @@ from kstore.errors import (
 from kstore.partitioner import murmur2
 from kstore.producer import Producer
 from kstore.segments import BINARY, HEADERS_TYPE, TIMESTAMP_TYPE
+from tests.commit_logs import (
+    COMMIT_LOGS,
+    backend_params,
+    commit_logs_fixture,
+    create_topics_with,
+    logs_target,
+)
 from tests.faults import Fault, FaultyStorage
 
 BACKENDS = ["memory", "local", "seaweed"]
+# Layout-3 topics of the tests that ask for it get commit.logs 1, then 3 (tests/commit_logs.py).
+commit_logs = commit_logs_fixture()
 
 
 def faulty_local_store(
@@ -59,12 +67,25 @@ def is_record_write(path: str) -> bool:
 
 # Partition 0's commits: its own log in layout 2, the topic log (log 0) in layout 3.
 PARTITION_0_LOG = re.compile(r"/[0-9a-f]{32}/(0/)?_log/")
+# Any topic log's commits (layout 3): log 0 is _log, log k after it _log.k.
+TOPIC_LOG = re.compile(r"topics/t/[0-9a-f]{32}/_log(\.[0-9]+)?/")
 
 
-@pytest.fixture(params=BACKENDS)
-def store(request: pytest.FixtureRequest) -> Iterator[kstore.Store]:
-    url, options = request.getfixturevalue(f"{request.param}_store")
-    return kstore.Store(url, options)
+@pytest.fixture(params=backend_params(BACKENDS))
+def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> kstore.Store:
+    """Every backend; its layout-3 topics with commit.logs 1, and 3 too on memory and local
+    disk (tests/commit_logs.py)."""
+    target = logs_target(request, monkeypatch)
+    return kstore.Store(target.url, target.storage_options)
+
+
+@pytest.fixture(params=backend_params(BACKENDS, all_logs=BACKENDS))
+def concurrent_store(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> kstore.Store:
+    """As ``store``, with commit.logs 3 on SeaweedFS too: for tests about concurrency."""
+    target = logs_target(request, monkeypatch)
+    return kstore.Store(target.url, target.storage_options)
 
 
 def read_all(store: kstore.Store, topic: str) -> dict[int, list[dict[str, Any]]]:
@@ -151,6 +172,7 @@ def test_headers_timestamps_and_tombstones_round_trip(store: kstore.Store) -> No
 
 def test_batches_queued_behind_a_slow_delivery_are_merged_and_keep_every_outcome(
     local_store: tuple[str, dict[str, Any]],
+    commit_logs: int,
 ) -> None:
     """While one delivery is slow, later batches queue; the sender then delivers them together
     (one segment and one commit per partition). Every record must still get its own partition,
@@ -207,7 +229,7 @@ def test_batches_queued_behind_a_slow_delivery_are_merged_and_keep_every_outcome
 
 
 def test_records_sent_while_a_delivery_is_written_go_out_together_when_it_ends(
-    local_store: tuple[str, dict[str, Any]],
+    local_store: tuple[str, dict[str, Any]], commit_logs: int
 ) -> None:
     """With linger 0, records sent while a delivery is still being written wait for that
     write to end and then go out together, in one delivery. Cut at once, the first of them
@@ -216,7 +238,7 @@ def test_records_sent_while_a_delivery_is_written_go_out_together_when_it_ends(
     faulty, store = faulty_local_store(local_store, 2)
 
     def topic_log_commit(path: str) -> bool:
-        return is_commit(path) and bool(re.search(r"topics/t/[0-9a-f]{32}/_log/", path))
+        return path.endswith(".json") and "checkpoint" not in path and bool(TOPIC_LOG.search(path))
 
     faulty.add(Fault("put_if_absent", when="delay", delay_s=0.6, times=1, match=topic_log_commit))
     with Producer(store, linger_ms=0) as producer:
@@ -233,7 +255,9 @@ def test_records_sent_while_a_delivery_is_written_go_out_together_when_it_ends(
     placed = [future.get(timeout=30) for future in rest]
     rows = {(p, r["offset"]): r["value"] for p, rs in read_all(store, "t").items() for r in rs}
     assert [rows[(m.partition, m.offset)] for m in placed] == [b"r%d" % i for i in range(20)]
-    assert store.topic_logs("t")[0].state().version == 1  # two commits: versions 0 and 1
+    # Two deliveries: the first one commit, the second one per topic log it touched.
+    commits = sum(log.state().version + 1 for log in store.topic_logs("t"))
+    assert commits == 1 + len({m.partition % commit_logs for m in placed})
 
 
 def test_a_failed_partition_of_a_merged_delivery_fails_exactly_its_records(
@@ -298,6 +322,7 @@ def test_a_failed_topic_log_of_a_merged_delivery_fails_exactly_its_records(
 
 def test_a_delivery_written_behind_a_failed_one_starts_a_new_epoch(
     local_store: tuple[str, dict[str, Any]],
+    commit_logs: int,
 ) -> None:
     """Deliveries overlap: the next one is converted and submitted while the previous one is
     still being written. When that write fails ambiguously (its commit landed, the producer
@@ -357,6 +382,7 @@ def test_metadata_read_errors_are_retried_within_max_block_ms(
 
 def test_a_failed_metadata_refresh_keeps_the_cached_metadata(
     local_store: tuple[str, dict[str, Any]],
+    commit_logs: int,
 ) -> None:
     faulty, store = faulty_local_store(local_store, 2)
     with Producer(store, metadata_max_age_ms=0) as producer:
@@ -403,7 +429,10 @@ def test_serializers(store: kstore.Store) -> None:
 
 @pytest.mark.parametrize("acks", [0, 1, "all"])
 def test_acks_levels(
-    acks: Any, local_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+    acks: Any,
+    local_store: tuple[str, dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    commit_logs: int,
 ) -> None:
     store = kstore.Store(local_store[0])
     store.create_topic("t", partitions=2)
@@ -423,9 +452,12 @@ def test_acks_levels(
     if acks == 0:
         assert all(r.offset == -1 for r in results)  # the producer does not wait to learn it
     else:
-        assert sorted(r.offset for r in results if r.partition == 0) == list(
-            range(sum(1 for r in results if r.partition == 0))
-        )
+        for p in (0, 1):
+            assert sorted(r.offset for r in results if r.partition == p) == list(
+                range(sum(1 for r in results if r.partition == p))
+            )
+        rows = {(p, r["offset"]): r["value"] for p, rs in read_all(store, "t").items() for r in rs}
+        assert [rows[(r.partition, r.offset)] for r in results] == [b"%d" % i for i in range(50)]
     if acks == "all":
         assert fsyncs > 0  # durable: file and directory fsyncs before acknowledging
     else:
@@ -460,7 +492,9 @@ def test_retries_under_injected_faults_lose_nothing_and_duplicate_nothing(
         assert by_value[b"%06d" % i] == meta.offset
 
 
-def test_undeliverable_records_fail_their_futures(local_store: tuple[str, dict[str, Any]]) -> None:
+def test_undeliverable_records_fail_their_futures(
+    local_store: tuple[str, dict[str, Any]], commit_logs: int
+) -> None:
     faulty, store = faulty_local_store(local_store)
     faulty.add(Fault("put_new", when="before", match=is_record_write))
     errors: list[BaseException] = []
@@ -592,11 +626,13 @@ def test_bad_topics_and_configs(memory_store: tuple[str, dict[str, Any]]) -> Non
             producer.send("../etc", value=b"x")
 
 
-@pytest.mark.parametrize("backend", ["memory", "local", "moto"])
+@pytest.mark.parametrize("case", backend_params(["memory", "local", "moto"]))
 def test_partitions_written_at_once_default_to_the_cores_unless_writes_wait(
-    backend: str, request: pytest.FixtureRequest
+    case: tuple[str, int], request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    backend, logs = case
     url, options = request.getfixturevalue(f"{backend}_store")
+    create_topics_with(monkeypatch, logs)
     store = kstore.Store(url, options)
     store.create_topic("t", partitions=8)
     cores = len(os.sched_getaffinity(0))
@@ -668,7 +704,8 @@ def test_send_batch_rejects_bad_tables(memory_store: tuple[str, dict[str, Any]])
             producer.send_batch("t", [b"not a table"])
 
 
-def test_many_threads_share_one_producer(store: kstore.Store) -> None:
+def test_many_threads_share_one_producer(concurrent_store: kstore.Store) -> None:
+    store = concurrent_store
     store.create_topic("t", partitions=3)
     per_thread = 400
     with Producer(store, linger_ms=1) as producer:
@@ -762,11 +799,25 @@ def test_a_batch_converts_its_timestamps_alike_whatever_its_size(size: int) -> N
 
 
 @pytest.mark.parametrize(
-    ("backend", "value_size", "overlapped"),
-    [("local", 10, False), ("memory", 10, False), ("local", 1_500, True), ("moto", 10, True)],
+    ("backend", "value_size", "overlapped", "logs"),
+    [
+        (backend, value_size, overlapped, logs)
+        for backend, value_size, overlapped in [
+            ("local", 10, False),
+            ("memory", 10, False),
+            ("local", 1_500, True),
+            ("moto", 10, True),
+        ]
+        for logs in (COMMIT_LOGS if backend != "moto" else COMMIT_LOGS[:1])
+    ],
 )
 def test_a_delivery_overlaps_the_next_only_where_its_writes_wait(
-    backend: str, value_size: int, overlapped: bool, request: pytest.FixtureRequest
+    backend: str,
+    value_size: int,
+    overlapped: bool,
+    logs: int,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Two topics' batches taken in one round are two deliveries. On a local disk with a few
     records the first is finished before the second is converted (its commit is CPU work:
@@ -774,6 +825,7 @@ def test_a_delivery_overlaps_the_next_only_where_its_writes_wait(
     or more, or the storage is remote, the second is converted while the first is written.
     Either way every record lands."""
     url, options = request.getfixturevalue(f"{backend}_store")
+    create_topics_with(monkeypatch, logs)
     store = kstore.Store(url, options)
     for topic in ("a", "b"):
         store.create_topic(topic, partitions=2)
@@ -892,9 +944,11 @@ def test_a_large_send_batch_comes_back_whole_from_ranges_written_in_place(
         ]
     (small,) = store.partition("t", 3).state().segments
     assert small.record_count == 5
+    logs = store.topic("t").commit_logs
     for p in range(3):
         (seg,) = store.partition("t", p).state().segments
-        assert seg.path == small.path  # the same data object
+        # One data object per topic log: partition 3's small range is in its log's object.
+        assert (seg.path == small.path) == (p % logs == 3 % logs)
         assert seg.record_count > segments.FRAMED_MAX_ROWS
         assert seg.size_bytes > segments.FRAMED_MAX_BYTES
 

@@ -17,16 +17,21 @@ from kstore.errors import IllegalStateError, ProducerFencedError
 from kstore.groups import Group
 from kstore.producer import Producer
 from kstore.records import TopicPartition
+from tests.commit_logs import backend_params, create_topics_with, logs_target
 
 BACKENDS = ["memory", "local", "seaweed"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = {"session_timeout_ms": 2_500, "heartbeat_interval_ms": 200}
 
 
-@pytest.fixture(params=BACKENDS)
-def target(request: pytest.FixtureRequest) -> tuple[str, str, dict[str, Any]]:
-    url, options = request.getfixturevalue(f"{request.param}_store")
-    return request.param, url, options
+@pytest.fixture(params=backend_params(BACKENDS))
+def target(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, str, dict[str, Any]]:
+    """Every backend; its layout-3 topics with commit.logs 1, and 3 too on memory and local
+    disk (tests/commit_logs.py)."""
+    chosen = logs_target(request, monkeypatch)
+    return chosen.name, chosen.url, chosen.storage_options
 
 
 @pytest.fixture
@@ -237,11 +242,17 @@ def test_zombie_cannot_decide_after_fencing(store: kstore.Store) -> None:
 
 
 @pytest.mark.parametrize("crash_point", ["after_send", "after_decision"])
-@pytest.mark.parametrize("backend", ["local", "seaweed"])  # a memory store cannot outlive a process
+# A memory store cannot outlive a process. commit.logs 3 on local disk only (the suite's time).
+@pytest.mark.parametrize("case", backend_params(["local", "seaweed"]))
 def test_exactly_once_survives_kill_9(
-    request: pytest.FixtureRequest, backend: str, crash_point: str
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[str, int],
+    crash_point: str,
 ) -> None:
+    backend, logs = case
     url, options = request.getfixturevalue(f"{backend}_store")
+    create_topics_with(monkeypatch, logs)  # the topics the worker processes then write
     store = kstore.Store(url, options)
     store.create_topic("in", partitions=2)
     store.create_topic("out", partitions=2)
