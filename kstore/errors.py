@@ -116,6 +116,16 @@ class StaleWriteError(KStoreError):
     retriable = True
 
 
+class WithdrawnCommitError(KStoreError):
+    """A commit landed too late to be sure its files were still there: vacuum may have taken
+    them for orphans while the writer was paused inside the write (PROTOCOL.md 23.2). The
+    writer withdrew what the commit added (its records are not acknowledged and no reader is
+    left with a missing file); write the records again, as new ones.
+
+    Not retriable as is: the withdrawn commit's sequence numbers stay used.
+    """
+
+
 class ConcurrentModificationError(KStoreError):
     """A concurrent commit removed or changed what this commit depends on (not retriable as is)."""
 

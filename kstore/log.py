@@ -27,8 +27,8 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
-from kstore import __version__
-from kstore.config import MAX_UNCOMMITTED_MS
+from kstore import __version__, clock
+from kstore.config import MAX_UNCOMMITTED_MS, MIN_ORPHAN_AGE_MS
 from kstore.errors import (
     CommitConflictError,
     CommitStateUnknownError,
@@ -36,10 +36,12 @@ from kstore.errors import (
     CorruptLogError,
     DurabilityUnknownError,
     InvalidConfigurationError,
+    KStoreError,
     StaleWriteError,
     StorageError,
     TopicDeletedError,
     UnsupportedFormatVersionError,
+    WithdrawnCommitError,
 )
 from kstore.rhythm import WriterRhythms
 from kstore.storage import Storage, unique_id
@@ -64,6 +66,10 @@ MAX_LOG_FILE_BYTES = 256 * 1024 * 1024  # a limit on everything: refuse absurd f
 # A state not confirmed as the newest for this long is reloaded from a checkpoint before it is
 # advanced or built on: old versions of any log may have been deleted since (PROTOCOL.md 17.5).
 STALE_STATE_S = 24 * 3600.0
+# A checkpoint of version v, and a hint naming it, is written only within this of v having been
+# confirmed as the newest version (PROTOCOL.md 23.2): a writer paused longer may find v below
+# the checkpoints vacuum keeps.
+CHECKPOINT_DEADLINE_S = MAX_UNCOMMITTED_MS / 1000
 # A writer that found another writer's commit where it meant to write looks for newer
 # versions before its next this many commits (on an object store): see Log.commit.
 LOOK_FIRST_COMMITS = 16
@@ -121,14 +127,14 @@ class LogState:
         self.last_commit_ms: int | None = None
         # Set by a ``topicDeleted`` action: the log's topic incarnation was deleted (17.3).
         self.topic_deleted: dict[str, Any] | None = None
-        # When (monotonic) this state was last known to be the newest of its log.
-        self.confirmed_at = time.monotonic()
+        # When (kstore.clock) this state was last known to be the newest of its log.
+        self.confirmed_at = clock.monotonic()
 
     def stale(self) -> bool:
         """Not confirmed as the newest within STALE_STATE_S (or by another clock: a state
         from another process)."""
         confirmed: float | None = getattr(self, "confirmed_at", None)  # None: built elsewhere
-        return confirmed is None or not 0 <= time.monotonic() - confirmed <= STALE_STATE_S
+        return confirmed is None or not 0 <= clock.monotonic() - confirmed <= STALE_STATE_S
 
     def stamp(self, version: int) -> None:
         """Mark the state as replayed up to ``version`` (after a commit's actions)."""
@@ -190,7 +196,7 @@ class RetryPolicy:
     # A file a writer wrote is committed only while this clock says its write started less
     # than max_uncommitted_s ago (PROTOCOL.md 23.1); both may be lowered (tests), never raised.
     max_uncommitted_s: float = MAX_UNCOMMITTED_MS / 1000
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], float] = clock.monotonic
 
     def __post_init__(self) -> None:
         limit = MAX_UNCOMMITTED_MS / 1000
@@ -535,13 +541,57 @@ class Log(Generic[S]):
         return decode_commit(data, self.describe(version))
 
     def load(self) -> S:
-        """The latest state: the newest checkpoint plus the commits after it."""
+        """The latest state: the newest checkpoint plus the commits after it.
+
+        Checked on the way (PROTOCOL.md 14.1): a checkpoint found through the hint whose own
+        commit is gone lies below the versions vacuum keeps (a checkpoint or hint written late,
+        23.2), so the log is listed instead; and a missing version with a later one present is
+        a gap, refused, never taken for the end of the log."""
         with _collector_paused():
             # A checkpoint replays an action per live segment, each a few new objects that
             # hold no cycles: the cyclic collector would rescan the growing state every 700
             # of them (a third of the time to open 10,000 live segments).
-            state = self._load_checkpoint()
-        return self.update(state)
+            state, hinted = self._load_checkpoint()
+        newest = self.update(state)
+        # One round of probes (concurrent HEADs on an object store): the version after the
+        # first missing one, and the hinted checkpoint's own commit.
+        after_missing = self._path(version_file(newest.version + 2))
+        own_commit = self._path(version_file(hinted)) if hinted is not None else None
+        found = self.storage.stat_many([after_missing, *([own_commit] if own_commit else [])])
+        if own_commit is not None and own_commit not in found:
+            log.warning(
+                "%s names checkpoint %d of %s, whose commit is gone (written late, or below "
+                "what vacuum keeps): listing the log instead",
+                LAST_CHECKPOINT,
+                hinted,
+                self.directory,
+            )
+            with _collector_paused():
+                state = self._listed_checkpoint()
+            newest = self.update(state)
+            after_missing = self._path(version_file(newest.version + 2))
+            found = self.storage.stat_many([after_missing])
+        if after_missing in found:
+            return self._past_gap(newest)
+        return newest
+
+    def _past_gap(self, state: S) -> S:
+        """``state``'s next version was missing while the one after it exists: either the
+        next version has landed since (a quick writer), or the log has a gap (14.1)."""
+        while True:
+            newer = self.update(state)
+            if newer is state:
+                missing = state.version + 1
+                raise CorruptLogError(
+                    f"{self.storage.display_url}/{self.directory}: version {missing} is missing "
+                    f"but version {missing + 1} exists: the log has a gap (a commit file was "
+                    f"deleted or lost); nothing past version {state.version} can be read or "
+                    "written until it is recovered (`kstore topics recover`, docs/OPERATIONS.md)"
+                )
+            after_missing = self._path(version_file(newer.version + 2))
+            if after_missing not in self.storage.stat_many([after_missing]):
+                return newer
+            state = newer
 
     def update(self, state: S, *, tail: bool = False) -> S:
         """``state`` advanced past every commit that exists after it (polls by name, no listing).
@@ -565,7 +615,7 @@ class Log(Generic[S]):
         """
         if state.stale():
             return self.load()
-        now = time.monotonic()
+        now = clock.monotonic()
         next_state: S | None = None
         version = state.version
         remote = self.storage.is_remote
@@ -579,7 +629,19 @@ class Log(Generic[S]):
             for offset, path in enumerate(paths):
                 data = found.get(path)
                 if data is None:
-                    break
+                    if any(found.get(later) is not None for later in paths[offset + 1 :]):
+                        # A later version came back and this one did not: it landed between
+                        # the two reads, or the log has a gap (14.1). Read it again.
+                        data = self.storage.read_if_exists(path)
+                    if data is None:
+                        if any(found.get(later) is not None for later in paths[offset + 1 :]):
+                            raise CorruptLogError(
+                                f"{self.storage.display_url}/{self.directory}: version "
+                                f"{version + 1 + offset} is missing but a later version exists: "
+                                "the log has a gap (a commit file was deleted or lost); see "
+                                "`kstore topics recover` (docs/OPERATIONS.md)"
+                            )
+                        break
                 if next_state is None:
                     next_state = state.copy()  # type: ignore[assignment]
                     assert next_state is not None
@@ -785,17 +847,31 @@ class Log(Generic[S]):
                     f"commit carries (bytes {offset} to {offset + size})"
                 )
 
-    def _load_checkpoint(self) -> S:
+    def _load_checkpoint(self) -> tuple[S, int | None]:
+        """The state to read forward from, and the version of the checkpoint it is when the
+        hint named it (its own commit is then confirmed by :meth:`load`)."""
+        version = self._hinted_version()
+        if version is not None:
+            loaded = self._read_checkpoint(version)
+            if loaded is not None:
+                return loaded, version
+        return self._listed_checkpoint(), None
+
+    def _hinted_version(self) -> int | None:
+        """The version ``_last_checkpoint`` names, or None (absent or malformed, 7.3)."""
         hint = self.storage.read_if_exists(self._path(LAST_CHECKPOINT))
-        if hint is not None:
-            try:
-                version = json.loads(hint)["version"]
-                if isinstance(version, int):
-                    loaded = self._read_checkpoint(version)
-                    if loaded is not None:
-                        return loaded
-            except (ValueError, KeyError, TypeError):
-                log.warning("ignoring malformed %s in %s", LAST_CHECKPOINT, self.directory)
+        if hint is None:
+            return None
+        try:
+            version = json.loads(hint)["version"]
+        except (ValueError, KeyError, TypeError):
+            version = None
+        if isinstance(version, int) and not isinstance(version, bool):
+            return version
+        log.warning("ignoring malformed %s in %s", LAST_CHECKPOINT, self.directory)
+        return None
+
+    def _listed_checkpoint(self) -> S:
         # No usable hint: list once to find the newest checkpoint, and to make sure that
         # a log whose early versions were cleaned up is not mistaken for an empty one.
         versions: list[int] = []
@@ -901,7 +977,7 @@ class Log(Generic[S]):
             self._looks_first = LOOK_FIRST_COMMITS if newer is not state else self._looks_first - 1
             state = newer
         commit_id = unique_id()
-        deadline = time.monotonic() + self.retry.timeout_s
+        deadline = clock.monotonic() + self.retry.timeout_s
         attempt = 0
         while True:
             attempt += 1
@@ -944,8 +1020,13 @@ class Log(Generic[S]):
                 check_carries_data(new_state, self.describe(version))
             new_state.stamp(version)
             new_state.last_commit_ms = meta["timestamp"]
-            new_state.confirmed_at = time.monotonic()
             # Checked last, after the build: a pause anywhere before this point counts.
+            if state.stale():
+                # The version this commit would name may have been written and vacuumed since
+                # the state was confirmed (17.5, 23.2): reload, then build again.
+                state = self.load()
+                continue
+            new_state.confirmed_at = state.confirmed_at
             if written_at is not None and self.retry.too_old(written_at):
                 raise StaleWriteError(
                     f"{self.storage.display_url}/{self.directory}: a file of this {operation} "
@@ -956,6 +1037,14 @@ class Log(Generic[S]):
                 version, payload, commit_id, durable=durable, written_at=written_at
             )
             if winner is None:
+                if not self._landed_in_time(version, state):
+                    # It took a vacuumed version's name: no reader will ever see it. Rebuild on
+                    # the newest state, as after a lost race.
+                    state = self.load()
+                    continue
+                if written_at is not None and self.retry.too_old(written_at):
+                    self._confirm_files(version, actions, operation, written_at)
+                new_state.confirmed_at = clock.monotonic()
                 if background_checkpoint:
                     self._checkpoint_later(new_state)
                 else:
@@ -964,7 +1053,7 @@ class Log(Generic[S]):
             # Lost the race for this version: rebuild on the newer state, which starts with the
             # winner's commit (already read) and goes on with any after it.
             self._looks_first = LOOK_FIRST_COMMITS
-            if attempt >= self.retry.max_attempts or time.monotonic() > deadline:
+            if attempt >= self.retry.max_attempts or clock.monotonic() > deadline:
                 raise CommitConflictError(
                     f"{self.storage.display_url}/{self.directory}: gave up after {attempt} conflicting "
                     f"attempts ({operation})"
@@ -1069,6 +1158,119 @@ class Log(Generic[S]):
         self._apply_commit(advanced, version, info, actions)
         return advanced
 
+    def _landed_in_time(self, version: int, base: S) -> bool:
+        """Whether commit ``version``, built on ``base`` and just created, extends the log
+        (PROTOCOL.md 23.2). The name was checked free of vacuum's reach before the write: the
+        base was confirmed newest within the staleness bound, and vacuum deletes only versions
+        below a checkpoint recorded more than the log retention (twice that bound) ago. Only a
+        write that returned past the bound could have landed on a deleted version's name; then
+        the log is listed: a checkpoint above ``version`` that the storage recorded well
+        before this commit means the name had been taken and vacuumed (any checkpoint written
+        after this commit is recorded after it)."""
+        if 0 <= clock.monotonic() - base.confirmed_at <= STALE_STATE_S:
+            return True
+        ours = version_file(version)
+        listing = {info.name: info for info in self.storage.list_dir(self.directory)}
+        mine = listing.get(ours)
+        if mine is None or mine.mtime_ms is None:
+            raise CommitStateUnknownError(
+                f"{self.describe(version)}: written more than {STALE_STATE_S / 3600:.0f} h after "
+                "its state was confirmed, and the storage does not say when it landed; whether "
+                "it extends the log is unknown"
+            )
+        horizon = mine.mtime_ms - int(STALE_STATE_S * 1000)
+        for name, info in listing.items():
+            parsed = parse_log_file_name(name)
+            if (
+                parsed is not None
+                and parsed[1]
+                and parsed[0] > version
+                and info.mtime_ms is not None
+                and info.mtime_ms < horizon
+            ):
+                log.warning(
+                    "%s landed after checkpoint %d, which the storage recorded %.1f h before "
+                    "it: the version had been vacuumed; its file is deleted and the commit is "
+                    "built again",
+                    self.describe(version),
+                    parsed[0],
+                    (mine.mtime_ms - info.mtime_ms) / 3_600_000,
+                )
+                with contextlib.suppress(StorageError):
+                    self.storage.delete([self._path(ours)])
+                return False
+        return True
+
+    def _confirm_files(
+        self, version: int, actions: list[Action], operation: str, written_at: float
+    ) -> None:
+        """Commit ``version`` landed past the commit deadline of the files it adds: the write
+        paused after the last check. Confirm by the storage's clock that vacuum cannot have
+        taken them for orphans before the commit landed (PROTOCOL.md 23.2): each file exists and
+        was recorded less than the minimum orphan age before the commit. Otherwise withdraw
+        the commit's adds (a commit that removes them, so no reader meets a missing file) and
+        raise :class:`WithdrawnCommitError`: its records are not acknowledged."""
+        root = self.directory.rsplit("/", 1)[0]
+        adds = [
+            body
+            for name, body in _split(actions)
+            if name == "add" and isinstance(body.get("path"), str)
+        ]
+        files = sorted({f"{root}/{b['path']}" for b in adds if not b["path"].startswith("_log")})
+        if not files:
+            return
+        commit_path = self._path(version_file(version))
+        found = self.storage.stat_many([commit_path, *files])
+        landed = found.get(commit_path)
+        margin_ms = MIN_ORPHAN_AGE_MS - 1000  # S3 records times to the second
+        late = [
+            path
+            for path in files
+            if landed is None
+            or landed.mtime_ms is None
+            or path not in found
+            or found[path].mtime_ms is None
+            or landed.mtime_ms - (found[path].mtime_ms or 0) >= margin_ms
+        ]
+        if not late:
+            log.warning(
+                "%s landed %.0f s after its files were written; the storage's times confirm it",
+                self.describe(version),
+                self.retry.clock() - written_at,
+            )
+            return
+        log.error(
+            "%s landed %.0f s after its files were written, too late to be sure vacuum left %s "
+            "in place: withdrawing what it added",
+            self.describe(version),
+            self.retry.clock() - written_at,
+            ", ".join(late),
+        )
+        if any(name == "remove" for name, _ in _split(actions)):
+            # A maintenance commit (merging, compaction) removed what its files replace: taking
+            # its adds back would leave those records nowhere. Reported, not repaired.
+            raise WithdrawnCommitError(
+                f"{self.describe(version)}: an {operation} commit landed too late to be sure its "
+                f"files were still there ({', '.join(late)}); run `kstore verify` on the topic"
+            )
+        removes: list[Action] = []
+        now_ms = int(time.time() * 1000)
+        for body in adds:
+            remove: dict[str, Any] = {"path": body["path"], "deletionTimestamp": now_ms}
+            if "partition" in body:
+                remove["partition"] = body["partition"]
+            removes.append({"remove": remove})
+        try:
+            self.commit(self.load(), lambda _: removes, operation="WITHDRAW")
+            outcome = "withdrawn (a later commit removes them)"
+        except KStoreError as exc:
+            outcome = f"not withdrawn ({exc}); run `kstore verify`"
+        raise WithdrawnCommitError(
+            f"{self.describe(version)}: an {operation} commit landed too late to be sure its "
+            f"files were still there ({', '.join(late)}); its records are {outcome} and not "
+            "acknowledged: send them again"
+        )
+
     def _checkpoint_later(self, state: S) -> None:
         """Write the checkpoint due at ``state`` on the background thread. While this log's
         previous one is being written, it waits and is written next, unless a newer one
@@ -1108,6 +1310,16 @@ class Log(Generic[S]):
     def _maybe_checkpoint(self, state: S) -> None:
         if state.version <= 0 or state.version % self.checkpoint_interval:
             return
+        if not self.checkpoint_in_time(state):
+            log.warning(
+                "checkpoint %s of %s not written: its commit was confirmed %.0f s ago, more than "
+                "%.0f s (PROTOCOL.md 23.2); a later checkpoint will be",
+                state.version,
+                self.directory,
+                clock.monotonic() - state.confirmed_at,
+                CHECKPOINT_DEADLINE_S,
+            )
+            return
         try:
             self.write_checkpoint(state)
         except Exception as exc:  # a checkpoint is an optimisation; the commit has landed
@@ -1126,12 +1338,42 @@ class Log(Generic[S]):
                 "writer": f"kstore/{__version__}",
             },
         )
+        if not self.checkpoint_in_time(state):
+            raise StaleWriteError(
+                f"{self.storage.display_url}/{self._path(checkpoint_file(state.version))}: not "
+                f"written, version {state.version} was confirmed as the newest "
+                f"{clock.monotonic() - state.confirmed_at:.0f} s ago (PROTOCOL.md 23.2)"
+            )
+        path = self._path(checkpoint_file(state.version))
         # Another writer may have checkpointed the same version: same content by construction.
         with contextlib.suppress(FileExistsError):
-            self.storage.put_if_absent(self._path(checkpoint_file(state.version)), payload)
-        self.storage.put(
-            self._path(LAST_CHECKPOINT), json.dumps({"version": state.version}).encode()
-        )
+            self.storage.put_if_absent(path, payload)
+        if not self.checkpoint_in_time(state):
+            # Landed late: the version may lie below what vacuum keeps by now. Readers ignore
+            # a checkpoint whose commit is gone; the hint is not pointed at it.
+            if not self.storage.exists(self._path(version_file(state.version))):
+                with contextlib.suppress(StorageError):
+                    self.storage.delete([path])
+            raise StaleWriteError(
+                f"{self.storage.display_url}/{path}: landed "
+                f"{clock.monotonic() - state.confirmed_at:.0f} s after version "
+                f"{state.version} was confirmed (PROTOCOL.md 23.2); the hint is left as it is"
+            )
+        self._advance_hint(state.version)
+
+    def checkpoint_in_time(self, state: LogState) -> bool:
+        """Whether a checkpoint of ``state`` (and a hint naming it) may still be written: within
+        CHECKPOINT_DEADLINE_S of its version being confirmed as the newest (23.2)."""
+        confirmed: float | None = getattr(state, "confirmed_at", None)
+        return confirmed is not None and 0 <= clock.monotonic() - confirmed <= CHECKPOINT_DEADLINE_S
+
+    def _advance_hint(self, version: int) -> None:
+        """Point ``_last_checkpoint`` at ``version`` unless it names that or a newer one: the
+        hint never moves back (7.3)."""
+        current = self._hinted_version()
+        if current is not None and current >= version:
+            return
+        self.storage.put(self._path(LAST_CHECKPOINT), json.dumps({"version": version}).encode())
 
 
 # Checkpoints written in the background (Log.commit's ``background_checkpoint``): one thread

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kstore import clock
 from kstore.errors import (
     ConcurrentModificationError,
     CorruptLogError,
@@ -90,7 +91,7 @@ class Partition:
         self._state: PartitionState | None = None
         self._lock = threading.Lock()
         # When the cached state was last known to be the newest (monotonic seconds).
-        self._confirmed = time.monotonic()
+        self._confirmed = clock.monotonic()
 
     def __repr__(self) -> str:
         return f"Partition({self.topic!r}, {self.partition})"
@@ -109,7 +110,7 @@ class Partition:
             return shared.partition(self.partition)
         with self._lock:
             current = self._state
-        if current is None or (refresh and time.monotonic() - self._confirmed > STALE_STATE_S):
+        if current is None or (refresh and clock.monotonic() - self._confirmed > STALE_STATE_S):
             # Polling by name cannot step over log versions that vacuum deleted (17.5 of
             # PROTOCOL.md): a state not confirmed for that long is reloaded from a checkpoint.
             current = self.log.load()
@@ -124,7 +125,7 @@ class Partition:
             if self._state is None or state.version >= self._state.version:
                 self._state = state
                 if confirmed:
-                    self._confirmed = time.monotonic()
+                    self._confirmed = clock.monotonic()
 
     def end_offset(self) -> int:
         return self.state().end_offset
@@ -376,7 +377,7 @@ class Partition:
 
         build = build_unless_sealed
         state = self.state(refresh=False)
-        if time.monotonic() - self._confirmed > STALE_STATE_S:
+        if clock.monotonic() - self._confirmed > STALE_STATE_S:
             # A commit built on a state older than the versions vacuum deleted could take a
             # deleted version's name, "succeed", and be lost: reload it first.
             state = self.state()

@@ -14,11 +14,11 @@ from __future__ import annotations
 import gzip
 import re
 import threading
-import time
 import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kstore import clock
 from kstore.errors import CorruptLogError, UnsupportedFormatVersionError
 from kstore.log import (
     MAX_LOG_FILE_BYTES,
@@ -461,7 +461,7 @@ class TopicLogFiles(Log[TopicLogState]):
         chains: dict[int, list[Action]] = {}
         # A sidecar is reused only from a checkpoint this writer read or wrote recently:
         # vacuum may delete sidecars that no checkpoint newer than the log retention names.
-        fresh = time.monotonic() - state.sidecars_seen < STALE_STATE_S
+        fresh = clock.monotonic() - state.sidecars_seen < STALE_STATE_S
         # Chains and compression are version 4: a log at version 3 keeps whole sidecars that
         # readers of version 3 can read.
         v4 = min(state.min_reader_version, state.min_writer_version) >= CHAIN_VERSION
@@ -490,7 +490,7 @@ class TopicLogFiles(Log[TopicLogState]):
             top.extend({"sidecar": body} for body in chains[partition])
         self._publish_checkpoint(state, top)
         state.sidecars, state.sidecar_version = chains, state.version
-        state.sidecars_seen = time.monotonic()
+        state.sidecars_seen = clock.monotonic()
         state.pending, state.pending_since = {}, state.version
         state.pending_limit = self.pending_limit
 
@@ -592,7 +592,7 @@ class TopicLogFiles(Log[TopicLogState]):
             raise UnsupportedFormatVersionError(f"{where}: {exc}") from None
         state.stamp(version)
         state.sidecars, state.sidecar_version = chains, version
-        state.sidecars_seen = time.monotonic()
+        state.sidecars_seen = clock.monotonic()
         # Kept from here: a process that loads the log to write to it soon extends the chains.
         state.keeps_pending, state.pending, state.pending_since = True, {}, version
         state.pending_limit = self.pending_limit
@@ -726,7 +726,7 @@ class TopicLog:
         )
         self._state: TopicLogState | None = None
         self._lock = threading.Lock()
-        self._confirmed = time.monotonic()  # when the cached state was last known newest
+        self._confirmed = clock.monotonic()  # when the cached state was last known newest
 
     def __repr__(self) -> str:
         return f"TopicLog({self.topic!r}, {self.index})"
@@ -739,7 +739,7 @@ class TopicLog:
         a poll of a reader that looks again soon (``Log.update``)."""
         with self._lock:
             current, confirmed = self._state, self._confirmed
-        now = time.monotonic()
+        now = clock.monotonic()
         if current is None or (refresh and now - confirmed > STALE_STATE_S):
             # Polling by name cannot step over versions vacuum deleted (PROTOCOL.md 17.5).
             current = self.log.load()
@@ -754,7 +754,7 @@ class TopicLog:
             if self._state is None or state.version >= self._state.version:
                 self._state = state
                 if confirmed:
-                    self._confirmed = time.monotonic()
+                    self._confirmed = clock.monotonic()
 
     def commit(
         self,
@@ -823,7 +823,7 @@ class TopicLog:
 
     def _base_state(self) -> TopicLogState:
         state = self.state(refresh=False)
-        if time.monotonic() - self._confirmed > STALE_STATE_S:
+        if clock.monotonic() - self._confirmed > STALE_STATE_S:
             # A commit built on a state older than the versions vacuum deleted could take a
             # deleted version's name and be lost: reload it first.
             state = self.state()
