@@ -148,11 +148,14 @@ class PartitionResult:
         """One row for the partition: this (the part of the job shared with the other
         partitions of its topic log) then ``later`` (the partition's own part): the counts of
         both, the partition as it was before the first and is after the second."""
-        if later.outcome in ("error", "conflict"):
-            outcome = later.outcome
+        if later.outcome in ("error", "conflict") or self.outcome == "error":
+            # An error of the first part stands even when the second did its work: a first
+            # part reports as errors only the failures the second does not cover for
+            # (merger.rewrite_ranges), which a run must not hide.
+            outcome = "error" if self.outcome == "error" else later.outcome
         elif "committed" in (self.outcome, later.outcome):
-            outcome = "committed"  # a failed first part whose work the second part did
-        elif self.outcome in ("error", "conflict"):
+            outcome = "committed"  # a first part's conflict whose work the second part did
+        elif self.outcome == "conflict":
             outcome = self.outcome
         else:
             outcome = later.outcome
@@ -426,7 +429,9 @@ def run_partitions(
     merge's rewrite of data objects). It runs first, once per topic log (one task each), then
     ``fn`` on every partition as without it, spread over the tasks; a partition's row holds
     both parts. A shared part that fails changes nothing else: each partition's own part
-    still runs (the merge's takes the ranges left), and the failure is in the row's reason."""
+    still runs (the merge's takes the ranges left), and the failure is in the row's reason;
+    one that the shared part reports as an error (not the storage's, nor a lost race: its
+    own) keeps the row an error, though the partition's own part did the work."""
     if not items:
         return [], 0
     first: dict[tuple[str, int], PartitionResult] = {}

@@ -25,6 +25,7 @@ Which segments merge (from the manifest alone):
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -32,7 +33,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kstore.errors import CommitConflictError, ConcurrentModificationError, StaleWriteError
+from kstore.errors import (
+    CommitConflictError,
+    CommitStateUnknownError,
+    ConcurrentModificationError,
+    MissingSegmentError,
+    StaleWriteError,
+    StorageError,
+    UnknownTopicOrPartitionError,
+    WithdrawnCommitError,
+)
 from kstore.log import Action
 from kstore.manifest import segment_location
 from kstore.partition import Partition, PartitionState, Segment
@@ -59,6 +69,24 @@ from .cleaner import (
 from .jobs import PartitionResult, WorkItem, now_ms
 
 OPERATION = "merge"
+
+log = logging.getLogger(__name__)
+
+# Failures of the shared rewrite that the partitions' own merges, which follow, meet as well
+# or recover from (the storage failed, or the state changed under the rewrite: a concurrent
+# commit, a range rewritten and vacuumed, the topic deleted). Any other failure (a range that
+# does not decode or verify, a bug) is the shared rewrite's own: it is reported as an error
+# even when each partition's own merge then does the work (rewrite_ranges).
+_RECOVERED_BY_OWN_MERGE = (
+    StorageError,
+    MissingSegmentError,
+    CommitStateUnknownError,
+    CommitConflictError,
+    ConcurrentModificationError,
+    StaleWriteError,
+    WithdrawnCommitError,
+    UnknownTopicOrPartitionError,
+)
 
 
 def plan_merge(state: PartitionState, config: Mapping[str, Any]) -> list[list[Segment]]:
@@ -178,31 +206,38 @@ def rewrite_ranges(
     partitions its segments are smaller; the tiered merge packs them on a later run.
 
     Only runs of ranges are taken (a file of the partition between them is left to the
-    partition's own merge, which follows and also takes what this leaves)."""
+    partition's own merge, which follows and also takes what this leaves).
+
+    A failure is never silent, though the partitions' own merges take what is left: it is
+    logged as a warning with its cause, and in each row's reason. A failure the own merges
+    recover from (the storage's, or a state changed under the rewrite: _RECOVERED_BY_OWN_MERGE)
+    leaves the rows' outcomes to what landed, so the run's outcome is the own merges'. Any
+    other (a range that does not verify where the partition's own read of it does, a bug)
+    makes each row an ``error``: the run fails, as the maintenance records then show, even
+    though the own merges did the work. Such a failure means the shared rewrite mapped ranges
+    wrongly, and it hid exactly that (issue 45: a rewrite that handed a partition another
+    partition's range was noticed only by a request count)."""
     rows: dict[int, PartitionResult] = {}
     if options.get("dry_run"):
         return []  # each partition's own part reports what a run would do
-    parts = {item.partition: item.open(store) for item in items}
-    topic_log = parts[items[0].partition].topic_log
-    if topic_log is None or any(part.topic_log is not topic_log for part in parts.values()):
-        raise ValueError("rewrite_ranges takes the partitions of one topic log")
-    shared = topic_log.state()
-    now = now_ms(options)
-    config = items[0].config
-    queues: dict[int, list[list[Segment]]] = {}
-    for item in items:
-        state = shared.partition(item.partition)
-        rows[item.partition] = PartitionResult.starting(item, OPERATION, state)
-        queues[item.partition] = [
-            run for group in plan_merge(state, config) for run in _runs_of_ranges(group)
-        ]
     try:
+        parts = {item.partition: item.open(store) for item in items}
+        topic_log = parts[items[0].partition].topic_log
+        if topic_log is None or any(part.topic_log is not topic_log for part in parts.values()):
+            raise ValueError("rewrite_ranges takes the partitions of one topic log")
+        shared = topic_log.state()
+        now = now_ms(options)
+        config = items[0].config
+        queues: dict[int, list[list[Segment]]] = {}
+        for item in items:
+            state = shared.partition(item.partition)
+            rows[item.partition] = PartitionResult.starting(item, OPERATION, state)
+            queues[item.partition] = [
+                run for group in plan_merge(state, config) for run in _runs_of_ranges(group)
+            ]
         _rewrite_windows(store, topic_log, shared, parts, queues, rows, config, now)
-    except Exception as exc:  # the partitions' own merges, which follow, take what is left
-        for row in rows.values():
-            row.outcome = "error"
-            row.reason = f"rewriting the ranges together failed ({type(exc).__name__}: {exc})"
-        return list(rows.values())
+    except Exception as exc:
+        return _failed_together(items, rows, exc)
     for row in rows.values():
         if row.outcome == "committed":
             row.reason = (
@@ -210,6 +245,40 @@ def rewrite_ranges(
                 f"{row.segments_written} segments, with the topic log's other partitions"
             )
     return list(rows.values())
+
+
+def _failed_together(
+    items: list[WorkItem], rows: dict[int, PartitionResult], exc: Exception
+) -> list[PartitionResult]:
+    """The rows of a shared rewrite that failed with ``exc`` (see :func:`rewrite_ranges`)."""
+    recovered = isinstance(exc, _RECOVERED_BY_OWN_MERGE)
+    first = items[0]
+    log.warning(
+        "merge of %s, partitions %s (one topic log): rewriting their ranges together failed "
+        "(%s: %s); %s",
+        first.topic,
+        ",".join(str(item.partition) for item in items),
+        type(exc).__name__,
+        exc,
+        "each partition's own merge takes what is left"
+        if recovered
+        else "reported as an error; each partition's own merge still takes what is left",
+        exc_info=not recovered,  # a failure of the shared rewrite itself: its traceback
+    )
+    reason = f"rewriting the ranges together failed ({type(exc).__name__}: {exc})"
+    out = []
+    for item in items:
+        row = rows.get(item.partition) or PartitionResult(item.topic, item.partition, OPERATION)
+        landed = (
+            f"rewrote {row.segments_removed} ranges into {row.segments_written} segments, then "
+            if row.commits
+            else ""
+        )
+        row.reason = landed + reason
+        if not recovered:
+            row.outcome = "error"
+        out.append(row)
+    return out
 
 
 def _rewrite_windows(
