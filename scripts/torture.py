@@ -50,6 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--machine-crash", action="store_true", help="local only: crash the machine at the end"
     )
+    parser.add_argument(
+        "--time-jumps",
+        type=int,
+        default=0,
+        help="jumps of every clock by --jump-hours, clients stopped across them (0: none)",
+    )
+    parser.add_argument("--jump-hours", type=float, default=72.0, help="default 72")
     args = parser.parse_args(argv)
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="kstore-torture-"))
@@ -81,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         skew_s=args.skew,
         long_pause_s=args.long_pause,
         machine_crash=args.machine_crash,
+        time_jumps=args.time_jumps,
+        jump_s=args.jump_hours * 3600,
         log=lambda m: print(m, flush=True),
     )
     torture = Torture(config)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -240,3 +241,32 @@ def test_crash_points_fire_in_the_topic_logs_and_sidecars_of_layout_3(tmp_path: 
     assert not any(name.endswith(".checkpoint.json") for name in names)
     assert "_last_checkpoint" not in names
     assert values(Store(base, create=False), "t", 0) == []
+
+
+def test_a_jump_of_time_moves_the_clocks_and_the_storage_times_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tests/reliability/jumps.py: after a jump, kstore.clock is that much further on, a file
+    written after it is reported that much later by the wrapper, one written before it is not."""
+    from kstore import clock
+    from tests.reliability import jumps
+
+    monkeypatch.setattr(clock, "_read", clock._read)
+    path = str(tmp_path / "clock.json")
+    jumps.install(path)
+    url, options = faultfs.wrap_url((tmp_path / "store").as_uri(), clock_path=path)
+    storage = Storage(url, options)
+    storage.put("before", b"x")
+    start = clock.monotonic()
+    jumps.jump(path, 86_400.0, int(time.time() * 1000) + 1)
+    time.sleep(0.01)
+    storage.put("after", b"x")
+    assert 86_400 <= clock.monotonic() - start < 86_400 + 5
+    found = storage.stat_many(["before", "after"])
+    before, after = found["before"].mtime_ms, found["after"].mtime_ms
+    assert before is not None
+    assert after is not None
+    assert 86_400_000 <= after - before < 86_400_000 + 5_000
+    assert abs(before - time.time() * 1000) < 5_000
+    listed = {i.name: i.mtime_ms for i in storage.list_dir("")}
+    assert listed["after"] == after

@@ -42,7 +42,7 @@ def test_an_append_after_its_abort_marker_cannot_reopen_the_transaction(
     # ... and it survives a checkpoint (of the topic log the partition shares, layout 3).
     assert part.topic_log is not None
     part.log.write_checkpoint(part.topic_log.state())
-    reopened = kstore.Store(store.url).partition("t", 0).log._load_checkpoint().partition(0)
+    reopened = kstore.Store(store.url).partition("t", 0).log._load_checkpoint()[0].partition(0)
     assert reopened.ended_transactions == {"p1": 0}
 
 

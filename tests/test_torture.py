@@ -53,9 +53,14 @@ def test_torture_on_local_disk(tmp_path: Path, capsys: pytest.CaptureFixture[str
         seed=SEED,
         backend="local",
         spark=True,
+        # Every clock jumps three days twice, with clients (and the Spark driver) stopped across
+        # each jump: past the log retention and the orphan age (PROTOCOL.md 23.2).
+        time_jumps=2,
     )
     stats, result = run_torture(config)
     _assert_clean(stats, result, min_acks=400)
+    assert stats.time_jumps == 2
+    assert stats.jump_victims >= 2
     assert any(k.startswith("service-") for k in stats.maintenance)  # the service ran tasks
     assert stats.copy_records > 0  # the Spark copy ran (and was checked for duplicates)
     assert stats.copy_caught_up  # and for completeness
@@ -111,6 +116,7 @@ def test_torture_on_seaweedfs_with_a_restart(tmp_path: Path) -> None:
             # the group has read what the check below asks, for 40 s more at most.
             min_group_reads=MIN_ACKS // 4,
             overtime_s=40.0,
+            time_jumps=1,
         )
         stats, result = run_torture(config)
     finally:
@@ -119,6 +125,7 @@ def test_torture_on_seaweedfs_with_a_restart(tmp_path: Path) -> None:
     # killed before their first poll on S3 ended (RELIABILITY.md, "Bugs found").
     _assert_clean(stats, result, min_acks=MIN_ACKS)
     assert stats.storage_restarts == 1
+    assert stats.time_jumps == 1
 
 
 @pytest.mark.parametrize("layout", [2, 3])

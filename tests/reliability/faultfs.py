@@ -60,6 +60,8 @@ from typing import Any, ClassVar
 import fsspec
 from fsspec.spec import AbstractFileSystem
 
+from tests.reliability import jumps
+
 PROTOCOL = "faultfs"
 CRASH_EXIT_CODE = 86  # os._exit code of an injected crash
 CAT_THREADS = 32  # reads of one cat() at once on S3, as kstore's own S3 path reads
@@ -132,6 +134,7 @@ def wrap_url(
     crashes: Sequence[Mapping[str, Any]] = (),
     seed: int | None = None,
     events_path: str | None = None,
+    clock_path: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The ``(url, storage_options)`` of a store at ``url`` reached through the wrapper."""
     register()
@@ -154,6 +157,7 @@ def wrap_url(
         "crashes": [dict(c) for c in crashes],
         "seed": seed,
         "events_path": events_path,
+        "clock_path": clock_path,
     }
     return f"{PROTOCOL}:///{root.lstrip('/')}", options
 
@@ -193,9 +197,12 @@ class FaultFileSystem(AbstractFileSystem):  # type: ignore[misc]
         crashes: Iterable[Mapping[str, Any]] = (),
         seed: int | None = None,
         events_path: str | None = None,
+        clock_path: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # Times the target reports, shifted by the run's jumps of time (tests/reliability/jumps.py).
+        self.clock_path = clock_path
         options = dict(target_options or {})
         if target_protocol == "s3":
             # As Storage does for s3://: no listings cache, or tailing readers never see
@@ -442,14 +449,19 @@ class FaultFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         target = self._t(path)
         found: dict[str, Any] = self._run("exists", target, lambda: self.target.info(target))
-        return found
+        return self._jumped(found)
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         target = self._t(path)
         items: list[Any] = self._run("list", target, lambda: self.target.ls(target, detail=True))
         if not detail:
             return [str(i["name"]) for i in items]
-        return items
+        return [self._jumped(item) for item in items]
+
+    def _jumped(self, info: dict[str, Any]) -> dict[str, Any]:
+        if self.clock_path is None:
+            return info
+        return jumps.shift_times(self.clock_path, info)
 
     def find(self, path: str, **kwargs: Any) -> Any:
         return self.target.find(self._t(path), **kwargs)

@@ -58,10 +58,11 @@ from typing import Any
 
 from kstore.consumer import Consumer
 from kstore.groups import Group
+from kstore.log import checkpoint_file, decode_commit, parse_log_file_name
 from kstore.producer import Producer
 from kstore.records import TopicPartition
 from kstore.store import Store
-from tests.reliability import faultfs, machine
+from tests.reliability import faultfs, jumps, machine
 from tests.reliability.history import Recorder, Result, check, load_events
 from tests.reliability.worker import (
     COPY_TOPIC,
@@ -105,6 +106,9 @@ CRASHES = [
 # With long pauses on: a producer stops itself (SIGSTOP) right after a segment write, before
 # its commit, at about one passage in 2,000; the driver resumes it ``long_pause_s`` later.
 SELF_PAUSE = {"point": "segment-written", "p": 0.0005, "action": "stop"}
+# With time jumps on: a producer stops itself right before a commit's PUT, after every check;
+# the next jump of time comes while it is stopped (Torture.time_jump).
+JUMP_PAUSE = {"point": "before-commit", "p": 0.003, "action": "stop"}
 # The maintenance processes: (name prefix, jobs). Two processes, two clocks when skewed: the
 # job that removes a file stamps the removal, vacuum judges the delay since it. The third is
 # the maintenance service (``kstore maintain``'s Service, a pass a second), beside the jobs run
@@ -169,6 +173,12 @@ class TortureConfig:
     skew_s: float = 0.0  # each worker process's wall clock off by up to this, either way
     long_pause_s: float = 0.0  # SIGSTOP producers, members and jobs this long (0: never)
     machine_crash: bool = False  # local disk only: crash the machine at the end
+    # Jumps of time (tests/reliability/jumps.py): the world's clocks and the storage's move on
+    # by ``jump_s`` at once, this many times a run, while some clients are stopped across the
+    # jump (a producer inside its commit's PUT among them when one stopped there): a freeze or
+    # a suspend longer than the log retention and the orphan age, in seconds of real time.
+    time_jumps: int = 0
+    jump_s: float = 3 * 86_400.0
     # The run goes on past ``duration_s``, by up to ``overtime_s``, until the group has read
     # this many records: on a loaded machine a member's first poll on SeaweedFS took 6-30 s
     # (the topic logs' replay at a few dozen GETs a second), most of a short run.
@@ -200,6 +210,9 @@ class TortureStats:
     storage_restarts: int = 0
     long_pauses: int = 0  # SIGSTOPs for long_pause_s, by the driver or by the process itself
     long_pauses_completed: int = 0  # of them, resumed (not ended by the end of the run)
+    time_jumps: int = 0  # jumps of every clock by TortureConfig.jump_s
+    jump_victims: int = 0  # processes stopped across a jump (of them, inside a commit PUT:)
+    jump_inside_commit: int = 0
     skews: list[float] = field(default_factory=list)  # the skew of each process started
     machine_crash: dict[str, int] = field(default_factory=dict)  # what the crash lost
     copy_caught_up: bool = False
@@ -233,7 +246,9 @@ class TortureStats:
             f"crashes, {self.kills} SIGKILLs of clients, {self.stops} SIGSTOPs, "
             f"{self.restarts} client restarts, {self.spark_kills} Spark driver kills, "
             f"{self.storage_restarts} storage restarts, {self.long_pauses} long pauses "
-            f"({self.long_pauses_completed} resumed), {skews}"
+            f"({self.long_pauses_completed} resumed), {self.time_jumps} time jumps "
+            f"({self.jump_victims} processes stopped across them, {self.jump_inside_commit} "
+            f"inside a commit), {skews}"
             f"machine crash {self.machine_crash or 'none'}; {self.final_records} records in "
             f"the final scan ({self.copy_records} in the Spark copy"
             f"{', caught up' if self.copy_caught_up else ''}); {self.anomalies} anomalies; "
@@ -315,6 +330,10 @@ class Torture:
         self.shadow = str(self.work / "machine-shadow")
         self.clock_started: float | None = None  # wall clock when the run's time began
         self.disturbances: dict[str, list[str]] = {}  # process name -> what the driver did
+        # The run's jumps of time, when it makes any (every process follows this file).
+        self.clock_path = str(self.work / "clock.json") if config.time_jumps > 0 else None
+        self.jumped: list[_Proc] = []  # stopped across the last jump, resumed at jump_resume_at
+        self.jump_resume_at: float | None = None
         if config.machine_crash and not config.url.startswith("file://"):
             raise ValueError(f"machine_crash needs a file:// store on local disk, not {config.url}")
 
@@ -330,6 +349,8 @@ class Torture:
         points = list(CRASHES) if crashes and self.config.crashes else []
         if pauses and self.config.long_pause_s > 0:
             points.append(SELF_PAUSE)
+        if pauses and self.config.time_jumps > 0:
+            points.append(JUMP_PAUSE)
         return faultfs.wrap_url(
             self.config.url,
             self.config.storage_options,
@@ -337,6 +358,7 @@ class Torture:
             crashes=points,
             seed=seed,
             events_path=self.events_path,
+            clock_path=self.clock_path,
         )
 
     def recorder(self, name: str) -> Recorder:
@@ -383,6 +405,8 @@ class Torture:
             self.stats.skews.append(config["skew_s"])
         if self.config.machine_crash:
             config["machine"] = {"root": self.store_root(), "shadow": self.shadow}
+        if self.clock_path is not None:
+            config["clock"] = self.clock_path
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with open(self.work / f"{name}.stderr", "wb") as stderr:  # the child keeps its copy
             process = subprocess.Popen(
@@ -530,12 +554,71 @@ class Torture:
         for p in self.procs:
             if p.stopped or p.process.poll() is not None or not _is_stopped(p.process.pid):
                 continue
+            if self.clock_path is not None and self.jumps_left > 0:
+                self.time_jump(inside_commit=p)  # it stopped before a commit: jump now
+                continue
             if self.may_pause_long() and not any(
                 q.resume_at is not None and q.role == p.role for q in self.procs
             ):
                 self.pause_long(p)
             else:
                 p.process.send_signal(signal.SIGCONT)
+
+    def time_jump(self, inside_commit: _Proc | None = None) -> None:
+        """Every clock jumps by ``jump_s`` while a few clients are stopped across it: a producer
+        that stopped itself inside a commit (when one did), another producer, a group member
+        and the Spark driver; they are resumed some seconds later, after vacuum has had a pass
+        in the jumped time."""
+        assert self.clock_path is not None
+        if self.jump_resume_at is not None:  # the last jump's victims are still stopped
+            if inside_commit is not None:
+                self.jumped.append(inside_commit)
+                inside_commit.stopped = True
+            return
+        self.jumps_left -= 1
+        victims = [inside_commit] if inside_commit is not None else []
+        for role in ("producer", "consumer"):
+            live = [
+                p
+                for p in self.procs
+                if p.role == role
+                and p.process.poll() is None
+                and not p.stopped
+                and p.may_disturb()
+                and p not in victims
+            ]
+            if live:
+                victims.append(self.rng.choice(live))
+        for p in victims:
+            if p is not inside_commit:
+                p.process.send_signal(signal.SIGSTOP)
+            p.stopped = True
+            self.note(p, f"stopped across a jump of {self.config.jump_s / 3600:.0f} h")
+        if self.spark is not None and self.spark.poll() is None:
+            os.killpg(self.spark.pid, signal.SIGSTOP)
+        jumps.jump(self.clock_path, self.config.jump_s, int(time.time() * 1000))
+        self.jumped = victims
+        # Long enough for the maintenance service's vacuum (a pass every 3 s) to run.
+        self.jump_resume_at = time.monotonic() + 8.0
+        self.stats.time_jumps += 1
+        self.stats.jump_victims += len(victims)
+        self.stats.jump_inside_commit += inside_commit is not None
+        self.log(
+            f"torture: time jumped {self.config.jump_s / 3600:.0f} h with "
+            f"{', '.join(p.name for p in victims) or 'no client'} stopped"
+            f"{' (one inside a commit)' if inside_commit is not None else ''}"
+        )
+
+    def resume_jumped(self) -> None:
+        if self.jump_resume_at is None or time.monotonic() < self.jump_resume_at:
+            return
+        for p in self.jumped:
+            if p.process.poll() is None:
+                p.process.send_signal(signal.SIGCONT)
+            p.stopped = False
+        if self.spark is not None and self.spark.poll() is None:
+            os.killpg(self.spark.pid, signal.SIGCONT)
+        self.jumped, self.jump_resume_at = [], None
 
     def resume_stopped(self) -> None:
         now = time.monotonic()
@@ -546,7 +629,7 @@ class Torture:
                     p.stopped, p.resume_at = False, None
                     self.stats.long_pauses_completed += 1
                     self.log(f"torture: {p.name} resumed")
-            elif p.stopped and self.rng.random() < 0.5:
+            elif p.stopped and p not in self.jumped and self.rng.random() < 0.5:
                 p.process.send_signal(signal.SIGCONT)
                 p.stopped = False
 
@@ -583,6 +666,8 @@ class Torture:
         faultfs.register()
         quiet_logs()
         self.setup()
+        if self.clock_path is not None:
+            jumps.install(self.clock_path)  # the driver's producer threads live in the jumps too
         if c.machine_crash:
             # Everything so far is durable; from now on this process records too (its
             # producer threads).
@@ -638,6 +723,10 @@ class Torture:
                 if c.long_pause_s > 0
                 else []
             )
+            self.jumps_left = c.time_jumps
+            jump_times = sorted(
+                started + c.duration_s * self.rng.uniform(0.25, 0.75) for _ in range(c.time_jumps)
+            )
             while time.monotonic() - started < c.duration_s or (
                 time.monotonic() - started < c.duration_s + c.overtime_s
                 and self.group_reads() < c.min_group_reads
@@ -649,6 +738,10 @@ class Torture:
                 pauses += [(0.0, role) for role in due if not self.scheduled_pause(role)]
                 self.disturb()
                 self.find_self_paused()
+                if jump_times and time.monotonic() >= jump_times[0] and self.jumps_left > 0:
+                    jump_times.pop(0)
+                    self.time_jump()
+                self.resume_jumped()
                 self.resume_stopped()
                 self.replace_dead()
                 if spark_kills and time.monotonic() >= spark_kills[0]:
@@ -809,7 +902,7 @@ class Torture:
                                 )
                     consumer.close()
         group = Group(store, GROUP)
-        version = 0
+        version = self.record_group_base(store, group, record)
         while True:
             commit = group.log.read_commit(version)
             if commit is None:
@@ -823,6 +916,26 @@ class Torture:
             )
             version += 1
         record.close()
+
+    def record_group_base(self, store: Store, group: Group, record: Recorder) -> int:
+        """The first group-log version to record: 0, or, when a run's jumps of time let the
+        log's early versions be pruned (17.5), the oldest kept checkpoint, recorded as the
+        base the checker replays the later versions onto."""
+        names = [info.name for info in store.storage.list_dir(group.log.directory)]
+        parsed = [p for n in names if (p := parse_log_file_name(n)) is not None]
+        commits = sorted(v for v, checkpoint in parsed if not checkpoint)
+        if not commits or commits[0] == 0:
+            return 0
+        base = min(v for v, checkpoint in parsed if checkpoint and v >= commits[0])
+        data = store.storage.read(f"{group.log.directory}/{checkpoint_file(base)}")
+        _, actions = decode_commit(data, checkpoint_file(base))
+        record(
+            "group_base",
+            group=GROUP,
+            version=base,
+            actions=[{name: body} for name, body in actions],
+        )
+        return base + 1
 
     def finish_check(self) -> tuple[TortureStats, Result]:
         events = load_events(str(self.history_dir))

@@ -12,7 +12,8 @@ file), ``seed``; for ``txn``, ``tid`` (the transactional id); for ``maintenance`
 (names of :data:`JOBS`, or ``["service"]``: the maintenance service, :func:`service_loop`). Optional: ``skew_s``, seconds added to this process's wall clock
 (``time.time``, ``time.time_ns``: an injected clock skew), and ``machine``, ``{"root",
 "shadow"}`` to record what this process makes durable for a simulated machine crash
-(``tests/reliability/machine.py``). A process runs until it is killed.
+(``tests/reliability/machine.py``), and ``clock``, the file of the run's jumps of time that this
+process's clocks follow (``tests/reliability/jumps.py``). A process runs until it is killed.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from kstore.errors import CommitFailedError, KStoreError
 from kstore.producer import Producer
 from kstore.records import ConsumerRecord
 from kstore.store import Store
-from tests.reliability import faultfs, machine
+from tests.reliability import faultfs, jumps, machine
 from tests.reliability.history import Recorder
 
 # The topics of a run: (name, partitions, config).
@@ -51,6 +52,9 @@ TOPICS: list[tuple[str, int, dict[str, Any]]] = [
             # some of them before the group has read them.
             "retention.ms": 15_000,
             "file.delete.delay.ms": 10_000,
+            # Two topic logs for three partitions (0 and 2 share one): a delivery's commits,
+            # acknowledgements and markers go to several logs (issue 45, defect 1).
+            "commit.logs": 2,
         },
     ),
     (
@@ -429,6 +433,8 @@ def main() -> None:
         machine.install(config["machine"]["root"], config["machine"]["shadow"])
     if config.get("skew_s"):
         skew_clock(float(config["skew_s"]))
+    if config.get("clock"):
+        jumps.install(config["clock"])  # the run's jumps of time (tests/reliability/jumps.py)
     record = Recorder(config["history"])
     rng = random.Random(config["seed"])
     store = Store(config["url"], config["options"], create=False)
