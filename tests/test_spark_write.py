@@ -23,8 +23,8 @@ from kstore.spark_ext.writer import KStoreStreamWriter, delete_uncommitted
 
 from kstore.partition import Partition
 from kstore.partitioner import get_partitioner
+from tests.commit_logs import COMMIT_LOGS, commit_logs_fixture, create_topics_with
 from tests.test_spark_support import (
-    BACKENDS,
     append,
     apply_retention,
     open_store,
@@ -42,16 +42,31 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
 ]
 
+# The sink's tests on layout-3 topics run with commit.logs 1 and 3 (tests/commit_logs.py): on
+# local disk; on SeaweedFS with 1.
+commit_logs = commit_logs_fixture()
+
 
 def sink(df: Any, target: Any, **options: Any) -> Any:
     return df.write.format("kstore").options(**source_options(target, **options)).mode("append")
 
 
-@pytest.mark.parametrize("target", BACKENDS)
+@pytest.mark.parametrize(
+    ("target", "logs"),
+    [
+        *(pytest.param("local_store_url", n, id=f"local-logs{n}") for n in COMMIT_LOGS),
+        pytest.param("seaweed_bucket_url", 1, id="seaweed-logs1", marks=pytest.mark.s3),
+    ],
+)
 def test_batch_write_like_the_kafka_sink(
-    spark: Any, target: str, request: pytest.FixtureRequest
+    spark: Any,
+    target: str,
+    logs: int,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     where = request.getfixturevalue(target)
+    create_topics_with(monkeypatch, logs)
     store = open_store(where)
     store.create_topic("t", 4)
     df = spark.range(200).selectExpr(
@@ -87,7 +102,7 @@ def test_batch_write_like_the_kafka_sink(
     assert 1 <= len(unkeyed_partitions) <= 2
 
 
-def test_topic_column_and_topic_option(spark: Any, local_store_url: Any) -> None:
+def test_topic_column_and_topic_option(spark: Any, local_store_url: Any, commit_logs: int) -> None:
     store = open_store(local_store_url)
     store.create_topic("a", 1)
     store.create_topic("b", 2)
@@ -131,7 +146,9 @@ def test_write_errors_name_the_problem(spark: Any, local_store_url: Any) -> None
     assert present == live == set()  # failed writes leave no files behind
 
 
-def test_idempotent_batch_write_with_txn_options(spark: Any, local_store_url: Any) -> None:
+def test_idempotent_batch_write_with_txn_options(
+    spark: Any, local_store_url: Any, commit_logs: int
+) -> None:
     store = open_store(local_store_url)
     store.create_topic("t", 3)
     df = (
@@ -148,7 +165,9 @@ def test_idempotent_batch_write_with_txn_options(spark: Any, local_store_url: An
     assert present == live  # the repeated job's files were deleted
 
 
-def test_a_failed_job_leaves_no_records_and_no_files(spark: Any, local_store_url: Any) -> None:
+def test_a_failed_job_leaves_no_records_and_no_files(
+    spark: Any, local_store_url: Any, commit_logs: int
+) -> None:
     store = open_store(local_store_url)
     store.create_topic("t", 2)
     # Task 1 fails on its last record, after task 0 may have finished writing its segments.
@@ -163,7 +182,9 @@ def test_a_failed_job_leaves_no_records_and_no_files(spark: Any, local_store_url
     assert present == live == set()
 
 
-def test_cleanup_keeps_a_committed_file_that_retention_removed(local_store_url: Any) -> None:
+def test_cleanup_keeps_a_committed_file_that_retention_removed(
+    local_store_url: Any, commit_logs: int
+) -> None:
     """The sink's cleanup deletes only files no commit ever added: a file committed and since
     removed (by retention here) stays for vacuum, as a reader may still need it (PROTOCOL.md
     12.6). The sink's commit path, without Spark."""
@@ -261,7 +282,7 @@ def test_a_replayed_micro_batch_commits_only_the_missing_topic_logs(
     assert present == live  # no orphan segment files
 
 
-def test_a_micro_batch_is_one_commit_per_topic_log(local_store_url: Any) -> None:
+def test_a_micro_batch_is_one_commit_per_topic_log(local_store_url: Any, commit_logs: int) -> None:
     store = open_store(local_store_url)
     meta = store.create_topic("t", 3)
     options = parse_write_options(
@@ -271,9 +292,10 @@ def test_a_micro_batch_is_one_commit_per_topic_log(local_store_url: Any) -> None
     keys = [b"k%d" % i for i in range(90)]
     batch = pa.RecordBatch.from_pydict({"key": keys, "value": [b"v%d" % i for i in range(90)]})
     writer.commit([writer.write(iter([batch]))], 0)
-    log_dir = f"topics/t/{meta.topic_id}/_log"
-    commits = [i.name for i in store.storage.list_dir(log_dir) if i.name.endswith(".json")]
-    assert commits == ["00000000000000000000.json"]  # all three partitions, atomically
+    for index in range(commit_logs):  # with commit.logs 3: one commit in each log
+        log_dir = f"topics/t/{meta.topic_id}/_log" + (f".{index}" if index else "")
+        commits = [i.name for i in store.storage.list_dir(log_dir) if i.name.endswith(".json")]
+        assert commits == ["00000000000000000000.json"]  # the log's partitions, atomically
     assert sorted({row[0] for row in topic_rows(store, "t")}) == [0, 1, 2]
 
 
@@ -318,7 +340,7 @@ def _copy_query(
 
 
 def test_stopping_a_query_mid_batch_and_restarting_is_exactly_once(
-    spark: Any, local_store_url: Any, tmp_path: Path
+    spark: Any, local_store_url: Any, tmp_path: Path, commit_logs: int
 ) -> None:
     store = open_store(local_store_url)
     store.create_topic("in", 3)
@@ -460,7 +482,7 @@ def test_a_streaming_copy_on_s3_is_exactly_once(
 
 
 def test_concurrent_producer_and_streaming_copy(
-    spark: Any, local_store_url: Any, tmp_path: Path
+    spark: Any, local_store_url: Any, tmp_path: Path, commit_logs: int
 ) -> None:
     """Records produced while the copy runs all arrive, once."""
     store = open_store(local_store_url)
