@@ -43,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kstore import clock
 from kstore.config import defaults
 from kstore.errors import CommitConflictError, ConcurrentModificationError, StaleWriteError
 from kstore.log import Action
@@ -272,7 +273,7 @@ class _Cleaner:
                 continue
             last = number == len(groups) - 1
             written = None
-            written_at = time.monotonic()  # before the write: a slow write counts too
+            written_at = clock.monotonic()  # before the write: a slow write counts too
             if tables:
                 written = write_segment(
                     self.part.storage,
@@ -528,7 +529,7 @@ def _replace(
     """Commit: remove ``group``, add ``written`` over the same offset range (and advance the
     cleaned point). False, with the new file deleted, when a concurrent commit removed any of
     the group's segments first (a producer's appends never cause that), or when ``written``,
-    whose write started at ``written_at`` (``time.monotonic()``), is too old to commit."""
+    whose write started at ``written_at`` (``kstore.clock.monotonic()``), is too old to commit."""
     new_paths = [written.path] if written is not None else []
 
     def build(state: PartitionState) -> list[Action] | None:

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from kstore import clock
 from kstore.config import MAX_UNCOMMITTED_MS
 from kstore.errors import (
     CommitConflictError,
@@ -587,10 +588,10 @@ def name_time_ms(path: str) -> int | None:
 
 
 def too_old_to_commit(written_at: float) -> bool:
-    """True when the write of a new file started (``time.monotonic()``) more than
+    """True when the write of a new file started (``kstore.clock.monotonic()``) more than
     MAX_UNCOMMITTED_MS ago: committing it now could race with a vacuum that already takes it
     for an orphan. Monotonic: a pause or a wall-clock step since the write counts as it is."""
-    return (time.monotonic() - written_at) * 1000 > MAX_UNCOMMITTED_MS
+    return (clock.monotonic() - written_at) * 1000 > MAX_UNCOMMITTED_MS
 
 
 # -- command line -------------------------------------------------------------------------------

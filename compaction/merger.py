@@ -26,13 +26,13 @@ Which segments merge (from the manifest alone):
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kstore import clock
 from kstore.errors import (
     CommitConflictError,
     CommitStateUnknownError,
@@ -169,9 +169,9 @@ def _write_merged(
     now: int,
 ) -> tuple[SegmentFile, int | None, float]:
     """The merged segment of ``group`` (whose records are ``tables``), written: its file, its
-    delete horizon, and when its write started (``time.monotonic()``, for the commit
+    delete horizon, and when its write started (``kstore.clock.monotonic()``, for the commit
     deadline: a slow write counts too)."""
-    written_at = time.monotonic()
+    written_at = clock.monotonic()
     written = write_segment(
         part.storage,
         part.directory,
