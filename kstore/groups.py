@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kstore import clock
 from kstore.assignors import ASSIGNORS, Assignment
 from kstore.errors import (
     CommitFailedError,
@@ -408,7 +409,7 @@ class Group:
         """Renew a member's lease: one overwrite of its own file, no log commit."""
         body = json.dumps({"memberId": member_id, "time": _now_ms()}).encode()
         self.store.storage.put(f"{self._members_dir}/{_lease_name(member_id)}", body, durable=False)
-        self._renewed[member_id] = time.monotonic()
+        self._renewed[member_id] = clock.monotonic()
 
     def drop_lease(self, member_id: str) -> None:
         self.store.storage.delete([f"{self._members_dir}/{_lease_name(member_id)}"])
@@ -598,7 +599,7 @@ class Group:
         every = max(1, min(len(state.members), lease_check_every))
         listing = check_metadata or self._beats % every == 0
         renewed = self._renewed.get(member_id)
-        if listing or renewed is None or time.monotonic() - renewed >= lease_renewal_s:
+        if listing or renewed is None or clock.monotonic() - renewed >= lease_renewal_s:
             self.write_lease(member_id)
         if not listing:
             return state
