@@ -48,7 +48,7 @@ from kstore.config import defaults
 from kstore.errors import CommitConflictError, ConcurrentModificationError, StaleWriteError
 from kstore.log import Action
 from kstore.manifest import DATA_PREFIX
-from kstore.partition import Partition, PartitionState, Segment
+from kstore.partition import Partition, PartitionState, Segment, SegmentReplacedError
 from kstore.segments import FORMAT_PARQUET, SegmentFile, write_segment
 from kstore.store import Store
 
@@ -143,13 +143,19 @@ def compact_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> 
     if isinstance(plan, str):
         result.reason = plan
         return result
-    _Cleaner(
-        part,
-        plan,
-        item.config,
-        now,
-        int(options.get("memory_bytes") or DEFAULT_MEMORY_BYTES),
-    ).run(result, dry_run=bool(options.get("dry_run")))
+    try:
+        _Cleaner(
+            part,
+            plan,
+            item.config,
+            now,
+            int(options.get("memory_bytes") or DEFAULT_MEMORY_BYTES),
+        ).run(result, dry_run=bool(options.get("dry_run")))
+    except SegmentReplacedError as exc:
+        # A planned segment was replaced and vacuumed since the plan (PROTOCOL.md 24 item 8):
+        # a lost race, not a missing segment; the next run plans from the newest state.
+        result.outcome = "conflict"
+        result.reason = f"{exc}; the next run starts over"
     return result
 
 

@@ -45,7 +45,7 @@ from kstore.errors import (
 )
 from kstore.log import Action
 from kstore.manifest import segment_location
-from kstore.partition import Partition, PartitionState, Segment
+from kstore.partition import Partition, PartitionState, Segment, SegmentReplacedError
 from kstore.segments import (
     FORMAT_PARQUET,
     SegmentFile,
@@ -298,12 +298,22 @@ def _rewrite_windows(
         pieces = _next_window(queues, int(config["segment.bytes"]))
         data = _fetch(store, parts, pieces)
         written: dict[int, list[tuple[list[Segment], SegmentFile, int | None, float]]] = {}
-        for p, runs in pieces.items():
-            part, state = parts[p], shared.partition(p)
-            for run in runs:
-                tables = [part.read_segment(seg, data=data.get((p, seg.path))) for seg in run]
-                new, horizon, written_at = _write_merged(part, state, run, tables, config, now)
-                written.setdefault(p, []).append((run, new, horizon, written_at))
+        try:
+            for p, runs in pieces.items():
+                part, state = parts[p], shared.partition(p)
+                for run in runs:
+                    tables = [part.read_segment(seg, data=data.get((p, seg.path))) for seg in run]
+                    new, horizon, written_at = _write_merged(part, state, run, tables, config, now)
+                    written.setdefault(p, []).append((run, new, horizon, written_at))
+        except SegmentReplacedError as exc:
+            # A range was rewritten and vacuumed since the plan (PROTOCOL.md 24 item 8): a
+            # lost race; each partition's own merge, next, plans from the newest state.
+            for p, done in written.items():
+                _discard(parts[p], [new.path for _, new, _, _ in done])
+            for row in rows.values():
+                row.outcome = "conflict" if row.outcome != "committed" else row.outcome
+                row.reason = f"{exc}; the partitions' own merges plan again"
+            return
         landed = _commit_window(topic_log, written, now)
         for p, done in written.items():
             row = rows[p]
@@ -467,7 +477,13 @@ def merge_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> Pa
         )
         return result
     for number, group in enumerate(groups):
-        tables = _read_group(part, group)
+        try:
+            tables = _read_group(part, group)
+        except SegmentReplacedError as exc:
+            # Replaced and vacuumed since the plan (PROTOCOL.md 24 item 8): a lost race.
+            result.outcome = "conflict"
+            result.reason = f"{exc}; the next run starts over"
+            return result
         written, horizon, written_at = _write_merged(part, state, group, tables, item.config, now)
         if not _replace(part, group, written, horizon, now, OPERATION, written_at=written_at):
             result.outcome = "conflict"

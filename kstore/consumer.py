@@ -889,14 +889,22 @@ class Consumer:
                 # A position is set when a poll returns records from it, not by the fetch: a
                 # commit must not record a position for a partition no poll has reached.
                 del self._positions[tp]
-            sized = list(
-                partition.read_sized(
-                    position,
-                    state=state,
-                    committed_only=self._read_committed,
-                    max_bytes=min(budget, self.config["max_partition_fetch_bytes"]),
+            try:
+                # A segment of ``state`` whose file a merge and vacuum deleted meanwhile (a
+                # pause longer than file.delete.delay.ms) is read from the newest state's
+                # live files (Partition.read_tables, PROTOCOL.md 24 item 8).
+                sized = list(
+                    partition.read_sized(
+                        position,
+                        state=state,
+                        committed_only=self._read_committed,
+                        max_bytes=min(budget, self.config["max_partition_fetch_bytes"]),
+                    )
                 )
-            )
+            except OffsetOutOfRangeError:
+                # Retention removed the offsets while they were being read: the next fetch,
+                # from the newest state, resets the position (auto_offset_reset).
+                continue
             if not any(batch.num_rows for batch, _ in sized):
                 # Only gaps (compaction, aborted transactions) up to the visible end: skip them.
                 self._positions[tp] = visible_end

@@ -5,8 +5,8 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +18,7 @@ from kstore.errors import (
     CorruptLogError,
     InvalidRecordError,
     KStoreError,
+    MissingSegmentError,
     OffsetOutOfRangeError,
     TopicUpgradedError,
 )
@@ -481,7 +482,10 @@ class Partition:
         location = segment_location(self.directory, seg.path)
         where = f"{self.storage.display_url}/{location} ({self.topic}-{self.partition})"
         if data is None:
-            data = read_segment_data(self.storage, self.directory, seg, where)
+            try:
+                data = read_segment_data(self.storage, self.directory, seg, where)
+            except MissingSegmentError as exc:
+                self._missing(seg, exc)
         table = decode_segment(
             data,
             where=where,
@@ -501,6 +505,96 @@ class Partition:
                 raise CorruptLogError(f"{where}: offsets outside the manifest range")
         self.cache.put(key, table)
         return table
+
+    def _missing(self, seg: Segment, error: MissingSegmentError) -> NoReturn:
+        """A segment's file is missing (PROTOCOL.md 24 item 8): the reader's state may be older
+        than a merge, compaction or retention that replaced the segment and a vacuum that then
+        deleted its file (``file.delete.delay.ms`` after the replacement, 23.1). The
+        partition's newest state is loaded, once: if it no longer holds the segment, nothing
+        is lost yet and SegmentReplacedError hands the reader that state, to read the
+        segment's offsets from its live files; if it still holds it, a live segment is
+        missing and ``error`` stands. The one place the rule lives: every read of a segment's
+        file through a Partition comes here when the file is missing."""
+        try:
+            newest = self.state()
+        except KStoreError as exc:
+            # The log cannot be read either (a deleted topic whose logs were purged): the
+            # segment is gone, as the read found.
+            raise error from exc
+        if _holds(newest, seg):
+            raise error
+        raise SegmentReplacedError(
+            f"{self.topic}-{self.partition}: segment {seg.path} (offsets {seg.base_offset}.."
+            f"{seg.last_offset}) is no longer live at version {newest.version} of the log and "
+            "its file was deleted; its records are read from that version's files",
+            newest,
+        ) from error
+
+    def read_tables(
+        self,
+        start: int,
+        stop: int,
+        *,
+        state: PartitionState | None = None,
+        segments: Iterable[Segment] | None = None,
+        columns: list[str] | None = None,
+        keep: Callable[[Segment], bool] | None = None,
+        data: Callable[[Segment], bytes | None] | None = None,
+        gone: Callable[[int, PartitionState], None] | None = None,
+        missing: Callable[[Segment, MissingSegmentError], None] | None = None,
+    ) -> Iterator[tuple[Segment, pa.Table, int]]:
+        """The live segments holding offsets in ``[start, stop)``, decoded, in offset order:
+        each with ``position``, the first offset of it the reader has not been given yet (the
+        records below it came from earlier segments). The segments are ``segments`` (a plan's,
+        in offset order) or ``state``'s (default: the newest state); ``keep`` skips a segment
+        (a pushed-down filter), ``data`` may give a segment's bytes (fetched ahead).
+
+        When a segment's file is missing and the newest state no longer holds the segment
+        (:meth:`_missing`), the rest of the range is read from that state's live segments, so
+        a reader whose state or plan is older than a merge and vacuum returns every live
+        record (PROTOCOL.md 24 item 8). Offsets compaction removed are simply absent there;
+        offsets below its log start offset are gone (retention): ``gone(position, newest)``
+        is called, by default raising OffsetOutOfRangeError, and the read goes on from the
+        log start. A segment the newest state still holds is missing: ``missing(segment,
+        error)`` is called, by default raising the error, and the read goes on after it."""
+        source: Iterator[Segment] = (
+            iter(segments)
+            if segments is not None
+            else _segments_from(state if state is not None else self.state(), start)
+        )
+        position = start
+        while position < stop:
+            seg = next(source, None)
+            if seg is None or seg.base_offset >= stop:
+                return
+            if seg.last_offset < position:
+                continue
+            if keep is not None and not keep(seg):
+                position = seg.last_offset + 1
+                continue
+            try:
+                table = self.read_segment(seg, columns, data=None if data is None else data(seg))
+            except SegmentReplacedError as exc:
+                newest = exc.state
+                if position < newest.start_offset:
+                    (gone or self._gone)(position, newest)
+                    position = newest.start_offset
+                source = _segments_from(newest, position)
+                continue
+            except MissingSegmentError as exc:
+                if missing is None:
+                    raise
+                missing(seg, exc)
+                position = seg.last_offset + 1
+                continue
+            yield seg, table, position
+            position = seg.last_offset + 1
+
+    def _gone(self, position: int, newest: PartitionState) -> None:
+        raise OffsetOutOfRangeError(
+            f"{self.topic}-{self.partition}: offsets {position}..{newest.start_offset - 1} were "
+            f"removed while they were being read; the log now starts at {newest.start_offset}"
+        )
 
     def read(
         self,
@@ -555,7 +649,6 @@ class Partition:
         budget = max_bytes if max_bytes is not None else 1 << 62
         want = columns if columns is None or "offset" in columns else [*columns, "offset"]
         i = state.segment_index_for(from_offset)
-        position = from_offset
         ahead: list[Segment] = []
         expected = 0
         # Fetched ahead: what the read may reach, and no more than half the (bounded) segment
@@ -568,18 +661,9 @@ class Partition:
             expected += seg.record_count
             ahead_bytes -= seg.size_bytes
         self._prefetch(ahead, want)
-        # A window of segments at a time, not the list of all of them: a tailing reader reads
-        # a few at the end of thousands (between merges).
-        window: list[Segment] = []
-        while remaining > 0 and position < stop:
-            if not window:
-                window = state.segment_slice(i, i + 32)
-                if not window:
-                    break
-                window.reverse()
-            seg = window.pop()
-            i += 1
-            table = self.read_segment(seg, want)
+        if remaining <= 0:
+            return
+        for seg, table, position in self.read_tables(from_offset, stop, state=state, columns=want):
             rows = table.num_rows
             if seg.sparse:
                 offsets = table.column("offset")
@@ -590,7 +674,6 @@ class Partition:
                 hi = min(rows, stop - seg.base_offset)
             hi = min(hi, lo + remaining)
             if hi <= lo:
-                position = seg.last_offset + 1
                 continue
             per_row = max(1, table.get_total_buffer_size() // max(rows, 1))
             count = hi - lo
@@ -605,13 +688,9 @@ class Partition:
                 yield batch, batch.num_rows * per_row
             remaining -= count
             budget -= count * per_row
-            if seg.sparse:
-                position = int(piece.column("offset")[-1].as_py()) + 1
-            else:
-                position = seg.base_offset + lo + count
             # Stop once the budget cut this segment short: going on to the next segment would
             # skip the rest of this one and leave a gap in what the reader sees.
-            if budget <= 0 or trimmed:
+            if remaining <= 0 or budget <= 0 or trimmed:
                 return
 
     def offset_for_timestamp(
@@ -627,7 +706,14 @@ class Partition:
             i += 1
             if seg.max_timestamp_ms < timestamp_ms:
                 continue
-            table = self.read_segment(seg, ["timestamp", "offset"])
+            try:
+                table = self.read_segment(seg, ["timestamp", "offset"])
+            except SegmentReplacedError as exc:
+                # Replaced and vacuumed since ``state`` (PROTOCOL.md 24 item 8): the answer
+                # is looked up again in the newest state's live files.
+                state = exc.state
+                i = state.segments_for_time(timestamp_ms)
+                continue
             mask = pc.greater_equal(table.column("timestamp"), target)
             index = pc.index(mask, True).as_py()
             if index is not None and index >= 0:
@@ -731,6 +817,42 @@ def prefetch(
 # A cached state not confirmed as the newest for this long is reloaded from a checkpoint
 # before it is used: vacuum keeps log versions at least twice as long (PROTOCOL.md 17.5).
 STALE_STATE_S = 24 * 3600.0
+
+
+class SegmentReplacedError(MissingSegmentError):
+    """A segment a reader's state names is missing from storage and no longer live in the
+    partition's newest state: a merge, compaction or retention replaced it and vacuum
+    deleted its file after ``file.delete.delay.ms`` (PROTOCOL.md 23.1). Nothing is lost: the
+    reader reads those offsets from ``state``, the newest state, as
+    :meth:`Partition.read_tables` does (24 item 8). A reader that cannot (a maintenance job
+    that planned a rewrite of the segment) stands down: the next run plans again."""
+
+    def __init__(self, message: str, state: PartitionState) -> None:
+        super().__init__(message)
+        self.state = state
+
+
+def _holds(state: PartitionState, seg: Segment) -> bool:
+    """Whether ``seg`` (the same file or range, at the same offsets) is live in ``state``."""
+    i = state.segment_index_for(seg.base_offset)
+    found = state.segment_slice(i, i + 1)
+    return bool(found) and (found[0].path, found[0].byte_range, found[0].base_offset) == (
+        seg.path,
+        seg.byte_range,
+        seg.base_offset,
+    )
+
+
+def _segments_from(state: PartitionState, offset: int) -> Iterator[Segment]:
+    """``state``'s live segments from the one holding ``offset`` on, a window at a time (a
+    tailing reader reads a few at the end of thousands, between merges)."""
+    i = state.segment_index_for(offset)
+    while True:
+        window = state.segment_slice(i, i + 32)
+        if not window:
+            return
+        yield from window
+        i += len(window)
 
 
 def _cache_key(seg: Segment, columns: list[str] | None, layout: Layout) -> str:

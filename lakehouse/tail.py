@@ -63,6 +63,7 @@ def merge_tail(store: Store, meta: TopicMetadata, now_ms: int | None = None) -> 
     from kstore.compaction.jobs import WorkItem
     from kstore.compaction.merger import _read_group, _write_merged
 
+    from kstore.partition import SegmentReplacedError
     from kstore.segments import layout_of
 
     config = meta.effective_config
@@ -72,8 +73,22 @@ def merge_tail(store: Store, meta: TopicMetadata, now_ms: int | None = None) -> 
         part = item.open(store)
         state = part.state()
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        for group in tail_groups(state, config):
-            tables = _read_group(part, group)
+        groups = tail_groups(state, config)
+        replanned = False
+        while groups:
+            group = groups.pop(0)
+            try:
+                tables = _read_group(part, group)
+            except SegmentReplacedError as exc:
+                # Rewritten and vacuumed since this state (another merge, then a vacuum past
+                # file.delete.delay.ms): planned again, once, from the newest state's live
+                # files (PROTOCOL.md 24 item 8).
+                if replanned:
+                    break
+                replanned = True
+                state = exc.state
+                groups = tail_groups(state, config)
+                continue
             written, horizon, written_at = _write_merged(part, state, group, tables, config, now)
             try:
                 landed = _replace(

@@ -3,9 +3,13 @@
 The driver side (:class:`Resolver`, :func:`plan_tasks`) works from partition manifests only: a
 manifest says, for every live segment, its offset range, record count, timestamp range and
 size, so offsets, limits and splits are decided without opening a segment file (timestamp
-lookups excepted: they open the one segment that holds the answer). Each read task carries
-the manifest entries of the segments it reads, so executors read exactly the planned snapshot
-and touch no manifest at all.
+lookups excepted: they open the one segment that holds the answer). Each streaming read task
+carries the manifest entries of the segments it reads, so executors read the planned snapshot
+and touch no manifest, unless a planned file is gone: a merge, compaction or retention replaced
+it and vacuum deleted it before the task ran (a late task, a retried one). The task then loads
+the partition's newest state and reads the rest of its range from the live files
+(:meth:`kstore.partition.Partition.read_tables`, PROTOCOL.md 24 item 8); only offsets below
+the log start offset are data loss.
 """
 
 from __future__ import annotations
@@ -110,7 +114,8 @@ class ReadTask(InputPartition):
     """One Spark task: offsets [start, end) of one topic-partition.
 
     A streaming task carries the manifest entries of its segments (``segments``): it reads
-    exactly the planned snapshot and touches no manifest. A batch task leaves ``segments``
+    the planned snapshot and touches no manifest while its files are there (see the module
+    docstring for when one is not). A batch task leaves ``segments``
     None and looks at the partition's manifest when it runs, because Spark plans a Python
     source's batch read once per DataFrame (or view) and re-runs that plan for every later
     query on it: with ``open_end`` the task reads up to what is "latest" when it runs, and
@@ -230,27 +235,58 @@ def read_task(task: ReadTask, ctx: ReadContext) -> Iterator[pa.RecordBatch]:
     segment_columns = [c for c in SEGMENT_COLUMNS if c in wanted] + ["offset"]
     low_us, high_us = pushdown.bounds("timestamp")
     constants = ConstantColumns(task.topic, task.partition, task.timestamp_type)
+
+    def in_time(seg: Segment) -> bool:
+        return _segment_in_time(seg, low_us, high_us)
+
     wanted_segments = [
         seg
         for seg in segments
-        if seg.last_offset >= start
-        and seg.base_offset < end
-        and _segment_in_time(seg, low_us, high_us)
+        if seg.last_offset >= start and seg.base_offset < end and in_time(seg)
     ]
+    # Where each planned segment is in the plan, for fetching the next ones ahead of it.
+    order = {_key(seg): i for i, seg in enumerate(wanted_segments)}
     fetched: dict[SegmentKey, bytes] = {}
-    for i, seg in enumerate(wanted_segments):
+
+    def data(seg: Segment) -> bytes | None:
+        i = order.get(_key(seg))
+        if i is None:
+            return None  # not planned: read after a reload (below), on its own
         if _key(seg) not in fetched:
             fetched.update(_fetch_ahead(partition, wanted_segments[i:], segment_columns, fetched))
-        try:
-            table = partition.read_segment(seg, segment_columns, data=fetched.pop(_key(seg), None))
-        except MissingSegmentError as exc:
-            report_data_loss(
-                ctx.fail_on_data_loss,
-                f"{task.topic}-{task.partition}: offsets {seg.base_offset}..{seg.last_offset} "
-                f"are gone ({exc})",
-            )
-            continue
-        lo, hi = _slice_bounds(seg, table, start, end)
+        return fetched.pop(_key(seg), None)
+
+    def gone(position: int, newest: PartitionState) -> None:
+        report_data_loss(
+            ctx.fail_on_data_loss,
+            f"{task.topic}-{task.partition}: offsets {position}.."
+            f"{min(newest.start_offset, end) - 1} were to be read, but the log now starts at "
+            f"{newest.start_offset}",
+        )
+
+    def missing(seg: Segment, exc: MissingSegmentError) -> None:
+        # Live in the newest state too, and its file is gone (a deleted topic's data purged).
+        report_data_loss(
+            ctx.fail_on_data_loss,
+            f"{task.topic}-{task.partition}: offsets {seg.base_offset}..{seg.last_offset} "
+            f"are gone ({exc})",
+        )
+
+    # A planned segment whose file is missing makes the partition's state reload, and the rest
+    # of the planned range is read from the live files of the newest state: a task that runs
+    # after a merge and vacuum returns every record (PROTOCOL.md 24 item 8). Only offsets
+    # truly gone (below the log start now) are data loss; compaction's are simply absent.
+    for seg, table, position in partition.read_tables(
+        start,
+        end,
+        segments=wanted_segments,
+        columns=segment_columns,
+        keep=in_time,
+        data=data,
+        gone=gone,
+        missing=missing,
+    ):
+        lo, hi = _slice_bounds(seg, table, position, end)
         if hi <= lo:
             continue
         piece = table.slice(lo, hi - lo)
