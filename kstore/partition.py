@@ -521,7 +521,10 @@ class Partition:
             # The log cannot be read either (a deleted topic whose logs were purged): the
             # segment is gone, as the read found.
             raise error from exc
-        if _holds(newest, seg):
+        if _holds(newest, seg) or newest.end_offset <= seg.last_offset:
+            # Still live: a live segment is missing. Or the log now ends before the segment,
+            # where any newer state of it would reach past it: the log itself is gone (a
+            # deleted topic's files purged), and so are the records.
             raise error
         raise SegmentReplacedError(
             f"{self.topic}-{self.partition}: segment {seg.path} (offsets {seg.base_offset}.."

@@ -361,6 +361,27 @@ def test_only_offsets_retention_removed_are_data_loss(
     assert "offsets 0..99 were to be read" in warnings[0]
 
 
+def test_a_topic_deleted_and_purged_before_its_tasks_ran_is_data_loss(
+    local_store: Target, caplog: Any
+) -> None:
+    """The reload finds no log at all (the incarnation's files purged): its records are gone,
+    and the tasks report it rather than read an empty state's nothing."""
+    store = open_store(local_store)
+    make_topic(store, 1)
+    tasks = streaming_tasks(store)
+    store.delete_topic("t")
+    purged = vacuum(None, *local_store, verbose=False, now_ms=now_ms() + DELAY + 5_000)
+    assert purged.errors == []
+    assert not store.storage.exists(store.partition("t", 0, tasks[0].metadata).directory)
+    with pytest.raises(DataLossError, match=r"t-0: offsets 0\.\.39 are gone"):
+        run_tasks(tasks, context(local_store, fail=True))
+    with caplog.at_level(logging.WARNING, logger="kstore.spark_ext.reading"):
+        got = run_tasks(tasks, context(local_store, fail=False))
+    assert got == {p: [] for p in range(PARTITIONS)}
+    lost = [r for r in caplog.records if "lost" in r.getMessage()]
+    assert len(lost) == PARTITIONS * FLUSHES  # every planned segment, each reported
+
+
 def test_offsets_compaction_removed_are_absent_not_lost(local_store: Target) -> None:
     """Planned tasks, then compaction (8 keys a partition), a merge and a vacuum: the tasks
     read what the log holds now in their ranges, and report no loss."""
