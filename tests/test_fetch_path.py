@@ -498,6 +498,7 @@ class _TailedLog:
         self.storage = kstore.Store(*moto_store).storage
         self.clock = _Clock()
         monkeypatch.setattr(log_module, "time", self.clock)
+        monkeypatch.setattr(log_module, "clock", self.clock)  # states' confirmation times
         self.directory = directory
         self.reader: Log[LogState] = Log(self.storage, directory, LogState)
         self.rounds: list[int] = []

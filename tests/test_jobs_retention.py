@@ -18,6 +18,7 @@ from kstore.retention import MIN_LOG_RETENTION_MS, MIN_ORPHAN_AGE_MS, run_retent
 from kstore.retention.main import main as retention_main
 
 from kstore import Store
+from kstore import clock as kstore_clock
 from kstore.consumer import Consumer
 from kstore.errors import InvalidConfigurationError, OffsetOutOfRangeError
 from kstore.layout import topic_data_dir
@@ -292,9 +293,12 @@ class Clock:
         self.offset_ms = 0
         real = time.monotonic
         monkeypatch.setattr(time, "monotonic", lambda: real() + self.offset_ms / 1000)
+        # The ages of PROTOCOL.md 23.1 and 23.2 are read from kstore.clock: it moves too.
+        monkeypatch.setattr(kstore_clock, "_offset", kstore_clock._offset)
 
     def advance(self, ms: int) -> int:
         self.offset_ms += ms
+        kstore_clock.advance(ms / 1000)
         return now_ms() + self.offset_ms
 
 
