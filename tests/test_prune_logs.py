@@ -16,6 +16,7 @@ from kstore.retention import prune_logs
 from typer.testing import CliRunner
 
 import kstore
+from kstore import clock
 from kstore.errors import InvalidConfigurationError
 from kstore.groups import Group
 from kstore.layout import group_log_dir, producer_log_dir, topic_log_dir
@@ -118,10 +119,10 @@ def test_readers_within_the_retention_keep_reading(local_store: Any) -> None:
     # One that has not confirmed its state for a day reloads from a checkpoint instead of
     # taking the first deleted version for the end of the log, and writes after the newest.
     assert stale._state is not None
-    stale._state.confirmed_at = time.monotonic() - STALE_STATE_S - 1
+    stale._state.confirmed_at = clock.monotonic() - STALE_STATE_S - 1
     assert stale.committed(TP) == OffsetAndMetadata(119)
     assert stale._state is not None
-    stale._state.confirmed_at = time.monotonic() - STALE_STATE_S - 1
+    stale._state.confirmed_at = clock.monotonic() - STALE_STATE_S - 1
     stale.commit_offsets({TP: OffsetAndMetadata(500)}, member_id=None, generation=-1)
     assert _versions(store, group_log_dir("g"))[0] == list(range(100, 121))
     assert Group(store, "g").committed(TP) == OffsetAndMetadata(500)
