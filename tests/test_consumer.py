@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -22,14 +21,27 @@ from kstore.partition import Segment
 from kstore.producer import Producer
 from kstore.records import OffsetAndMetadata, TopicPartition
 from kstore.segments import write_segment
+from tests.commit_logs import FAST_BACKENDS, backend_params, commit_logs_fixture, logs_target
 
 BACKENDS = ["memory", "local", "seaweed"]
 
 
+@pytest.fixture(params=backend_params(BACKENDS, all_logs=FAST_BACKENDS))
+def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> kstore.Store:
+    """Every backend; on the fast ones with commit.logs 1 and 3 (tests/commit_logs.py)."""
+    target = logs_target(request, monkeypatch)
+    return kstore.Store(target.url, target.storage_options)
+
+
 @pytest.fixture(params=BACKENDS)
-def store(request: pytest.FixtureRequest) -> Iterator[kstore.Store]:
+def one_log_store(request: pytest.FixtureRequest) -> kstore.Store:
+    """Every backend, commit.logs 1 alone: for topics of one partition, where commit.logs 3
+    would leave logs 1 and 2 unused and change nothing."""
     url, options = request.getfixturevalue(f"{request.param}_store")
     return kstore.Store(url, options)
+
+
+commit_logs = commit_logs_fixture()
 
 
 def produce(
@@ -67,10 +79,18 @@ def drain(consumer: Consumer, *, idle_polls: int = 3, timeout_ms: int = 50) -> l
 
 def test_reads_everything_in_partition_order(store: kstore.Store) -> None:
     store.create_topic("t", partitions=3)
-    produce(store, "t", 600)
+    with Producer(store, linger_ms=1) as producer:
+        futures = [producer.send("t", value=b"%d" % i, key=b"k%d" % (i % 10)) for i in range(600)]
+    acked: dict[tuple[int, int], int] = {}
+    for i, future in enumerate(futures):
+        meta = future.get()
+        acked[(meta.partition, meta.offset)] = i
     with Consumer("t", store=store, auto_offset_reset="earliest", max_poll_records=70) as consumer:
         records = drain(consumer)
     assert sorted(int(r.value) for r in records) == list(range(600))
+    # Every record where its acknowledgement said, partition by partition (with commit.logs 3
+    # each partition has a topic log of its own; a flush spans all three).
+    assert {(r.partition, r.offset): int(r.value) for r in records} == acked
     by_partition: dict[int, list[int]] = {}
     for r in records:
         by_partition.setdefault(r.partition, []).append(r.offset)
@@ -86,7 +106,8 @@ def test_reads_everything_in_partition_order(store: kstore.Store) -> None:
     assert all(v == sorted(v) for v in per_key.values())
 
 
-def test_latest_and_none_resets(store: kstore.Store) -> None:
+def test_latest_and_none_resets(one_log_store: kstore.Store) -> None:
+    store = one_log_store
     store.create_topic("t")
     produce(store, "t", 5)
     with Consumer("t", store=store, auto_offset_reset="latest") as consumer:
@@ -144,7 +165,8 @@ def test_poll_batches_are_arrow(store: kstore.Store) -> None:
     assert total == 1_000
 
 
-def test_deserializers_and_headers(store: kstore.Store) -> None:
+def test_deserializers_and_headers(one_log_store: kstore.Store) -> None:
+    store = one_log_store
     store.create_topic("t")
     with Producer(store) as producer:
         producer.send("t", value=b'{"a": 1}', key=b"k", headers=[("h", b"v")])
@@ -277,7 +299,7 @@ def test_a_tailing_consumer_looks_without_visiting_its_partitions_while_nothing_
 
 
 def test_a_consumer_looking_at_an_unchanged_log_sees_a_topic_deleted_meanwhile(
-    local_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+    local_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch, commit_logs: int
 ) -> None:
     """Looks that skip the partitions of an unchanged topic log still check the topic's
     metadata as often as before: a topic deleted meanwhile is reported, not tailed forever."""
@@ -337,10 +359,11 @@ def test_records_of_partitions_whose_batches_differ_in_schema_are_built_apart(
 
 
 def test_serialized_sizes_are_the_raw_lengths_and_minus_one_for_null(
-    store: kstore.Store,
+    one_log_store: kstore.Store,
 ) -> None:
     """Kafka's serialized sizes: the bytes as stored, before a deserializer, -1 for a null
     key or value; in a poll that mixes records with and without keys."""
+    store = one_log_store
     store.create_topic("t", partitions=1)
     sent = [(b"k", b"v" * 10), (None, b"\xff" * 3), (b"\xe2\x82\xac", None), (b"", b"")]
     with Producer(store) as producer:
@@ -362,7 +385,8 @@ def test_serialized_sizes_are_the_raw_lengths_and_minus_one_for_null(
     assert got[2].key == "\u20ac"  # deserialized after its size was taken
 
 
-def test_offsets_for_times_matches_a_scan(store: kstore.Store) -> None:
+def test_offsets_for_times_matches_a_scan(one_log_store: kstore.Store) -> None:
+    store = one_log_store
     store.create_topic("t", partitions=1)
     # Not monotonic: producers choose CreateTime, and several segments are written.
     stamps = [1_000, 5_000, 3_000, 9_000, 2_000, 7_000, 7_000, 11_000]
@@ -381,7 +405,8 @@ def test_offsets_for_times_matches_a_scan(store: kstore.Store) -> None:
                 assert (found.offset, found.timestamp) == expected
 
 
-def test_compaction_gaps_are_skipped(store: kstore.Store) -> None:
+def test_compaction_gaps_are_skipped(one_log_store: kstore.Store) -> None:
+    store = one_log_store
     store.create_topic("t", config={"cleanup.policy": "compact"})
     produce(store, "t", 10)
     part = store.partition("t", 0)
@@ -419,7 +444,8 @@ def test_compaction_gaps_are_skipped(store: kstore.Store) -> None:
         assert [r.offset for r in drain(consumer)] == [5, 9]
 
 
-def test_retention_moves_log_start_and_resets_positions(store: kstore.Store) -> None:
+def test_retention_moves_log_start_and_resets_positions(one_log_store: kstore.Store) -> None:
+    store = one_log_store
     store.create_topic("t")
     produce(store, "t", 5)
     produce(store, "t", 5, start=5)
@@ -472,13 +498,21 @@ def test_commit_committed_and_restart_resume(store: kstore.Store) -> None:
         assert consumer.committed(tp, metadata=True) == OffsetAndMetadata(
             consumer.position(tp), "checkpoint-7"
         )
+        committed = {tp.partition: consumer.position(tp) for tp in consumer.assignment()}
     with Consumer("t", store=store, group_id="g", auto_offset_reset="earliest") as consumer:
         rest = drain(consumer)
     values = sorted(int(r.value) for r in first + rest)
     assert values == list(range(200))  # resumed exactly where the commit left off
+    # ... partition by partition: each resumes at its own committed offset.
+    resumed: dict[int, int] = {}
+    for r in rest:
+        resumed.setdefault(r.partition, r.offset)
+    assert resumed == {p: at for p, at in committed.items() if p in resumed}
+    assert set(committed) == {0, 1}
 
 
-def test_auto_commit(store: kstore.Store) -> None:
+def test_auto_commit(one_log_store: kstore.Store) -> None:
+    store = one_log_store
     store.create_topic("t")
     produce(store, "t", 50)
     with Consumer(
@@ -489,7 +523,8 @@ def test_auto_commit(store: kstore.Store) -> None:
         assert consumer.committed(TopicPartition("t", 0)) == 50
 
 
-def test_commit_async_callback(store: kstore.Store) -> None:
+def test_commit_async_callback(one_log_store: kstore.Store) -> None:
+    store = one_log_store
     store.create_topic("t")
     produce(store, "t", 5)
     seen: list[Any] = []
@@ -505,7 +540,8 @@ def test_commit_async_callback(store: kstore.Store) -> None:
     assert seen[0][0][TopicPartition("t", 0)].offset == 5
 
 
-def test_pattern_subscription(store: kstore.Store) -> None:
+def test_pattern_subscription(one_log_store: kstore.Store) -> None:
+    store = one_log_store
     for name in ("logs-a", "logs-b", "metrics"):
         store.create_topic(name)
         produce(store, name, 3)
@@ -515,7 +551,8 @@ def test_pattern_subscription(store: kstore.Store) -> None:
         assert {r.topic for r in drain(consumer)} == {"logs-a", "logs-b"}
 
 
-def test_iteration_stops_after_consumer_timeout(store: kstore.Store) -> None:
+def test_iteration_stops_after_consumer_timeout(one_log_store: kstore.Store) -> None:
+    store = one_log_store
     store.create_topic("t")
     produce(store, "t", 7)
     consumer = Consumer("t", store=store, auto_offset_reset="earliest", consumer_timeout_ms=200)
