@@ -19,6 +19,7 @@ from kstore.retention import MIN_ORPHAN_AGE_MS, run_retention
 from kstore.consumer import Consumer
 from kstore.records import TopicPartition
 from kstore.segments import write_segment
+from tests.commit_logs_extra import open_target, target_params
 from tests.test_jobs_support import (
     BACKENDS,
     Target,
@@ -47,11 +48,12 @@ def fill(
         append(part, ks, vs, ts)
 
 
-@pytest.mark.parametrize("target", BACKENDS)
+@pytest.mark.parametrize("target", target_params(BACKENDS))
 def test_every_key_keeps_its_latest_record_at_its_offset(
-    target: str, request: pytest.FixtureRequest
+    target: tuple[str, int], request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    where: Target = request.getfixturevalue(target)
+    """Two partitions: in one topic log, or (commit.logs 3) each in its own."""
+    where: Target = open_target(request, monkeypatch, target)
     store = open_store(where)
     store.create_topic("users", 2, COMPACT)
     rng = random.Random(7)
@@ -60,9 +62,16 @@ def test_every_key_keeps_its_latest_record_at_its_offset(
         part = store.partition("users", p)
         fill(part, rng, segments=12, per_segment=40, keys=60, ts=now_ms() - 3_600_000)
         before[p] = rows(part)
+    logs = store.topic_logs("users")
+    assert len(logs) == min(target[1], 2)
+    versions = [log.state().version for log in logs]
     summary = run_compaction(None, *where, verbose=False)
     assert summary.count("committed") == 2
     assert not summary.errors
+    # Each partition's rewrite is committed to its own topic log, and only there.
+    grown = [log.state().version - v for log, v in zip(logs, versions, strict=True)]
+    assert sum(grown) == sum(row.commits for row in summary.partitions)
+    assert all(grown), grown
     assert summary.records_dropped == sum(
         len(before[p]) - len(latest_per_key(before[p])) for p in range(2)
     )

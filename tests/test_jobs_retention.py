@@ -25,6 +25,8 @@ from kstore.layout import topic_data_dir
 from kstore.log import checkpoint_file, version_file
 from kstore.records import TopicPartition
 from kstore.storage import Storage
+from tests.commit_logs import commit_logs_fixture
+from tests.commit_logs_extra import open_target, target_params
 from tests.test_jobs_support import (
     BACKENDS,
     Target,
@@ -37,6 +39,8 @@ from tests.test_jobs_support import (
 
 HOUR = 3_600_000
 DAY = 24 * HOUR
+
+commit_logs = commit_logs_fixture()
 
 
 class CountingStorage(Storage):
@@ -51,11 +55,12 @@ class CountingStorage(Storage):
         return super().read(rel)
 
 
-@pytest.mark.parametrize("target", BACKENDS)
+@pytest.mark.parametrize("target", target_params(BACKENDS))
 def test_retention_by_time_removes_old_segments_and_advances_the_log_start(
-    target: str, request: pytest.FixtureRequest
+    target: tuple[str, int], request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    where: Target = request.getfixturevalue(target)
+    """Two partitions: in one topic log, or (commit.logs 3) each in its own."""
+    where: Target = open_target(request, monkeypatch, target)
     store = open_store(where)
     store.create_topic("events", 2, {"retention.ms": HOUR})
     now = now_ms()
@@ -82,9 +87,10 @@ def test_retention_by_time_removes_old_segments_and_advances_the_log_start(
     # Nothing more is due; a later clock removes the rest, and the end offset survives.
     assert run_retention(None, *where, verbose=False, now_ms=now).count("committed") == 0
     run_retention(None, *where, verbose=False, now_ms=now + 2 * HOUR)
-    state = store.partition("events", 0).state()
-    assert state.segments == []
-    assert state.log_start_offset == 6 == state.end_offset
+    for p in range(2):
+        state = Store(*where).partition("events", p).state()
+        assert state.segments == []
+        assert state.log_start_offset == 6 == state.end_offset
 
 
 @pytest.mark.parametrize("target", BACKENDS)
@@ -110,7 +116,7 @@ def test_retention_by_size_keeps_at_least_retention_bytes(
     assert [o for o, _, _ in rows(part)] == [3, 4, 5]
 
 
-def test_retention_reads_manifests_only(tmp_path: Path) -> None:
+def test_retention_reads_manifests_only(tmp_path: Path, commit_logs: int) -> None:
     storage = CountingStorage(str(tmp_path / "store"))
     store = Store.from_storage(storage)
     store.create_topic("a", 3, {"retention.ms": HOUR})
@@ -302,15 +308,16 @@ class Clock:
         return now_ms() + self.offset_ms
 
 
-@pytest.mark.parametrize("target", BACKENDS)
+@pytest.mark.parametrize("target", target_params(BACKENDS))
 def test_vacuum_never_deletes_a_file_the_latest_manifest_references(
-    target: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    target: tuple[str, int], request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Random appends, compactions, merges and retentions, each followed by the most aggressive
     vacuum possible (31 days later: every removed file past its grace, every unreferenced file
     an orphan, old log versions past retention), with long-lived writers: every live segment
-    stays and reads back verified, and no acknowledged append is lost."""
-    where: Target = request.getfixturevalue(target)
+    stays and reads back verified, and no acknowledged append is lost. Two partitions: in
+    one topic log, or (commit.logs 3) each in its own."""
+    where: Target = open_target(request, monkeypatch, target)
     store = open_store(where)
     config = {
         "cleanup.policy": "compact,delete",
