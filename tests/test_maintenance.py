@@ -17,6 +17,7 @@ from kstore.maintenance.service import TaskRun
 from typer.testing import CliRunner
 
 from kstore import Store
+from tests.commit_logs import commit_logs_fixture, create_topics_with
 from tests.test_jobs_support import Target, append, now_ms, rows
 
 HOUR = 3_600_000
@@ -24,6 +25,8 @@ T0 = 1_800_000_000_000  # a fixed clock for the planner tests
 runner = CliRunner()
 STORE_TASKS = ["abort-transactions", "purge-deleted-topics", "prune-logs"]
 DAY = 24 * HOUR
+
+commit_logs = commit_logs_fixture()
 
 
 def _decisions(
@@ -227,8 +230,15 @@ def _cli(where: Target, *args: str, code: int = 0) -> Any:
     return result
 
 
-@pytest.mark.parametrize("layout", [2, 3])
-def test_maintain_once_retains_and_compacts(local_store: Target, layout: int) -> None:
+@pytest.mark.parametrize(
+    ("layout", "logs"), [(2, 1), (3, 1), (3, 3)], ids=["layout2", "layout3-logs1", "layout3-logs3"]
+)
+def test_maintain_once_retains_and_compacts(
+    local_store: Target, layout: int, logs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Layout 3 with commit.logs 1 and 3 (tests/commit_logs.py): with 3, the two partitions
+    of "logs" are in topic logs of their own."""
+    create_topics_with(monkeypatch, logs)
     store = Store(*local_store)
     now = now_ms()
     store.create_topic("logs", 2, {"retention.ms": HOUR}, layout=layout)
@@ -255,7 +265,7 @@ def test_maintain_once_retains_and_compacts(local_store: Target, layout: int) ->
     assert fresh.list_topics() == ["logs", "state"]
 
 
-def test_status_text_and_json_agree(local_store: Target) -> None:
+def test_status_text_and_json_agree(local_store: Target, commit_logs: int) -> None:
     store = Store(*local_store)
     now = now_ms()
     store.create_topic("logs", 1, {"retention.ms": HOUR})
