@@ -32,6 +32,7 @@ from kstore.layout import group_members_dir
 from kstore.producer import Producer
 from kstore.records import OffsetAndMetadata, TopicPartition
 from kstore.storage import FileInfo, Storage
+from tests.commit_logs import backend_params, logs_target
 
 BACKENDS = ["memory", "local", "seaweed"]
 FAST = {"session_timeout_ms": 2_500, "heartbeat_interval_ms": 200}
@@ -47,6 +48,14 @@ def target(request: pytest.FixtureRequest) -> tuple[str, str, dict[str, Any]]:
 @pytest.fixture
 def store(target: tuple[str, str, dict[str, Any]]) -> kstore.Store:
     return kstore.Store(target[1], target[2])
+
+
+@pytest.fixture(params=backend_params(BACKENDS))
+def logs_store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> kstore.Store:
+    """Every backend; on the fast ones with commit.logs 1 and 3 (tests/commit_logs.py): for
+    the tests that consume a layout-3 topic of several partitions."""
+    target = logs_target(request, monkeypatch)
+    return kstore.Store(target.url, target.storage_options)
 
 
 def produce(store: kstore.Store, topic: str, n: int) -> None:
@@ -432,7 +441,9 @@ def test_commit_after_rebalance_depends_on_ownership(store: kstore.Store) -> Non
         b.close()
 
 
-def test_hand_over_loses_nothing_and_repeats_nothing(store: kstore.Store) -> None:
+def test_hand_over_loses_nothing_and_repeats_nothing(logs_store: kstore.Store) -> None:
+    """Four partitions: in one topic log, or (commit.logs 3) 0 and 3, 1, 2 in three."""
+    store = logs_store
     store.create_topic("t", partitions=4)
     produce(store, "t", 800)
     events: list[tuple[str, str, list[int]]] = []
@@ -466,6 +477,10 @@ def test_hand_over_loses_nothing_and_repeats_nothing(store: kstore.Store) -> Non
     a.close()
     b.close()
     assert len(seen) == len(set(seen)) == 800  # nothing read twice, nothing lost
+    # Partition by partition: every offset below its end, read once.
+    ends = {p: store.partition("t", p).state().end_offset for p in range(4)}
+    assert sum(ends.values()) == 800
+    assert sorted(seen) == [(p, o) for p in range(4) for o in range(ends[p])]
     revoked = [ps for n, e, ps in events if n == "a" and e == "revoked"]
     assigned_b = [ps for n, e, ps in events if n == "b" and e == "assigned"]
     assert revoked
