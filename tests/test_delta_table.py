@@ -26,11 +26,15 @@ from kstore import Store
 from kstore.errors import InvalidConfigurationError, StorageError
 from kstore.producer import Producer
 from kstore.segments import HEADERS_TYPE, TIMESTAMP_TYPE
+from tests.commit_logs import commit_logs_fixture
+from tests.commit_logs_extra import open_target, target_params
 from tests.test_jobs_support import BACKENDS, Target, append, now_ms, open_store
 
 DAY = 86_400_000
 DELTA = {"table.format": "delta"}
 COLUMNS = ["partition", "offset", "timestamp", "key", "value", "headers"]
+
+commit_logs = commit_logs_fixture()
 
 
 def kstore_rows(store: Store, topic: str, covered: dict[int, int]) -> pa.Table:
@@ -104,11 +108,12 @@ def _fill(
 # -- the table reads what kstore reads --------------------------------------------------------
 
 
-@pytest.mark.parametrize("target", BACKENDS)
+@pytest.mark.parametrize("target", target_params(BACKENDS))
 def test_delete_topic_after_merge_and_retention(
-    target: str, request: pytest.FixtureRequest
+    target: tuple[str, int], request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    where: Target = request.getfixturevalue(target)
+    """Two partitions: in one topic log, or (commit.logs 3) each in its own."""
+    where: Target = open_target(request, monkeypatch, target)
     store = open_store(where)
     store.create_topic("clicks", 2, {**DELTA, "retention.ms": DAY})
     old = now_ms() - 3 * DAY
@@ -277,11 +282,13 @@ def test_tail_publication_reaches_the_last_stable_offset(local_store: Target) ->
 # -- exactly-once ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("target", BACKENDS)
+@pytest.mark.parametrize("target", target_params(BACKENDS))
 def test_crash_between_the_two_commits_is_repaired(
-    target: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    target: tuple[str, int], request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    where: Target = request.getfixturevalue(target)
+    """Two partitions: in one topic log, or (commit.logs 3) each in its own: the repair
+    publishes both, each up to its own end offset."""
+    where: Target = open_target(request, monkeypatch, target)
     store = open_store(where)
     store.create_topic("t", 2, DELTA)
     _fill(store, "t", 2, 3, now_ms())
@@ -292,10 +299,13 @@ def test_crash_between_the_two_commits_is_repaired(
     def crash(*args: Any, **kwargs: Any) -> int:
         raise SystemExit("crash before the Delta commit")
 
+    real_commit = publish_module.commit
+
     monkeypatch.setattr(publish_module, "commit", crash)
     with pytest.raises(SystemExit):
         merge_segments(None, store, topics=["t"], verbose=False)
-    monkeypatch.undo()
+    # The crash's undo only: the topics of this test keep their commit.logs.
+    monkeypatch.setattr(publish_module, "commit", real_commit)
     # kstore committed the merge; the table is still at the version before it.
     assert read_snapshot(store.storage, table_dir(store.topic("t"))).version == first.version
     repaired = publish_table(store, "t")
@@ -305,6 +315,7 @@ def test_crash_between_the_two_commits_is_repaired(
     assert rows.equals(kstore_rows(store, "t", _covered(repaired)))
     assert rows.num_rows == 2 * 24
     assert len(set(zip(*_keys(rows), strict=True))) == rows.num_rows
+    assert _covered(repaired) == {p: store.partition("t", p).state().end_offset for p in (0, 1)}
 
     # A crash after the Delta commit landed (before anything else ran): nothing is redone.
     _fill(store, "t", 2, 3, now_ms())
@@ -317,13 +328,14 @@ def test_crash_between_the_two_commits_is_repaired(
     monkeypatch.setattr(publish_module, "commit", commit_then_crash)
     with pytest.raises(SystemExit):
         merge_segments(None, store, topics=["t"], verbose=False)
-    monkeypatch.undo()
+    monkeypatch.setattr(publish_module, "commit", real)
     again = publish_table(store, "t")
     assert not again.committed
     assert again.version == repaired.version + 1
     rows = delta_rows(store, "t")
     assert rows.equals(kstore_rows(store, "t", _covered(again)))
     assert rows.num_rows == 2 * 36
+    assert _covered(again) == {0: 36, 1: 36}
 
 
 def _keys(rows: pa.Table) -> tuple[list[Any], list[Any]]:
@@ -364,7 +376,7 @@ def test_a_commit_whose_answer_was_lost(
     assert delta_rows(store, "t").equals(kstore_rows(store, "t", _covered(report)))
 
 
-def test_racing_publishers_commit_once(local_store: Target) -> None:
+def test_racing_publishers_commit_once(local_store: Target, commit_logs: int) -> None:
     store = open_store(local_store)
     store.create_topic("t", 3, DELTA)
     _fill(store, "t", 3, 3, now_ms())
@@ -394,6 +406,7 @@ def test_racing_publishers_commit_once(local_store: Target) -> None:
     assert {r.version for r in reports} == {before + 1}
     rows = delta_rows(store, "t")
     assert rows.equals(kstore_rows(store, "t", _covered(reports[0])))
+    assert _covered(reports[0]) == dict.fromkeys(range(3), 40)  # 10 appends of 4 per partition
 
 
 def test_a_publisher_behind_the_table_stands_down(local_store: Target) -> None:
@@ -466,7 +479,7 @@ def test_a_checkpoint_every_checkpoint_interval(local_store: Target) -> None:
 # -- zero-copy -------------------------------------------------------------------------------------
 
 
-def test_publication_writes_only_its_delta_commit(local_store: Target) -> None:
+def test_publication_writes_only_its_delta_commit(local_store: Target, commit_logs: int) -> None:
     store = open_store(local_store)
     store.create_topic("t", 2, DELTA)
     store.alter_topic_config("t", {"table.format": "none"})
