@@ -30,6 +30,7 @@ from kstore.cli.common import (
     StoreOpt,
     WaitNotes,
     begin_invocation,
+    exit_process,
     human_bytes,
     new_table,
     note,
@@ -339,8 +340,18 @@ def verify(
 
 
 def main() -> None:
-    """Console script entry point."""
-    app(prog_name="kstore")
+    """Console script entry point. The process ends through :func:`exit_process`, not the
+    interpreter's teardown, which can abort it once deltalake is loaded (exit_process says
+    why); typer's runner and tests call the app itself and exit as usual."""
+    try:
+        app(prog_name="kstore")
+    except SystemExit as done:
+        code = done.code
+        if code is not None and not isinstance(code, int):
+            sys.stderr.write(f"{code}\n")  # as the interpreter reports a non-integer code
+            code = EXIT_FAILURE
+        exit_process(code or 0)
+    exit_process(0)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,11 @@ the option's name looks like a secret (key, secret, token, ...), whose values st
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
+import re
 import sys
 import tomllib
 import traceback
@@ -28,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -522,13 +524,20 @@ def debug_enabled() -> bool:
 def error_message(exc: BaseException) -> str:
     """One line that says what went wrong (and, where it helps, what to do)."""
     from kstore.errors import (
+        BucketNotFoundError,
+        CorruptLogError,
         InvalidStoreError,
         KStoreError,
+        MissingSegmentError,
         StorageError,
         StoreNotFoundError,
     )
 
     message = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, CorruptLogError) and not isinstance(exc, MissingSegmentError):
+        return _with_recovery_hint(message)
+    if isinstance(exc, BucketNotFoundError):
+        return message  # it says what to do: `topics create` makes no bucket
     if isinstance(exc, StoreNotFoundError):
         return f"{message} (check --store; `kstore topics create` creates a new store)"
     if isinstance(exc, StorageError | InvalidStoreError):
@@ -558,6 +567,30 @@ def error_message(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         return f"{type(exc).__name__}: {message}"
     return f"unexpected {type(exc).__name__}: {message} (run with --debug for the traceback)"
+
+
+# A file of a topic's logs (a topic log, its sidecars, a layout-2 partition log): the topic
+# whose log `kstore topics recover` mends.
+_DAMAGED_LOG = re.compile(
+    r"topics/([A-Za-z0-9._-]+)/[0-9a-f]{32}/(?:_log(?:\.[0-9]+)?|_sidecars|[0-9]+/_log)(?=[/:\s]|$)"
+)
+_RECOVER = "`kstore topics recover`"
+
+
+def _with_recovery_hint(message: str) -> str:
+    """A corrupt or gapped topic log's error, naming the command that recovers it."""
+    found = _DAMAGED_LOG.search(message)
+    if found is None:
+        return message
+    command = f"`kstore topics recover {found.group(1)}`"
+    if _RECOVER in message:
+        return message.replace(_RECOVER, command)
+    if command in message:
+        return message
+    return (
+        f"{message} (the topic cannot be read or written until its log is recovered: "
+        f"{command} shows what a recovery would do and lose; docs/OPERATIONS.md)"
+    )
 
 
 def parse_client_properties(items: Iterable[str] | None, what: str) -> dict[str, Any]:
@@ -595,6 +628,39 @@ def report_error(exc: BaseException) -> None:
         sys.stderr.write(redact(trace))
     sys.stderr.write(redact(f"error: {error_message(exc)}") + "\n")
     sys.stderr.flush()
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the process with ``code``: the exit of the ``kstore`` command and of the examples.
+
+    Once ``deltalake`` has been loaded (a publication writes a Delta checkpoint; a reader opens
+    a table), the interpreter's own teardown may abort the process (SIGABRT, exit code 134)
+    after everything succeeded: Arrow's I/O threads, which ``deltalake``'s reader feeds
+    through a Python filesystem (pre-buffered reads), can still be releasing Python buffers
+    when the interpreter finalizes; Python ends such a thread inside the buffer's C++
+    destructor, and that ends in ``std::terminate``. It is pyarrow's (apache/arrow#49942: the
+    destructors of ``PyBuffer`` and ``NumPyBuffer`` are not guarded against finalization;
+    fixed after pyarrow 26.0.1, which guards only by ``Py_IsInitialized``); delta-rs#2184 is
+    the same abort seen from deltalake. So, with ``deltalake`` loaded, the process ends
+    without that teardown, once what the teardown would have done for kstore is done: the
+    checkpoint being written in the background is waited for, exit handlers run, logs and
+    output are flushed; then ``os._exit``. Otherwise ``sys.exit`` as usual."""
+    if "deltalake" not in sys.modules:
+        sys.exit(code)
+    import atexit
+    import logging
+
+    from kstore.log import wait_for_checkpoints
+
+    try:
+        wait_for_checkpoints()  # as the interpreter waits for the background writer
+        atexit._run_exitfuncs()
+        logging.shutdown()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # closed, or its reader went away
+                stream.flush()
+        os._exit(code)
 
 
 def silence_stdout() -> None:

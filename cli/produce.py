@@ -8,6 +8,7 @@ objects with ``key``, ``value``, ``headers``, ``partition`` and ``timestamp``, t
 
 from __future__ import annotations
 
+import array
 import base64
 import binascii
 import enum
@@ -255,6 +256,11 @@ class _Delivery:
     partitions: dict[int, list[int]] = field(
         default_factory=dict
     )  # partition -> [count, first, last]
+    # Input line numbers of the records not delivered (8 bytes each, sorted when reported).
+    failed_lines: array.array[int] = field(default_factory=lambda: array.array("q"))
+    # Set by a failure that every later record would meet too (the storage refuses writes:
+    # a full disk, a read-only filesystem): the input is not read further.
+    fatal: BaseException | None = None
 
     def ok(self, metadata: Any) -> None:
         with self.lock:
@@ -267,11 +273,37 @@ class _Delivery:
                 entry[1] = min(entry[1], metadata.offset) if entry[1] >= 0 else metadata.offset
                 entry[2] = max(entry[2], metadata.offset)
 
-    def error(self, exc: BaseException) -> None:
+    def error(self, exc: BaseException, line: int = 0) -> None:
+        from kstore.errors import StorageNotWritableError
+
         with self.lock:
             self.failed += 1
+            if line:
+                self.failed_lines.append(line)
             if self.first_error is None:
                 self.first_error = exc
+            if self.fatal is None and isinstance(exc, StorageNotWritableError):
+                self.fatal = exc
+
+    def errback(self, line: int) -> Any:
+        """The errback of the record read from input line ``line``."""
+        return lambda exc: self.error(exc, line)
+
+    def not_delivered(self) -> tuple[list[list[int]], str]:
+        """The input lines not delivered, as ``[first, last]`` runs, and in words
+        (``lines 3-7, 12``; at most ten runs, then how many more)."""
+        runs: list[list[int]] = []
+        for line in sorted(self.failed_lines):
+            if runs and line == runs[-1][1] + 1:
+                runs[-1][1] = line
+            else:
+                runs.append([line, line])
+        shown = [f"{a}-{b}" if a != b else f"{a}" for a, b in runs[:10]]
+        words = ", ".join(shown)
+        if len(runs) > 10:
+            rest = sum(b - a + 1 for a, b in runs[10:])
+            words += f" and {rest} more line(s) up to {runs[-1][1]}"
+        return runs, ("line " if len(self.failed_lines) == 1 else "lines ") + words
 
 
 class _Interrupt:
@@ -461,9 +493,15 @@ def produce(
         **properties,
     }
     producer = Producer(handle, **configs)
+    stopped_at: int | None = None  # the first input line not read (a fatal failure)
     try:
         with _Interrupt() as interrupt:
             for number, line in _lines(stream, interrupt):
+                if delivery.fatal is not None:
+                    # The storage refuses writes: every record sent now would fail the same
+                    # way. This line and the rest of the input are not sent.
+                    stopped_at = number
+                    break
                 if input_format is InputFormat.json and not line.strip():
                     continue
                 try:
@@ -485,7 +523,7 @@ def produce(
                     detail = str(exc) if not isinstance(exc, KStoreError) else error_message(exc)
                     failure = f"line {number}: {detail}"
                     break
-                future.add_callback(delivery.ok).add_errback(delivery.error)
+                future.add_callback(delivery.ok).add_errback(delivery.errback(number))
                 sent += 1
     finally:
         try:
@@ -497,15 +535,24 @@ def produce(
         {"partition": p, "records": c, "first_offset": lo, "last_offset": hi}
         for p, (c, lo, hi) in sorted(delivery.partitions.items())
     ]
-    summary = {
+    runs, lines_text = delivery.not_delivered()
+    summary: dict[str, Any] = {
         "topic": topic,
         "records": delivery.delivered,
         "failed": delivery.failed,
         "partitions": per_partition,
+        "failed_lines": runs,  # input lines not delivered, as [first, last] runs
+        "unread_from_line": None,
     }
     if delivery.failed and failure is None:
         assert delivery.first_error is not None
-        failure = f"{delivery.failed} of {sent} records were not delivered: {error_message(delivery.first_error)}"
+        failure = (
+            f"{delivery.failed} of {sent} records were not delivered ({lines_text} of the "
+            f"input): {error_message(delivery.first_error)}"
+        )
+        if stopped_at is not None:
+            summary["unread_from_line"] = stopped_at
+            failure += f"; input from line {stopped_at} on was not sent"
     if output is OutputFormat.json:
         print_json({**summary, "error": failure})
     else:

@@ -339,4 +339,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     threading.excepthook = lambda args: console.print(f"[red]thread error:[/] {args.exc_value}")
-    sys.exit(main())
+    from kstore.cli.common import exit_process
+
+    exit_process(main())  # not the teardown that can abort once deltalake is loaded

@@ -135,4 +135,6 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from kstore.cli.common import exit_process
+
+    exit_process(main())  # not the teardown that can abort once deltalake is loaded

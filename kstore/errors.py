@@ -186,3 +186,25 @@ class TopicDeletedError(UnknownTopicOrPartitionError):
     """The log belongs to a topic incarnation that was deleted: its logs are sealed and take no
     more commits (PROTOCOL.md 17.3). Its files stay readable for ``file.delete.delay.ms``; a
     topic of the same name may have been created since."""
+
+
+# --- storage that refuses writes, a missing bucket ----------------------------------------------
+
+
+class StorageNotWritableError(KStoreError):
+    """The storage refused a write for a reason that repeating it cannot fix: no space left
+    on the device (``ENOSPC``), a disk quota (``EDQUOT``), a read-only filesystem (``EROFS``)
+    or a permission (``EACCES``, ``EPERM``). Nothing was written by the call that raised it (a
+    partial file is removed), so, unlike a :class:`StorageError`, its outcome is known.
+
+    Not retriable: free space or make the storage writable, then send again. ``errno`` is the
+    operating system's error number; ``path`` the store-relative path being written."""
+
+    def __init__(self, message: str, *, errno: int | None = None, path: str | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
+        self.path = path
+
+
+class BucketNotFoundError(StoreNotFoundError):
+    """The S3 bucket of the store URL does not exist (kstore never creates buckets)."""

@@ -56,9 +56,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from kstore.errors import (
+    BucketNotFoundError,
     DurabilityUnknownError,
     InvalidStoreError,
+    KStoreError,
     StorageError,
+    StorageNotWritableError,
     StorageTimeoutError,
     UnsafeStorageError,
 )
@@ -128,6 +131,17 @@ _REQUEST_KINDS = {
     "ListBuckets": "LIST",
     "DeleteObject": "DELETE",
     "DeleteObjects": "DELETE",
+}
+
+# A local write that fails with one of these fails for a reason that repeating it cannot fix
+# (StorageNotWritableError, not retriable): a full disk gives the same answer in a second as now,
+# and minutes of retries would only hold the records back from being reported as not sent.
+_NOT_WRITABLE = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "the filesystem is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
 }
 
 # Called, once per storage call, when that call has waited longer than ``_WAIT_REPORT_S``
@@ -314,6 +328,9 @@ class Storage:
         )
         self._known_dirs: set[str] = set()
         self._durable_dirs: set[str] = set()
+        # S3: until a call has found the bucket, a file not found or a write refused makes
+        # one HEAD of the bucket, so that a missing bucket is named as such (_check_bucket).
+        self._bucket_seen = not self.is_s3
         # Commit files that carry data, as a reader read them whole (Storage.remember).
         self._remembered: collections.OrderedDict[str, bytes] = collections.OrderedDict()
         self._remembered_bytes = 0
@@ -538,6 +555,27 @@ class Storage:
                 body.close()
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _check_bucket(self) -> None:
+        """S3, before any call has found the bucket: :class:`BucketNotFoundError` when it does
+        not exist. Otherwise nothing (the bucket is there, or a HEAD cannot tell: no permission
+        to ask, a failure), and the caller's own error stands. At most once per Storage that
+        finds its bucket: one HEAD, on the first missing file or refused write only."""
+        if self._bucket_seen:
+            return
+        bucket = self.root.split("/", 1)[0]
+        try:
+            self._s3_call(
+                "checking the bucket", "", lambda: self.fs._call_s3("head_bucket", Bucket=bucket)
+            )
+        except FileNotFoundError:
+            raise BucketNotFoundError(
+                f"bucket {bucket!r} does not exist at {self.endpoint} (store {self.display_url}): "
+                "create it first; kstore does not create buckets"
+            ) from None
+        except Exception:  # cannot tell: the caller's error is the one shown
+            pass
+        self._bucket_seen = True  # asked once, whatever the answer (a HEAD per miss would cost)
+
     def s3_client(self) -> Any:
         """The botocore client s3fs uses (for hooks on its events); S3 stores only."""
         if not self.is_s3:
@@ -631,10 +669,17 @@ class Storage:
                 with open(path, "rb") as f:
                     return f.read()
             if self.is_s3:
-                return self._s3_call("reading", rel, lambda: self._s3_get(path), own_deadline=True)
+                found: bytes = self._s3_call(
+                    "reading", rel, lambda: self._s3_get(path), own_deadline=True
+                )
+                self._bucket_seen = True
+                return found
             data: bytes = self.fs.cat_file(path)
             return data
-        except (FileNotFoundError, StorageError):
+        except FileNotFoundError:
+            self._check_bucket()  # S3: a missing bucket is named, not taken for a missing file
+            raise
+        except StorageError:
             raise
         except Exception as exc:
             raise StorageError(
@@ -846,9 +891,11 @@ class Storage:
                 items = self._s3_call(
                     "listing", rel, lambda: self._s3_list(path), own_deadline=True
                 )
+                self._bucket_seen = self._bucket_seen or bool(items)
             else:
                 items = self.fs.ls(path, detail=True)
         except FileNotFoundError:
+            self._check_bucket()
             return []
         except StorageError:
             raise
@@ -1044,13 +1091,19 @@ class Storage:
                         lambda: self._s3_put(path, data, create=True),
                         deadline_s=self._write_deadline(len(data)),
                     )
+                    self._bucket_seen = True
                 else:
                     self.fs.pipe_file(path, data, mode="create")
-            except (FileExistsError, StorageError):
+            except FileExistsError:
+                self._bucket_seen = True
+                raise
+            except StorageError:
                 raise
             except Exception as exc:
                 if _is_precondition_failed(exc):
                     raise FileExistsError(errno.EEXIST, "exists", rel) from exc
+                if self.is_s3:
+                    self._check_bucket()  # moto: NoSuchBucket; SeaweedFS: 403 AccessDenied
                 raise StorageError(f"conditional write of {rel!r} failed: {_reason(exc)}") from exc
         elif self.protocol == "memory":
             path = self.full_path(rel)
@@ -1136,11 +1189,14 @@ class Storage:
                     lambda: self._s3_put(path, data, create=False),
                     deadline_s=self._write_deadline(len(data)),
                 )
+                self._bucket_seen = True
             else:
                 self.fs.pipe_file(path, data)
         except StorageError:
             raise
         except Exception as exc:
+            if self.is_s3:
+                self._check_bucket()
             raise StorageError(f"writing {rel!r} failed: {_reason(exc)}") from exc
 
     def _write_deadline(self, size: int) -> float:
@@ -1153,9 +1209,13 @@ class Storage:
         if not named:
             return
         if self.is_local:
-            for _, path in named:
-                with contextlib.suppress(FileNotFoundError):
+            for rel, path in named:
+                try:
                     os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    raise self._write_error("deleting", rel, exc) from exc
             return
         for rel, path in named:
             try:
@@ -1262,7 +1322,10 @@ class Storage:
         ``replace`` it with one (put), or create it ``new`` in place (put_new)."""
         final = self.full_path(rel)
         directory = os.path.dirname(final)
-        self._ensure_dir(directory, durable=durable)
+        try:
+            self._ensure_dir(directory, durable=durable)
+        except OSError as exc:  # never FileExistsError: that says another writer won
+            raise self._write_error("writing", rel, exc) from exc
         # Temp names start with '.' so listings (vacuum's orphan scan) can tell them apart.
         tmp = final if how == "new" else os.path.join(directory, f".tmp-{unique_id()}")
         try:
@@ -1274,11 +1337,13 @@ class Storage:
                 os.replace(tmp, final)
         except OSError as exc:
             if tmp != final:  # a file found at ``final`` is someone else's: never removed
-                with contextlib.suppress(FileNotFoundError):
+                # Any failure, not only an absent file: on a read-only filesystem the unlink
+                # fails as the write did, and must not replace the write's error.
+                with contextlib.suppress(OSError):
                     os.unlink(tmp)
             if isinstance(exc, FileExistsError):
                 raise
-            raise StorageError(f"writing {rel!r} failed: {_reason(exc)}") from exc
+            raise self._write_error("writing", rel, exc) from exc
         if durable:
             try:
                 _fsync_dir(directory)
@@ -1289,6 +1354,23 @@ class Storage:
                 raise DurabilityUnknownError(
                     f"{rel!r} was written but its directory could not be synced: {_reason(exc)}"
                 ) from exc
+
+    def _write_error(self, what: str, rel: str, exc: OSError) -> KStoreError:
+        """A failed local write as an error naming the path and the cause: one the write cannot
+        succeed after (a full disk, a read-only filesystem: :class:`StorageNotWritableError`,
+        not retriable), else a :class:`StorageError`."""
+        reason = _NOT_WRITABLE.get(exc.errno or 0)
+        if reason is None:
+            return StorageError(f"{what} {rel!r} failed: {_reason(exc)}")
+        code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        outcome = "; nothing was written" if what == "writing" else ""
+        if exc.errno == errno.ENOSPC:
+            outcome += " (free space, then try again)"
+        return StorageNotWritableError(
+            f"{what} {rel!r} in {self.display_url} failed: {reason} ({code}){outcome}",
+            errno=exc.errno,
+            path=rel,
+        )
 
 
 def _create_file(path: str, data: bytes | memoryview, *, durable: bool) -> None:
