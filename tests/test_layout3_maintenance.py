@@ -666,11 +666,11 @@ def test_the_merge_of_a_topic_log_goes_a_window_of_objects_at_a_time(
     assert not summary.errors
     written = {row.partition: row.segments_written for row in shared}
     for p in range(4):
-        segments = len(store.partition("win", p).state().segments)
+        count = len(store.partition("win", p).state().segments)
         if p % logs in {q % logs for q in range(4) if q != p}:
-            assert segments < written[p]  # windows shared with another partition: packed
+            assert count < written[p]  # windows shared with another partition: packed
         else:  # alone in its log (commit.logs 3: 1, 2): its windows are full segments
-            assert segments <= written[p]
+            assert count <= written[p]
         assert values(open_store(where), "win", p) == before[p]
 
 
