@@ -742,6 +742,75 @@ def _layout3_versions(topic: str, report: Any, *, dry_run: bool) -> None:
         note(f"Topic {topic!r} is in layout 3 already, at {versions}; nothing to do.")
 
 
+@app.command(
+    "recover",
+    epilog="Examples:\n\n  kstore topics recover orders              (a dry run: what it would do)\n\n"
+    "  kstore topics recover orders --apply\n\n"
+    "  kstore topics recover orders -o json\n\n"
+    "For a topic whose log has a damaged, cut or missing commit file (readers and writers "
+    "fail with 'corrupt', 'truncated' or 'the log has a gap'). Stop the topic's producers, "
+    "consumers and maintenance first. Nothing is deleted: every file replaced or moved is "
+    "copied first into the topic's _recovery/ folder, with a report.",
+)
+def recover(
+    ctx: typer.Context,
+    topic: TopicArg,
+    apply: Annotated[
+        bool,
+        typer.Option(
+            "--apply",
+            "--execute",
+            help="Do the recovery (default: a dry run that prints what it would do and lose).",
+        ),
+    ] = False,
+    store: StoreOpt = None,
+    option: OptionOpt = None,
+    config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Recover a topic whose log has a damaged or missing commit file (PROTOCOL.md 17.7).
+
+    Every version after the damaged one is kept with its records at their offsets: a damaged
+    or missing version is replaced by an empty RECOVER commit, a later version that no longer
+    applies is rewritten without what does not, a corrupt checkpoint is moved aside. Prints
+    each change, and the records lost (partition, offsets, count). A dry run unless --apply.
+    """
+    from kstore.recovery import describe, recover_topic
+
+    handle = store_from(ctx, store, option, config_file)
+    report = recover_topic(handle, topic, apply=apply)
+    if output is OutputFormat.json:
+        print_json(report.to_json())
+        return
+    lines = describe(report)
+    if lines:
+        write_out("".join(f"{line}\n" for line in lines))
+    if not report.needed:
+        note(f"Topic {topic!r}: every log loads; nothing to recover.")
+        return
+    lost = report.lost
+    records = [item.records for item in lost]
+    known = sum(r for r in records if r is not None)
+    summary = (
+        f"{len(lost)} range(s) of records lost"
+        + (f", {known} record(s) known" if known else "")
+        + (", some of unknown size" if None in records else "")
+        if lost
+        else "no record known to be lost"
+    )
+    if not apply:
+        note(
+            f"Dry run: nothing was changed ({summary}). Stop the topic's producers, consumers "
+            f"and maintenance, then run `kstore topics recover {topic} --apply`."
+        )
+        return
+    note(
+        f"Recovered topic {topic!r} ({summary}); the originals and the report are in "
+        f"{report.folder}/. Producers and consumers may start again."
+    )
+
+
 def _offsets_json(path: str) -> list[tuple[str, int, int]]:
     """kafka-delete-records' --offset-json-file: {"partitions": [{"topic", "partition",
     "offset"}, ...], "version": 1}."""
