@@ -288,12 +288,12 @@ def _age_log(store: Store, log: Log[_Counter], days: float) -> None:
         os.utime(path, (when, when))
 
 
-def test_a_commit_built_on_a_state_that_went_stale_before_its_put_is_built_again(
+def _behind_a_vacuumed_log(
     local_store: Target,
-) -> None:
-    """A commit that names no file (markers, offsets, `vacuumed`) is checked for staleness when
-    it starts; a writer stopped after that, while the log moved on and vacuum deleted the
-    versions after its state, must not take a deleted version's name (23.2)."""
+) -> tuple[Store, Log[_Counter], _Counter]:
+    """A writer holding version 10 of a log that another writer took to version 60 and that
+    vacuum, three days later, cut below checkpoint 60: the writer's next version, 11, was
+    written and deleted."""
     store = open_store(local_store)
     writer, other = _counter_log(store), _counter_log(open_store(local_store))
     state = writer.load()
@@ -304,6 +304,16 @@ def test_a_commit_built_on_a_state_that_went_stale_before_its_put_is_built_again
         theirs = _add(other, theirs)
     _age_log(store, other, 3)
     _vacuum_below(store, other, 60)
+    return store, writer, state
+
+
+def test_a_commit_built_on_a_state_that_went_stale_before_its_put_is_built_again(
+    local_store: Target,
+) -> None:
+    """A commit that names no file (markers, offsets, `vacuumed`) is checked for staleness when
+    it starts; a writer stopped after that, while the log moved on and vacuum deleted the
+    versions after its state, must not take a deleted version's name (23.2)."""
+    store, writer, state = _behind_a_vacuumed_log(local_store)
 
     def paused_while_building(current: _Counter) -> list[dict[str, Any]]:
         if current.version == 10:
@@ -324,16 +334,7 @@ def test_a_commit_that_lands_on_a_vacuumed_version_is_voided_and_built_again(
     written and vacuumed meanwhile, so the put-if-absent succeeds on a deleted name. The
     writer finds a checkpoint above it that the storage recorded days before, deletes its
     file and commits again after the newest version."""
-    store = open_store(local_store)
-    writer, other = _counter_log(store), _counter_log(open_store(local_store))
-    state = writer.load()
-    for _ in range(11):
-        state = _add(writer, state)
-    theirs = other.load()
-    for _ in range(50):
-        theirs = _add(other, theirs)
-    _age_log(store, other, 3)
-    _vacuum_below(store, other, 60)
+    store, writer, state = _behind_a_vacuumed_log(local_store)
     _put_hook(
         store.storage,
         lambda rel: rel.endswith(version_file(11)),
