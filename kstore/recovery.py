@@ -283,7 +283,10 @@ class _Planner:
         return f"{self.directory}/{name}"
 
     def _moved(self, name: str) -> str:
-        return f"{self.folder}/{self.directory.rsplit('/', 1)[-1]}/{name}"
+        """Where the original of ``name`` is kept: its path below the incarnation directory
+        (``_log.2/...``; in layout 2 ``<partition>/_log/...``), below the recovery folder."""
+        below = self.directory.removeprefix(f"{self.kind.incarnation}/")
+        return f"{self.folder}/{below}/{name}"
 
     def _info(self, version: int, replaces: str) -> dict[str, Any]:
         return {
@@ -807,6 +810,7 @@ class _Planner:
                 end = self.kind.part(state, partition).end_offset
                 cause = self._cause(partition, newest + 1).removeprefix("held by ")
                 self.out.lost.append(LostRecords(partition, end, None, cause))
+        self._open_transactions(state)
         if not raised:
             return
         version = newest + 1
@@ -824,6 +828,29 @@ class _Planner:
             )
         )
         self.out.writes[self._path(name)] = (payload, None)
+
+    def _open_transactions(self, state: LogState) -> None:
+        """Transactions left open once versions were replaced: a lost version may have held
+        their marker (18.2), and the last stable offset waits for them (18.3)."""
+        if not self.damaged:
+            return
+        for partition in self.kind.members:
+            part = self.kind.part(state, partition)
+            for tag, first in sorted(part.open_transactions.items(), key=lambda item: item[1]):
+                producer, _, version = tag.rpartition(":")
+                ended = part.ended_transactions.get(producer, -1)
+                certain = version.isdigit() and ended > int(version)
+                self.out.notes.append(
+                    f"partition {partition}: transaction {tag} is open from offset {first}"
+                    + (
+                        " although a later transaction of its producer ended here: its marker "
+                        "was lost"
+                        if certain
+                        else " (its marker may have been in a lost version)"
+                    )
+                    + "; read_committed readers wait for it until `kstore transactions "
+                    "abort-expired` aborts it (after its producer's transaction timeout)"
+                )
 
 
 def _range_ok(data: bytes, seg: Segment) -> bool:
@@ -947,9 +974,9 @@ def _apply(store: Store, report: RecoveryReport, folder: str) -> None:
     storage.check_writable()
     # 1. Copies of everything replaced or moved, and the report, before any change.
     for log in report.logs:
+        targets = {f.path: f.moved_to for f in log.fixes if f.moved_to is not None}
         for path, original in log.moves.items():
-            target = f"{folder}/{path.rsplit('/', 2)[-2]}/{path.rsplit('/', 1)[-1]}"
-            storage.put_if_absent(target, original)
+            storage.put_if_absent(targets[path], original)
     storage.put_if_absent(
         f"{folder}/{REPORT_FILE}",
         json.dumps(report.to_json(), indent=1, sort_keys=True).encode(),

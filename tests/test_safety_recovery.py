@@ -434,6 +434,31 @@ def test_the_cli_names_the_command_and_recovers(
     assert "nothing to recover" in again.stderr
 
 
+def test_a_lost_transaction_marker_is_named(memory_store_url: tuple[str, dict[str, Any]]) -> None:
+    """The version holding a transaction's commit marker is deleted: nothing is lost, but the
+    transaction stays open (the last stable offset with it). The report says so, and that
+    its marker was lost (a later transaction of the producer ended there)."""
+    target = StoreTarget("memory", *memory_store_url)
+    store = _store(target)
+    store.create_topic("t", 1)
+    producer = Producer(store, transactional_id="app")
+    producer.init_transactions()
+    for i in range(2):
+        producer.begin_transaction()
+        producer.send("t", value=b"v%d" % i)
+        producer.commit_transaction()
+    producer.close()
+    directory = _log_dir(store, "t", 0)
+    marker = _damage(store, f"{directory}/{version_file(1)}", "deleted")
+    assert [name for name, _ in decode_commit(marker, "test")[1]] == ["txnMarker"]
+    report = recover_topic(_store(target), "t", apply=True)
+    assert report.lost == []
+    (note,) = [n for n in report.logs[0].notes if "transaction" in n]
+    assert "is open from offset 0" in note
+    assert "its marker was lost" in note
+    assert "kstore transactions abort-expired" in note
+
+
 def test_a_partition_log_of_layout_2_is_recovered_the_same_way(
     memory_store_url: tuple[str, dict[str, Any]],
 ) -> None:
