@@ -163,6 +163,11 @@ class LogState:
         elif name == "topicDeleted":
             self.topic_deleted = dict(body)
 
+    def live_add(self, path: str, partition: int | None) -> Action | None:
+        """The ``add`` action of the live segment at ``path`` (of ``partition`` in a topic
+        log), to add it again: None when it is not live, or the log has no segments."""
+        return None
+
     def checkpoint_actions(self) -> list[Action]:
         """The whole state as actions; replaying them onto an empty state rebuilds it."""
         actions: list[Action] = [
@@ -1043,7 +1048,7 @@ class Log(Generic[S]):
                     state = self.load()
                     continue
                 if written_at is not None and self.retry.too_old(written_at):
-                    self._confirm_files(version, actions, operation, written_at)
+                    self._confirm_files(version, state, actions, operation, written_at)
                 new_state.confirmed_at = clock.monotonic()
                 if background_checkpoint:
                     self._checkpoint_later(new_state)
@@ -1202,14 +1207,16 @@ class Log(Generic[S]):
         return True
 
     def _confirm_files(
-        self, version: int, actions: list[Action], operation: str, written_at: float
+        self, version: int, base: S, actions: list[Action], operation: str, written_at: float
     ) -> None:
         """Commit ``version`` landed past the commit deadline of the files it adds: the write
         paused after the last check. Confirm by the storage's clock that vacuum cannot have
         taken them for orphans before the commit landed (PROTOCOL.md 23.2): each file exists and
         was recorded less than the minimum orphan age before the commit. Otherwise withdraw
-        the commit's adds (a commit that removes them, so no reader meets a missing file) and
-        raise :class:`WithdrawnCommitError`: its records are not acknowledged."""
+        the commit's adds (a commit that removes them, so no reader meets a missing file, and
+        adds back what it removed: a merge's originals are still there, their delete delay
+        counts from this commit) and raise :class:`WithdrawnCommitError`: its records are not
+        acknowledged."""
         root = self.directory.rsplit("/", 1)[0]
         adds = [
             body
@@ -1246,29 +1253,44 @@ class Log(Generic[S]):
             self.retry.clock() - written_at,
             ", ".join(late),
         )
-        if any(name == "remove" for name, _ in _split(actions)):
-            # A maintenance commit (merging, compaction) removed what its files replace: taking
-            # its adds back would leave those records nowhere. Reported, not repaired.
-            raise WithdrawnCommitError(
-                f"{self.describe(version)}: an {operation} commit landed too late to be sure its "
-                f"files were still there ({', '.join(late)}); run `kstore verify` on the topic"
-            )
-        removes: list[Action] = []
+        # A maintenance commit (merging, compaction) removed what its files replace: those
+        # segments are added back, from the state the commit was built on.
+        restored: list[Action] = []
+        for name, body in _split(actions):
+            if name == "remove":
+                original = base.live_add(body["path"], body.get("partition"))
+                if original is None:
+                    raise WithdrawnCommitError(
+                        f"{self.describe(version)}: an {operation} commit landed too late to be "
+                        f"sure its files were still there ({', '.join(late)}), and what it "
+                        f"removed ({body['path']}) cannot be added back; run `kstore verify`"
+                    )
+                restored.append(original)
         now_ms = int(time.time() * 1000)
+        undo: list[Action] = []
         for body in adds:
             remove: dict[str, Any] = {"path": body["path"], "deletionTimestamp": now_ms}
             if "partition" in body:
                 remove["partition"] = body["partition"]
-            removes.append({"remove": remove})
+            undo.append({"remove": remove})
+        undo += restored  # after the removes: the originals take back the offsets (9.1)
         try:
-            self.commit(self.load(), lambda _: removes, operation="WITHDRAW")
-            outcome = "withdrawn (a later commit removes them)"
+            self.commit(self.load(), lambda _: undo, operation="WITHDRAW")
         except KStoreError as exc:
-            outcome = f"not withdrawn ({exc}); run `kstore verify`"
+            raise WithdrawnCommitError(
+                f"{self.describe(version)}: an {operation} commit landed too late to be sure its "
+                f"files were still there ({', '.join(late)}), and taking it back failed ({exc}); "
+                "run `kstore verify` on the topic"
+            ) from exc
+        taken_back = (
+            "it was taken back (its adds removed, what it removed added back): nothing changed"
+            if restored
+            else "its records were withdrawn (a later commit removes them) and are not "
+            "acknowledged: send them again"
+        )
         raise WithdrawnCommitError(
             f"{self.describe(version)}: an {operation} commit landed too late to be sure its "
-            f"files were still there ({', '.join(late)}); its records are {outcome} and not "
-            "acknowledged: send them again"
+            f"files were still there ({', '.join(late)}); {taken_back}"
         )
 
     def _checkpoint_later(self, state: S) -> None:

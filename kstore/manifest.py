@@ -604,6 +604,12 @@ class PartitionState(LogState):
             return tail[start - n : stop - n]
         return base[start:] + tail[: stop - n]
 
+    def live_add(self, path: str, partition: int | None) -> Action | None:
+        for segment in self.segments:  # a rare path (a late commit taken back): no index
+            if segment.path == path:
+                return segment.to_action()
+        return None
+
     def checkpoint_actions(self) -> list[Action]:
         return [
             *self._checkpoint_head(),

@@ -269,6 +269,12 @@ class TopicLogState(LogState):
         self._views[partition] = view
         return view
 
+    def live_add(self, path: str, partition: int | None) -> Action | None:
+        if partition is None or partition not in self.partitions:
+            return None
+        found = self.partition(partition).live_add(path, None)
+        return None if found is None else tag_actions([found], partition)[0]
+
     def checkpoint_actions(self) -> list[Action]:
         actions = super().checkpoint_actions()
         for partition in sorted(self.partitions):

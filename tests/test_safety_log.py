@@ -26,6 +26,7 @@ from kstore.log import (
     Log,
     LogState,
     checkpoint_file,
+    decode_commit,
     parse_log_file_name,
     version_file,
 )
@@ -468,3 +469,48 @@ def test_the_hint_never_moves_back(target: str, request: pytest.FixtureRequest) 
     log.write_checkpoint(older)
     assert store.storage.exists(f"{log.directory}/{checkpoint_file(6)}")
     assert log._hinted_version() == 10
+
+
+def test_a_merge_whose_commit_lands_past_the_orphan_age_is_taken_back_whole(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A merge stopped inside its commit's PUT while vacuum, eleven minutes later, deletes the
+    Parquet file it wrote (an orphan then): the commit lands, removing the merged ranges'
+    originals and naming a missing file. The merge takes it back whole: the originals are
+    added again (their delete delay counts from the commit, so they are still there), and
+    each partition's own merge then does the work again. Every record reads at its offset."""
+    from kstore.compaction import merge_segments
+
+    from kstore.storage import Storage
+
+    where: Target = request.getfixturevalue("local_store")
+    store = open_store(where)
+    store.create_topic("t", 2, TOPIC)
+    acked = _flushes(store, "t", 6, "a")
+    before = _everything(where, "t")
+    assert sorted(before) == sorted(acked)
+    log_dir = _topic_log(store, "t").directory
+    merge_version = _topic_log(store, "t").load().version + 1
+    deleted: list[str] = []
+    real_put = Storage.put_if_absent
+
+    def put_if_absent(self: Storage, rel: str, data: Any, *, durable: bool = True) -> None:
+        if rel == f"{log_dir}/{version_file(merge_version)}" and not deleted:
+            clock.advance(11 * MINUTE_S)
+            summary = vacuum(
+                None, *where, verbose=False, now_ms=now_ms() + 11 * 60_000, orphan_age_ms=600_000
+            )
+            deleted.extend(summary.files or ["nothing"])
+        real_put(self, rel, data, durable=durable)
+
+    monkeypatch.setattr(Storage, "put_if_absent", put_if_absent)
+    summary = merge_segments(None, *where, verbose=False)
+    monkeypatch.undo()
+    assert any(path.endswith(".parquet") for path in deleted), deleted  # the premise
+    assert summary.errors == []
+    assert _everything(where, "t") == before
+    operations = [
+        decode_commit(store.storage.read(f"{log_dir}/{version_file(v)}"), "")[0]["operation"]
+        for v in range(merge_version, merge_version + 2)
+    ]
+    assert operations == ["MERGE", "WITHDRAW"]
