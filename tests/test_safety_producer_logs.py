@@ -48,13 +48,26 @@ def _read_all(
     return got
 
 
+@pytest.fixture(params=["memory", "local", pytest.param("seaweed", marks=pytest.mark.s3)])
+def any_fast_or_seaweed(request: pytest.FixtureRequest) -> StoreTarget:
+    """The issue's reproductions run on local disk and SeaweedFS (and memory)."""
+    fixture = {
+        "memory": "memory_store_url",
+        "local": "local_store_url",
+        "seaweed": "seaweed_bucket_url",
+    }[request.param]
+    url, options = request.getfixturevalue(fixture)
+    return StoreTarget(request.param, url, options)
+
+
 def test_the_issues_reproduction_acknowledges_each_partitions_own_offset(
-    fast_store: StoreTarget,
+    any_fast_or_seaweed: StoreTarget,
 ) -> None:
     """3 partitions in 2 topic logs, 5 records already in partition 1, then one delivery of one
     record to each partition: the futures said {0: 0, 1: 0, 2: 5}, the log held {0: 0, 1: 5,
     2: 0} (the writes, grouped by topic log as 0, 2, 1, were paired with the jobs by
     position)."""
+    fast_store = any_fast_or_seaweed
     store = Store(fast_store.url, fast_store.storage_options)
     store.create_topic("t", 3, config={"commit.logs": 2})
     with Producer(store, linger_ms=60_000) as producer:
