@@ -25,7 +25,9 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("fail", [True, False], ids=["failOnDataLoss", "noFailOnDataLoss"])
+# failOnDataLoss=false: the case that read 0 of 200 records and raised nothing (issue 45). The
+# other setting is the same read path; tests/test_safety_readers.py runs both without Spark.
+@pytest.mark.parametrize("fail", [False], ids=["noFailOnDataLoss"])
 def test_a_micro_batch_run_after_a_merge_and_vacuum_reads_every_record(
     spark: Any, local_store_url: Any, tmp_path: Path, fail: bool
 ) -> None:

@@ -72,14 +72,25 @@ def jump(path: str, seconds: float, wall_ms: int) -> None:
     os.replace(temporary, path)
 
 
+_unjumped: list[Any] = []  # the clock readers :func:`install` replaced, to put back
+
+
 def install(path: str) -> None:
     """Make this process's ``kstore.clock`` follow the jumps at ``path``."""
     real = clock._read
+    _unjumped.append(real)
 
     def jumped() -> float:
         return real() + offset_s(path)
 
     clock._read = jumped
+
+
+def uninstall() -> None:
+    """Undo the last :func:`install` (a driver in a test process: later tests keep a clock
+    of their own)."""
+    if _unjumped:
+        clock._read = _unjumped.pop()
 
 
 def shift_times(path: str, info: dict[str, Any]) -> dict[str, Any]:

@@ -764,6 +764,8 @@ class Torture:
         finally:
             self.stats.duration_s = time.monotonic() - started
             self.shut_down()
+            if self.clock_path is not None:
+                jumps.uninstall()
             if c.machine_crash:
                 machine.uninstall()
         if c.machine_crash:
