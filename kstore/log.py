@@ -1023,6 +1023,13 @@ class Log(Generic[S]):
                 ) from None
             if data is not None:  # by the versions the commit leaves (a new log's first sets them)
                 check_carries_data(new_state, self.describe(version))
+            else:
+                try:  # what readers check (9.3): an add names only data this commit carries
+                    self._check_carried(version, meta, _split(actions))
+                except CorruptLogError as exc:
+                    raise ConcurrentModificationError(
+                        f"{operation} commit refused before it was written: {exc}"
+                    ) from None
             new_state.stamp(version)
             new_state.last_commit_ms = meta["timestamp"]
             # Checked last, after the build: a pause anywhere before this point counts.
@@ -1259,7 +1266,9 @@ class Log(Generic[S]):
         for name, body in _split(actions):
             if name == "remove":
                 original = base.live_add(body["path"], body.get("partition"))
-                if original is None:
+                if original is None or str(original["add"]["path"]).startswith("_log"):
+                    # Not live any more, or a range another commit carries (11.8): no add
+                    # may name that commit's file again.
                     raise WithdrawnCommitError(
                         f"{self.describe(version)}: an {operation} commit landed too late to be "
                         f"sure its files were still there ({', '.join(late)}), and what it "
