@@ -136,30 +136,57 @@ class S3Server:
 
 # --- moto -------------------------------------------------------------------------------------
 
+_MOTO_CHILD = """
+import logging, sys
+from moto.server import ThreadedMotoServer
+logging.getLogger("werkzeug").setLevel(logging.WARNING)  # it logs every request at INFO
+server = ThreadedMotoServer(ip_address=sys.argv[1], port=0, verbose=False)
+server.start()
+host, port = server.get_host_and_port()
+print(f"http://{host}:{port}", flush=True)
+sys.stdin.read()
+server.stop()
+"""
+
 
 class MotoServer(S3Server):
-    """moto in server mode, in a thread of this process, on a free loopback port."""
+    """moto in server mode, in a child process, on a free loopback port.
+
+    A process of its own, not a thread of the test's: in a thread, moto and the client under
+    test took turns at one interpreter lock, and every request waited for the other side's
+    switch interval (the moto tests ran about twice as long)."""
 
     def __init__(self) -> None:
-        self._server: Any = None
+        self._process: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        # werkzeug logs every request at INFO: keep failure reports readable.
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)
-        # Port 0: the OS picks a free port and moto reports it, so no race for the port.
-        server = ThreadedMotoServer(ip_address=LOOPBACK, port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        self._server = server
-        self.endpoint_url = f"http://{host}:{port}"
+        # Port 0: the OS picks a free port and moto reports it, so no race for the port. The
+        # child ends when its stdin closes (this process ended, however it ended).
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", _MOTO_CHILD, LOOPBACK],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._process.stdout is not None
+        line = self._process.stdout.readline().strip()
+        if not line.startswith("http://"):
+            self.stop()
+            raise RuntimeError(f"moto did not start: {line!r}")
+        self.endpoint_url = line
         _register(self)
 
     def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop()
+        process, self._process = self._process, None
+        if process is not None:
+            assert process.stdin is not None
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
         _unregister(self)
 
     def reset(self) -> None:
