@@ -21,31 +21,26 @@ from kstore.cli import produce as produce_cmd
 from kstore.cli.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
-    ConfigFileOpt,
-    DebugOpt,
-    OptionOpt,
-    OutputFormat,
-    OutputOpt,
-    RootOptions,
-    StoreOpt,
     WaitNotes,
     begin_invocation,
     exit_process,
     human_bytes,
-    new_table,
-    note,
     open_store,
-    print_json,
-    print_table,
     report_error,
-    resolve_store,
     silence_stdout,
-    store_from,
-    text,
     usage_line,
-    write_out,
 )
 from kstore.cli.kafka_flags import translate as translate_kafka_flags
+from kstore.cli.options import (
+    ConfigFileOpt,
+    DebugOpt,
+    OptionOpt,
+    OutputOpt,
+    StoreOpt,
+    share_options,
+    shared,
+)
+from kstore.cli.output import OutputFormat, TextOutput
 from typer.core import TyperGroup
 
 # typer's own exceptions (usage errors, exits, aborts) pass through untouched. typer >= 0.20
@@ -70,11 +65,13 @@ def _reflow_help(command: Any) -> None:
 
 
 class KstoreGroup(TyperGroup):
-    """The root command: turns every error raised by a command into one redacted line on
-    stderr and exit code 1 (usage errors keep their exit code 2)."""
+    """The root command: gives every subcommand the shared options (options.py), and turns
+    every error raised by a command into one redacted line on stderr and exit code 1 (usage
+    errors keep their exit code 2)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        share_options(self)
         _reflow_help(self)
 
     def make_context(
@@ -169,6 +166,7 @@ def root(
     store: StoreOpt = None,
     option: OptionOpt = None,
     config_file: ConfigFileOpt = None,
+    output: OutputOpt = OutputFormat.table,
     debug: DebugOpt = False,
     version: Annotated[
         bool,
@@ -178,7 +176,9 @@ def root(
     ] = False,
 ) -> None:
     """Administer a kstore store: Kafka's log model on local disk or S3, with no brokers."""
-    ctx.obj = RootOptions(store=store, options=list(option or []), config_file=config_file)
+    shared(ctx).given(
+        store=store, option=option, config_file=config_file, output=output, debug=debug
+    )
 
 
 app.command(
@@ -218,20 +218,13 @@ for _verb, _command in jobs_cmd.COMMANDS.items():
 @app.command(
     epilog="Examples:\n\n  kstore info --store s3://bucket/ks\n\n  kstore info -o json",
 )
-def info(
-    ctx: typer.Context,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
-) -> None:
+def info(ctx: typer.Context) -> None:
     """Show the store: its URL and storage options (secrets hidden), id, topics and groups."""
     from kstore.groups import list_groups
     from kstore.storage import redact_options, redact_url
     from kstore.store import STORE_FORMAT_VERSION
 
-    settings = resolve_store(ctx, store, option, config_file)
+    settings = shared(ctx).settings()
     handle = open_store(settings)
     data = {
         "store": redact_url(settings.url),
@@ -241,13 +234,7 @@ def info(
         "topics": len(handle.list_topics()),
         "groups": len(list_groups(handle)),
     }
-    if output is OutputFormat.json:
-        print_json(data)
-        return
-    table = new_table("PROPERTY", "VALUE")
-    for key, value in data.items():
-        table.add_row(text(key), text(value))
-    print_table(table)
+    shared(ctx).output.record(data, view=lambda text: text.properties(data))
 
 
 @app.command(
@@ -266,11 +253,6 @@ def verify(
             "--no-data", help="Check the logs and the file listing only; do not read segment data."
         ),
     ] = False,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Check topics: every log file and segment, checksums, offsets, manifest consistency.
 
@@ -278,63 +260,39 @@ def verify(
     """
     from kstore.cli.verify import planned_bytes, verify_topic
 
+    options = shared(ctx)
+    out = options.output
     # No segment cache: every segment is read once, and memory stays flat.
-    handle = store_from(ctx, store, option, config_file, segment_cache_bytes=0)
+    handle = options.open_store(segment_cache_bytes=0)
     names = topics_ or handle.list_topics()
-    show_progress = output is OutputFormat.table and sys.stderr.isatty()
     reports = []
-    if show_progress:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        total = planned_bytes(handle, names)
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TimeRemainingColumn(),
-            console=Console(file=sys.stderr),
-            transient=True,
-        ) as bar:
-            task = bar.add_task("verifying", total=total or None)
-            for name in names:
-                bar.update(task, description=f"verifying {name}")
-                reports.append(
-                    verify_topic(
-                        handle, name, progress=lambda n: bar.advance(task, n), read_data=not no_data
-                    )
-                )
-    else:
-        reports = [verify_topic(handle, name, read_data=not no_data) for name in names]
+    with out.progress("verifying", total=lambda: planned_bytes(handle, names)) as bar:
+        for name in names:
+            if bar is not None:
+                bar.update(f"verifying {name}")
+            advance = bar.advance if bar is not None else None
+            reports.append(verify_topic(handle, name, progress=advance, read_data=not no_data))
     problems = [f for r in reports for f in r.problems]
     warnings = [f for r in reports for f in r.warnings]
-    if output is OutputFormat.json:
-        print_json({"ok": not problems, "topics": [r.to_json() for r in reports]})
-    else:
+
+    def view(text: TextOutput) -> None:
         # One finding per line (paths are long; a table would fold them): grep-friendly.
-        lines = []
-        for f in problems + warnings:
-            where = f.topic if f.partition is None else f"{f.topic}-{f.partition}"
-            lines.append(f"{f.severity}: {where}: {f.path + ': ' if f.path else ''}{f.message}\n")
-        if lines:
-            write_out("".join(lines))
-        segments = sum(r.segments for r in reports)
-        records = sum(r.records for r in reports)
-        size = sum(r.bytes for r in reports)
+        text.lines(
+            f"{f.severity}: {f.topic if f.partition is None else f'{f.topic}-{f.partition}'}: "
+            f"{f.path + ': ' if f.path else ''}{f.message}"
+            for f in problems + warnings
+        )
         status = "OK" if not problems else f"{len(problems)} problem(s)"
-        note(
+        text.message(
             f"Verified {len(reports)} topic(s), {sum(r.partitions for r in reports)} partition(s), "
-            f"{sum(r.log_files for r in reports)} log file(s), {segments} segment(s), {records} record(s), "
-            f"{human_bytes(size)}: {status}"
+            f"{sum(r.log_files for r in reports)} log file(s), "
+            f"{sum(r.segments for r in reports)} segment(s), {sum(r.records for r in reports)} "
+            f"record(s), {human_bytes(sum(r.bytes for r in reports))}: {status}"
             + (f", {len(warnings)} warning(s)" if warnings else "")
             + "."
         )
+
+    out.record({"ok": not problems, "topics": [r.to_json() for r in reports]}, view)
     if problems:
         raise typer.Exit(EXIT_FAILURE)
 

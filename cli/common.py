@@ -1,4 +1,5 @@
-"""What every command shares: store selection, secrets redaction, output and error reporting.
+"""What every command shares: store selection, secrets redaction, the redacted output
+streams and error reporting (the options themselves: options.py; the result: output.py).
 
 Nothing here imports the kstore core's heavy modules (pyarrow, fsspec, s3fs) at import time:
 ``kstore --help`` and usage errors must stay fast. The store is opened inside the commands.
@@ -19,7 +20,6 @@ the option's name looks like a secret (key, secret, token, ...), whose values st
 from __future__ import annotations
 
 import contextlib
-import enum
 import json
 import os
 import re
@@ -27,17 +27,14 @@ import sys
 import tomllib
 import traceback
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
 if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.table import Table
-
     from kstore.store import Store
 
 ENV_STORE = "KSTORE_STORE"
@@ -69,79 +66,6 @@ class UsageError(typer.BadParameter):
 
     def format_message(self) -> str:
         return self.message
-
-
-class OutputFormat(enum.StrEnum):
-    table = "table"
-    json = "json"
-
-
-# -- options every command accepts ----------------------------------------------------------------
-
-_STORE_PANEL = "Store selection"
-
-StoreOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--store",
-        "-s",
-        metavar="URL",
-        rich_help_panel=_STORE_PANEL,
-        help="Store URL: file:///path, a local path, s3://bucket/prefix or memory://name. "
-        f"Default: ${ENV_STORE}, else 'store' in the config file.",
-    ),
-]
-OptionOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--option",
-        "-O",
-        metavar="KEY=VALUE",
-        rich_help_panel=_STORE_PANEL,
-        help="A storage (fsspec/s3fs) option; repeatable; dotted keys nest "
-        "(client_kwargs.endpoint_url=http://127.0.0.1:8333). Also "
-        f"{ENV_OPTION_PREFIX}<NAME>=value.",
-    ),
-]
-ConfigFileOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--config-file",
-        metavar="PATH",
-        rich_help_panel=_STORE_PANEL,
-        help=f'TOML file with store = "URL" and an \\[options] table. Default: ${ENV_CONFIG}.',
-    ),
-]
-OutputOpt = Annotated[
-    OutputFormat,
-    typer.Option("--output", "-o", help="table for people, json for scripts."),
-]
-
-
-def _debug_callback(value: bool) -> bool:
-    if value:
-        _current.debug = True
-    return value
-
-
-DebugOpt = Annotated[
-    bool,
-    typer.Option(
-        "--debug",
-        help=f"Show tracebacks of errors (or set {ENV_DEBUG}=1).",
-        callback=_debug_callback,
-        is_eager=True,
-    ),
-]
-
-
-@dataclass
-class RootOptions:
-    """Store options given before the command name (``kstore --store URL topics list``)."""
-
-    store: str | None = None
-    options: list[str] = field(default_factory=list)
-    config_file: Path | None = None
 
 
 # -- secrets --------------------------------------------------------------------------------------
@@ -338,28 +262,23 @@ def load_config_file(path: Path) -> tuple[str | None, dict[str, Any]]:
 
 
 def resolve_store(
-    ctx: typer.Context,
-    store: str | None,
-    option: list[str] | None,
-    config_file: Path | None,
+    store: str | None, option: Iterable[str], config_file: Path | None
 ) -> StoreSettings:
-    """The store URL and storage options of this invocation (see the module docstring)."""
-    root = ctx.find_root().obj
-    root = root if isinstance(root, RootOptions) else RootOptions()
+    """The store URL and storage options of this invocation (see the module docstring): the
+    values given on the command line, the environment, the config file."""
     secrets = redactor()
-    path = config_file or root.config_file
+    path = config_file
     if path is None and os.environ.get(ENV_CONFIG):
         path = Path(os.environ[ENV_CONFIG])
     file_store, options = load_config_file(path) if path is not None else (None, {})
     secrets.add(secrets_of_options(options))
     for extra in (
         env_options(os.environ),
-        parse_option_args(root.options),
-        parse_option_args(option or []),
+        parse_option_args(option),
     ):
         secrets.add(secrets_of_options(extra))
         _merge(options, extra)
-    url = store or root.store or os.environ.get(ENV_STORE) or file_store
+    url = store or os.environ.get(ENV_STORE) or file_store
     if not url:
         raise UsageError(
             f"no store given: pass --store URL, set {ENV_STORE}, or name one in a config file "
@@ -402,58 +321,7 @@ def open_store(
     )
 
 
-def store_from(
-    ctx: typer.Context,
-    store: str | None,
-    option: list[str] | None,
-    config_file: Path | None,
-    *,
-    create: bool = False,
-    segment_cache_bytes: int | None = None,
-) -> Store:
-    return open_store(
-        resolve_store(ctx, store, option, config_file),
-        create=create,
-        segment_cache_bytes=segment_cache_bytes,
-    )
-
-
 # -- output ---------------------------------------------------------------------------------------
-
-
-def _console(stream: Any) -> Console:
-    from rich.console import Console
-
-    interactive = hasattr(stream, "isatty") and stream.isatty()
-    columns = os.environ.get("COLUMNS", "")
-    # Piped output is not cut at 80 columns (rich's default off a terminal).
-    width = (
-        None if interactive else (int(columns) if columns.isdigit() and int(columns) > 0 else 200)
-    )
-    return Console(file=stream, width=width, highlight=False, soft_wrap=False)
-
-
-def print_table(table: Table) -> None:
-    """Render a rich table to stdout, with every secret redacted."""
-    console = _console(sys.stdout)
-    with console.capture() as captured:
-        console.print(table)
-    write_out(captured.get())
-
-
-def new_table(*columns: str, right: Iterable[str] = ()) -> Table:
-    from rich import box
-    from rich.table import Table
-
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    numeric = set(right)
-    for column in columns:
-        table.add_column(column, justify="right" if column in numeric else "left", overflow="fold")
-    return table
-
-
-def print_json(data: Any) -> None:
-    write_out(json.dumps(data, indent=2, default=str) + "\n")
 
 
 def write_out(text: str) -> None:
@@ -505,14 +373,12 @@ def human_bytes(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
-def text(value: Any) -> Any:
-    """A table cell that rich prints literally (no markup, no emoji)."""
-    from rich.text import Text
-
-    return Text("-" if value is None else str(value))
-
-
 # -- errors ---------------------------------------------------------------------------------------
+
+
+def enable_debug() -> None:
+    """--debug: tracebacks of errors for the rest of this run."""
+    _current.debug = True
 
 
 def debug_enabled() -> bool:

@@ -13,17 +13,9 @@ from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from kstore.cli.common import (
-    ConfigFileOpt,
-    DebugOpt,
-    OptionOpt,
-    StoreOpt,
-    UsageError,
-    note,
-    parse_client_properties,
-    silence_stdout,
-    store_from,
-)
+from kstore.cli.common import UsageError, parse_client_properties, silence_stdout
+from kstore.cli.options import shared
+from kstore.cli.output import OutputFormat
 from kstore.cli.produce import unescape
 from kstore.cli.timeparse import parse_datetime_ms
 from kstore.cli.typed import dumps, to_json
@@ -287,14 +279,16 @@ def consume(
         ),
     ] = None,
     output: Annotated[
-        RecordFormat,
+        RecordFormat | None,
         typer.Option(
             "--output",
             "-o",
-            help="plain: the bytes; json: a JSON object per line (key, value, headers, "
-            "offset, timestamp, ...); hex: keys and values in hex.",
+            help="plain: the bytes (the default); json: a JSON object per line (key, value, "
+            "headers, offset, timestamp, ...); hex: keys and values in hex. Given before the "
+            "command, json is json here too.",
+            show_default=False,
         ),
-    ] = RecordFormat.plain,
+    ] = None,
     print_key: Annotated[
         bool, typer.Option("--print-key", "-K", help="Print the key before the value.")
     ] = False,
@@ -332,10 +326,6 @@ def consume(
             "repeatable. The group, offsets and isolation level have their own options.",
         ),
     ] = None,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    debug: DebugOpt = False,
 ) -> None:
     """Print a topic's records.
 
@@ -368,6 +358,11 @@ def consume(
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="'--from-time'") from None
     separator = unescape(key_separator)
+    options = shared(ctx)
+    if output is None:  # the shared --output, given before the command
+        json_records = options.output_format is OutputFormat.json
+        output = RecordFormat.json if json_records else RecordFormat.plain
+    out = options.output
     formatter = Formatter(
         output,
         print_key=print_key,
@@ -388,7 +383,7 @@ def consume(
     for name, flag in owned.items():
         if name in properties:
             raise UsageError(f"--consumer-property {name.replace('_', '.')}: use {flag}")
-    handle = store_from(ctx, store, option, config_file)
+    handle = options.open_store()
     meta = handle.topic(topic)
     reset = "earliest" if from_beginning or not follow else "latest"
     consumer = Consumer(
@@ -415,7 +410,7 @@ def consume(
             consumer.commit(dict(pending))
             pending.clear()
         except CommitFailedError as exc:
-            note(f"warning: offsets not committed: {exc}")
+            out.notice(f"warning: offsets not committed: {exc}")
         committed_at = time.monotonic()
 
     try:
@@ -482,4 +477,4 @@ def consume(
     if broken_pipe:
         silence_stdout()
         return
-    note(f"Processed a total of {printed} messages")
+    out.notice(f"Processed a total of {printed} messages")

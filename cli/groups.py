@@ -5,22 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from kstore.cli.common import (
-    ConfigFileOpt,
-    DebugOpt,
-    OptionOpt,
-    OutputFormat,
-    OutputOpt,
-    StoreOpt,
-    UsageError,
-    new_table,
-    note,
-    print_json,
-    print_table,
-    store_from,
-    text,
-    write_out,
-)
+from kstore.cli.common import UsageError
+from kstore.cli.options import shared
+from kstore.cli.output import Column, TextOutput
 from kstore.cli.timeparse import parse_datetime_ms, parse_duration_ms
 
 if TYPE_CHECKING:
@@ -62,17 +49,12 @@ def _group_status(store: Store, group_id: str) -> dict[str, Any]:
 )
 def list_(
     ctx: typer.Context,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """List the consumer groups, with their state and number of live members."""
     from kstore.errors import KStoreError
     from kstore.groups import list_groups
 
-    handle = store_from(ctx, store, option, config_file)
+    handle = shared(ctx).open_store()
     rows = []
     for name in list_groups(handle):
         try:
@@ -87,18 +69,16 @@ def list_(
                     "error": str(exc),
                 }
             )
-    if output is OutputFormat.json:
-        print_json(rows)
-        return
-    if not rows:
-        note("No consumer groups.")
-        return
-    table = new_table("GROUP", "STATE", "MEMBERS", "GENERATION", right=["MEMBERS", "GENERATION"])
-    for row in rows:
-        table.add_row(
-            text(row["group"]), text(row["state"]), text(row["members"]), text(row["generation"])
-        )
-    print_table(table)
+    shared(ctx).output.table(
+        rows,
+        [
+            Column("GROUP", "group"),
+            Column("STATE", "state"),
+            Column("MEMBERS", "members", right=True),
+            Column("GENERATION", "generation", right=True),
+        ],
+        empty="No consumer groups.",
+    )
 
 
 def _require_group(store: Store, group_id: str) -> None:
@@ -145,11 +125,6 @@ def describe(
         bool,
         typer.Option("--members", help="Only the members and their assignment, no offsets."),
     ] = False,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Members and their assignment, then per partition CURRENT-OFFSET, LOG-END-OFFSET and LAG.
 
@@ -160,23 +135,28 @@ def describe(
 
     if all_groups == (group is not None):
         raise UsageError("give a GROUP or --all-groups (not both)")
-    handle = store_from(ctx, store, option, config_file)
+    handle = shared(ctx).open_store()
     if group is not None:
         _require_group(handle, group)
         names = [group]
     else:
         names = list_groups(handle)
-    described = [_describe_one(handle, name, output, members_only) for name in names]
-    if output is OutputFormat.json:
-        print_json(described[0] if group is not None else described)
-    elif not names:
-        note("No groups.")
+    described = [_describe_one(handle, name, members_only) for name in names]
+
+    def view(text: TextOutput) -> None:
+        if not described:
+            text.message("No groups.")
+        for desc, _ in described:
+            _show_group(text, desc, members_only=members_only)
+
+    data = [document for _, document in described]
+    shared(ctx).output.record(data[0] if group is not None else data, view)
 
 
 def _describe_one(
-    handle: Store, group: str, output: OutputFormat, members_only: bool
-) -> dict[str, Any]:
-    """The group as JSON; in table form printed too."""
+    handle: Store, group: str, members_only: bool
+) -> tuple[GroupDescription, dict[str, Any]]:
+    """The group's description, and as JSON."""
     from kstore.groups import describe_group
 
     desc = describe_group(handle, group)
@@ -215,45 +195,45 @@ def _describe_one(
             }
             for p in desc.partitions
         ]
-    if output is OutputFormat.json:
-        return data
+    return desc, data
+
+
+def _show_group(text: TextOutput, desc: GroupDescription, *, members_only: bool) -> None:
+    assignment = _assignment_of(desc)
     title = (
         f"Group: {desc.group_id}  State: {desc.state}  Generation: {desc.generation}  "
         f"Assignor: {desc.assignor or '-'}  Members: {len(desc.members)}  Lag: {desc.total_lag}"
         + (f"  No committed offset: {desc.uncommitted} partition(s)" if desc.uncommitted else "")
     )
-    write_out(title + "\n")
-    members = new_table(
-        "MEMBER-ID", "CLIENT-ID", "INSTANCE-ID", "#PARTITIONS", "ASSIGNMENT", right=["#PARTITIONS"]
+    text.line(title)
+    members: list[tuple[str, str | None, str | None, list[TopicPartition] | None]] = [
+        (m.member_id, m.client_id, m.instance_id, assignment.get(m.member_id, []))
+        for m in desc.members
+    ] or [("(no live members)", None, None, None)]
+    text.table(
+        members,
+        [
+            Column("MEMBER-ID", 0),
+            Column("CLIENT-ID", 1),
+            Column("INSTANCE-ID", 2),
+            Column("#PARTITIONS", lambda m: None if m[3] is None else len(m[3]), right=True),
+            Column("ASSIGNMENT", lambda m: None if m[3] is None else _format_assignment(m[3])),
+        ],
     )
-    for m in desc.members:
-        parts = assignment.get(m.member_id, [])
-        members.add_row(
-            text(m.member_id),
-            text(m.client_id),
-            text(m.instance_id),
-            text(len(parts)),
-            text(_format_assignment(parts)),
-        )
-    if not desc.members:
-        members.add_row(text("(no live members)"), text(None), text(None), text(None), text(None))
-    print_table(members)
     if members_only:
-        return data
-    numeric = ["PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG"]
-    offsets = new_table("TOPIC", *numeric, "CONSUMER-ID", "CLIENT-ID", right=numeric)
-    for p in desc.partitions:
-        offsets.add_row(
-            text(p.topic),
-            text(p.partition),
-            text(p.current_offset),
-            text(p.log_end_offset),
-            text(p.lag),
-            text(p.member_id),
-            text(p.client_id),
-        )
-    print_table(offsets)
-    return data
+        return
+    text.table(
+        desc.partitions,
+        [
+            Column("TOPIC", "topic"),
+            Column("PARTITION", "partition", right=True),
+            Column("CURRENT-OFFSET", "current_offset", right=True),
+            Column("LOG-END-OFFSET", "log_end_offset", right=True),
+            Column("LAG", "lag", right=True),
+            Column("CONSUMER-ID", "member_id"),
+            Column("CLIENT-ID", "client_id"),
+        ],
+    )
 
 
 def _parse_topic_specs(specs: list[str]) -> list[tuple[str, list[int] | None]]:
@@ -337,11 +317,6 @@ def reset_offsets(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Only show them (the default).")
     ] = False,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Compute new committed offsets for a group and, with --execute, commit them."""
     from kstore.groups import Group
@@ -378,7 +353,7 @@ def reset_offsets(
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
-    handle = store_from(ctx, store, option, config_file)
+    handle = shared(ctx).open_store()
     state = Group(handle, group).state()
     if all_topics:
         names = sorted(
@@ -434,30 +409,24 @@ def reset_offsets(
                 "new_offset": new,
             }
         )
-    if output is OutputFormat.json:
-        print_json({"group": group, "executed": execute, "offsets": rows})
-        return
-    table = new_table(
-        "GROUP",
-        "TOPIC",
-        "PARTITION",
-        "CURRENT-OFFSET",
-        "NEW-OFFSET",
-        right=["PARTITION", "CURRENT-OFFSET", "NEW-OFFSET"],
-    )
-    for row in rows:
-        table.add_row(
-            text(group),
-            text(row["topic"]),
-            text(row["partition"]),
-            text(row["current_offset"]),
-            text(row["new_offset"]),
+
+    def view(text: TextOutput) -> None:
+        text.table(
+            rows,
+            [
+                Column("GROUP", lambda row: group),
+                Column("TOPIC", "topic"),
+                Column("PARTITION", "partition", right=True),
+                Column("CURRENT-OFFSET", "current_offset", right=True),
+                Column("NEW-OFFSET", "new_offset", right=True),
+            ],
         )
-    print_table(table)
-    if execute:
-        note(f"Committed the new offsets of group {group!r}.")
-    else:
-        note("Dry run: nothing was changed. Add --execute to commit these offsets.")
+        if execute:
+            text.message(f"Committed the new offsets of group {group!r}.")
+        else:
+            text.message("Dry run: nothing was changed. Add --execute to commit these offsets.")
+
+    shared(ctx).output.record({"group": group, "executed": execute, "offsets": rows}, view)
 
 
 @app.command(
@@ -468,22 +437,16 @@ def delete(
     groups: Annotated[
         list[str], typer.Argument(metavar="GROUP...", help="Groups to delete.", show_default=False)
     ],
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Delete consumer groups and their committed offsets (refused while members are live)."""
     from kstore.groups import delete_group
 
-    handle = store_from(ctx, store, option, config_file)
+    handle = shared(ctx).open_store()
+    out = shared(ctx).output
     for name in groups:
         delete_group(handle, name)
-        if output is OutputFormat.table:
-            note(f"Deleted consumer group {name!r}.")
-    if output is OutputFormat.json:
-        print_json([{"group": name, "deleted": True} for name in groups])
+        out.message(f"Deleted consumer group {name!r}.")
+    out.record([{"group": name, "deleted": True} for name in groups])
 
 
 @app.command(
@@ -506,11 +469,6 @@ def delete_offsets(
             "repeatable.",
         ),
     ],
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Forget a group's committed offsets of some topics or partitions (kafka-consumer-groups
     --delete-offsets)."""
@@ -518,7 +476,7 @@ def delete_offsets(
     from kstore.records import TopicPartition
 
     specs = _parse_topic_specs(topic)
-    handle = store_from(ctx, store, option, config_file)
+    handle = shared(ctx).open_store()
     _require_group(handle, group)
     target = Group(handle, group)
     committed = target.state().offsets
@@ -529,13 +487,12 @@ def delete_offsets(
         else:
             wanted.extend(TopicPartition(name, p) for p in parts)
     deleted = target.delete_offsets(wanted)
-    if output is OutputFormat.json:
-        print_json([{"topic": tp.topic, "partition": tp.partition} for tp in deleted])
-        return
-    if not deleted:
-        note(f"Group {group!r} had no committed offset there; nothing changed.")
-        return
-    table = new_table("TOPIC", "PARTITION", "STATUS", right=["PARTITION"])
-    for tp in deleted:
-        table.add_row(text(tp.topic), text(tp.partition), text("deleted"))
-    print_table(table)
+    shared(ctx).output.table(
+        [{"topic": tp.topic, "partition": tp.partition} for tp in deleted],
+        [
+            Column("TOPIC", "topic"),
+            Column("PARTITION", "partition", right=True),
+            Column("STATUS", lambda row: "deleted"),
+        ],
+        empty=f"Group {group!r} had no committed offset there; nothing changed.",
+    )

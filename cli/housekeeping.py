@@ -7,18 +7,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from kstore.cli.common import (
-    ConfigFileOpt,
-    DebugOpt,
-    OptionOpt,
-    OutputFormat,
-    OutputOpt,
-    StoreOpt,
-    UsageError,
-    print_json,
-    store_from,
-    write_out,
-)
+from kstore.cli.common import UsageError
+from kstore.cli.options import shared
 from kstore.cli.timeparse import parse_duration_ms
 
 DryRunOpt = Annotated[
@@ -49,23 +39,14 @@ def abort_expired(
         ),
     ] = None,
     dry_run: DryRunOpt = False,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Abort every transaction open longer than its producer's transaction_timeout_ms (by the
     storage's clock), as a new producer with its transactional id would: the old producer is
     fenced, and a transaction whose commit was already decided is rolled forward instead."""
     from kstore.retention import abort_expired_transactions
 
-    handle = store_from(ctx, store, option, config_file)
-    report = abort_expired_transactions(handle, topics or None, dry_run=dry_run)
-    if output == OutputFormat.json:
-        print_json(report.to_dict())
-    else:
-        write_out(report.format() + "\n")
+    report = abort_expired_transactions(shared(ctx).open_store(), topics or None, dry_run=dry_run)
+    shared(ctx).output.record(report.to_dict(), view=lambda text: text.line(report.format()))
 
 
 def prune_logs(
@@ -79,11 +60,6 @@ def prune_logs(
         ),
     ] = "2d",
     dry_run: DryRunOpt = False,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Delete old versions of consumer group, producer and topic metadata logs: below the
     newest checkpoint older than --log-retention, and write a checkpoint where old commits have
@@ -100,12 +76,8 @@ def prune_logs(
             f"--log-retention {log_retention} is below the minimum of 2d: a writer or reader "
             "may still hold a state that old"
         )
-    handle = store_from(ctx, store, option, config_file)
-    report = prune(handle, keep_ms=keep_ms, dry_run=dry_run)
-    if output == OutputFormat.json:
-        print_json(report.to_dict())
-    else:
-        write_out(report.format() + "\n")
+    report = prune(shared(ctx).open_store(), keep_ms=keep_ms, dry_run=dry_run)
+    shared(ctx).output.record(report.to_dict(), view=lambda text: text.line(report.format()))
 
 
 def register(app: typer.Typer) -> None:

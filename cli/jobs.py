@@ -25,26 +25,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from kstore.cli.common import (
     EXIT_FAILURE,
-    ConfigFileOpt,
-    DebugOpt,
-    OptionOpt,
-    OutputFormat,
-    OutputOpt,
-    StoreOpt,
     StoreSettings,
     UsageError,
     debug_enabled,
     human_bytes,
-    new_table,
     note,
     open_store,
-    print_json,
-    print_table,
     redactor,
-    resolve_store,
-    text,
-    write_out,
 )
+from kstore.cli.options import shared
+from kstore.cli.output import Column, Output, TextOutput
 from kstore.cli.timeparse import parse_duration_ms
 
 if TYPE_CHECKING:
@@ -146,21 +136,8 @@ def _job_command(verb: str, doc: str) -> Callable[..., None]:
         print_submit: PrintSubmitOpt = False,
         dry_run: DryRunOpt = False,
         tasks: TasksOpt = None,
-        store: StoreOpt = None,
-        option: OptionOpt = None,
-        config_file: ConfigFileOpt = None,
-        output: OutputOpt = OutputFormat.table,
-        debug: DebugOpt = False,
     ) -> None:
-        _run(
-            ctx,
-            JOBS[verb],
-            _Args(topics, spark, no_spark, print_submit, dry_run, tasks),
-            store,
-            option,
-            config_file,
-            output,
-        )
+        _run(ctx, JOBS[verb], _Args(topics, spark, no_spark, print_submit, dry_run, tasks))
 
     command.__name__ = command.__qualname__ = verb
     command.__doc__ = doc
@@ -218,11 +195,6 @@ def vacuum(
     print_submit: PrintSubmitOpt = False,
     dry_run: DryRunOpt = False,
     tasks: TasksOpt = None,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Delete files no reader needs: removed segments past file.delete.delay.ms, old orphans,
     old log versions and data of deleted topics.
@@ -250,15 +222,7 @@ def vacuum(
                 raise UsageError(
                     f"{flag} {given} is below the minimum of {_duration(minimum)}: {why}"
                 )
-    _run(
-        ctx,
-        JOBS["vacuum"],
-        _Args(topics, spark, no_spark, print_submit, dry_run, tasks, ages),
-        store,
-        option,
-        config_file,
-        output,
-    )
+    _run(ctx, JOBS["vacuum"], _Args(topics, spark, no_spark, print_submit, dry_run, tasks, ages))
 
 
 EPILOGS = {
@@ -302,15 +266,7 @@ class _Args:
     extra: Mapping[str, int] | None = None  # vacuum: orphan_age_ms, log_retention_ms
 
 
-def _run(
-    ctx: typer.Context,
-    job: Job,
-    args: _Args,
-    store: str | None,
-    option: list[str] | None,
-    config_file: Any,
-    output: OutputFormat,
-) -> None:
+def _run(ctx: typer.Context, job: Job, args: _Args) -> None:
     if args.no_spark and args.print_submit:
         raise UsageError("--no-spark and --print-submit exclude each other")
     if args.no_spark and args.spark is not None:
@@ -323,11 +279,12 @@ def _run(
                 f"--spark {args.spark!r}: only a local master (local, local[N], local[*]) runs "
                 "here; for a cluster, use --print-submit"
             )
-    settings = resolve_store(ctx, store, option, config_file)
+    settings = shared(ctx).settings()
+    out = shared(ctx).output
     extra = dict(args.extra or {})
     topics = list(dict.fromkeys(args.topics or [])) or None
     if args.print_submit:
-        _print_submit(job, settings, topics, args, master, output)
+        _print_submit(job, settings, topics, args, master, out)
         return
 
     if settings.url.startswith("memory://") and not args.no_spark:
@@ -356,7 +313,7 @@ def _run(
             verbose=True,  # progress lines, into the display above
             **extra,
         )
-    _report(job, summary, output)
+    _report(job, summary, out)
 
 
 @contextlib.contextmanager
@@ -484,14 +441,13 @@ def _duration(ms: int) -> str:
 # -- output ---------------------------------------------------------------------------------------
 
 
-def _report(job: Job, summary: Summary, output: OutputFormat) -> None:
+def _report(job: Job, summary: Summary, out: Output) -> None:
     failed = summary.errors
-    if output is OutputFormat.json:
-        print_json({"ok": not failed, **summary.to_dict()})
-    else:
-        _print_summary(job, summary)
+    out.record(
+        {"ok": not failed, **summary.to_dict()}, view=lambda text: _show_summary(text, job, summary)
+    )
     for result in failed:
-        note(f"error: {result.topic}-{result.partition}: {result.reason or 'failed'}")
+        out.notice(f"error: {result.topic}-{result.partition}: {result.reason or 'failed'}")
     if failed:
         raise typer.Exit(EXIT_FAILURE)
 
@@ -509,17 +465,16 @@ _COLUMNS = (
 )
 
 
-def _print_summary(job: Job, summary: Summary) -> None:
+def _show_summary(text: TextOutput, job: Job, summary: Summary) -> None:
     changed = "would change" if summary.dry_run else "committed"
     changes = summary.count("dry-run") if summary.dry_run else summary.count("committed")
-    write_out(
+    text.line(
         f"{summary.operation}{' (dry run)' if summary.dry_run else ''} of {summary.store}: "
         f"{summary.partitions_scanned} partition(s) scanned, {changed} {changes}, "
         f"skipped {summary.count('skipped')}, conflicts {summary.count('conflict')}, "
-        f"errors {summary.count('error')}; {summary.tasks} task(s), {summary.elapsed_s:.2f} s\n"
+        f"errors {summary.count('error')}; {summary.tasks} task(s), {summary.elapsed_s:.2f} s"
     )
-    for line in summary.notes:
-        write_out(f"  {line}\n")
+    text.lines(f"  {line}" for line in summary.notes)
     if not summary.partitions and not summary.extra_files:
         return
     # A dry run changes nothing: its column counts what would change (JSON: dry_run_changes).
@@ -527,7 +482,6 @@ def _print_summary(job: Job, summary: Summary) -> None:
         ("TOPIC", "PARTITIONS", "WOULD-CHANGE", *_COLUMNS[3:]) if summary.dry_run else _COLUMNS
     )
     counted = "dry-run" if summary.dry_run else "committed"
-    table = new_table(*columns, right=columns[1:])
     by_topic: dict[str, list[Any]] = {}
     for result in summary.partitions:
         by_topic.setdefault(result.topic, []).append(result)
@@ -537,24 +491,23 @@ def _print_summary(job: Job, summary: Summary) -> None:
             return sum(int(getattr(r, attr)) for r in results)
 
         return [
-            text(name),
-            text(len(results)),
-            text(sum(1 for r in results if r.outcome == counted)),
-            text(total("segments_removed")),
-            text(total("segments_written")),
-            text(human_bytes(total("bytes_before"))),
-            text(human_bytes(total("bytes_after"))),
-            text(total("records_before") - total("records_after")),
-            text(total("files_deleted") + extra_files),
+            name,
+            len(results),
+            sum(1 for r in results if r.outcome == counted),
+            total("segments_removed"),
+            total("segments_written"),
+            human_bytes(total("bytes_before")),
+            human_bytes(total("bytes_after")),
+            total("records_before") - total("records_after"),
+            total("files_deleted") + extra_files,
         ]
 
-    for name, results in by_topic.items():
-        table.add_row(*row(name, results))
+    rows = [row(name, results) for name, results in by_topic.items()]
     if len(by_topic) > 1 or summary.extra_files:
-        table.add_row(*row("TOTAL", summary.partitions, len(summary.extra_files)))
-    print_table(table)
+        rows.append(row("TOTAL", summary.partitions, len(summary.extra_files)))
+    text.table(rows, [Column(name, index, right=index > 0) for index, name in enumerate(columns)])
     if job.verb == "vacuum" and summary.dry_run and summary.files:
-        write_out("Would delete:\n" + "".join(f"  {path}\n" for path in summary.files))
+        text.lines(["Would delete:", *(f"  {path}" for path in summary.files)])
 
 
 # -- spark-submit ---------------------------------------------------------------------------------
@@ -684,7 +637,7 @@ def _print_submit(
     topics: Sequence[str] | None,
     args: _Args,
     master: str | None,
-    output: OutputFormat,
+    out: Output,
 ) -> None:
     if settings.url.startswith("memory://"):
         raise UsageError("a memory:// store exists only in one process: a cluster cannot reach it")
@@ -697,9 +650,10 @@ def _print_submit(
         extra=args.extra,
         master=master,
     )
-    if output is OutputFormat.json:
-        print_json({"command": command, "environment": refs})
-        return
-    write_out(command + "\n")
-    if refs:
-        note(f"The command reads these secrets from the environment: {', '.join(refs)}")
+
+    def view(text: TextOutput) -> None:
+        text.line(command)
+        if refs:
+            text.message(f"The command reads these secrets from the environment: {', '.join(refs)}")
+
+    out.record({"command": command, "environment": refs}, view)

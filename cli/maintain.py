@@ -10,23 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from kstore.cli.common import (
-    ConfigFileOpt,
-    DebugOpt,
-    OptionOpt,
-    OutputFormat,
-    OutputOpt,
-    StoreOpt,
-    UsageError,
-    human_bytes,
-    ms_to_iso,
-    new_table,
-    note,
-    print_json,
-    print_table,
-    store_from,
-    text,
-)
+from kstore.cli.common import UsageError, human_bytes, ms_to_iso
+from kstore.cli.options import shared
+from kstore.cli.output import Column, TextOutput
 from kstore.cli.timeparse import parse_duration_ms
 
 if TYPE_CHECKING:
@@ -112,10 +98,6 @@ def maintain(
     vacuum_interval: VacuumIntervalOpt = _DEFAULTS["vacuum_interval"],
     lease: LeaseOpt = _DEFAULTS["lease"],
     merge_min_segments: MergeMinOpt = 8,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    debug: DebugOpt = False,
 ) -> None:
     """Run the maintenance service: each interval, plan what is due and run it in this process,
     one log line per task run. SIGTERM or Ctrl-C stops it after the task in progress."""
@@ -124,7 +106,7 @@ def maintain(
     from kstore.maintenance.service import Service, handle_stop_signals
 
     settings = _settings(interval, vacuum_interval, lease, merge_min_segments)
-    handle = store_from(ctx, store, option, config_file, segment_cache_bytes=0)
+    handle = shared(ctx).open_store(segment_cache_bytes=0)
     for name in topic or []:
         handle.topic(name)  # an unknown topic is an error now, not on every pass
 
@@ -138,7 +120,7 @@ def maintain(
             if any(r.outcome == "error" for r in runs):
                 raise typer.Exit(1)
             return
-        note(
+        shared(ctx).output.notice(
             f"maintaining every {interval} (vacuum every {vacuum_interval}) as {service.holder}; "
             "SIGTERM or Ctrl-C stops"
         )
@@ -154,23 +136,16 @@ def status(
     interval: IntervalOpt = _DEFAULTS["interval"],
     vacuum_interval: VacuumIntervalOpt = _DEFAULTS["vacuum_interval"],
     merge_min_segments: MergeMinOpt = 8,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Per topic: each task's last run (when, outcome, what it removed) and when it is due next;
     per partition: dirty ratio and open transactions with their age. Reads only."""
     from kstore.maintenance.service import status as maintenance_status
 
     settings = _settings(interval, vacuum_interval, _DEFAULTS["lease"], merge_min_segments)
-    handle = store_from(ctx, store, option, config_file, segment_cache_bytes=0)
-    data = maintenance_status(handle, settings, topics or None)
-    if output is OutputFormat.json:
-        print_json(data)
-        return
-    _print_status(data)
+    data = maintenance_status(
+        shared(ctx).open_store(segment_cache_bytes=0), settings, topics or None
+    )
+    shared(ctx).output.record(data, view=lambda text: _show_status(text, data))
 
 
 def _when(ms: int | None, now: int) -> str:
@@ -181,67 +156,56 @@ def _when(ms: int | None, now: int) -> str:
     return ms_to_iso(ms)
 
 
-def _print_status(data: dict[str, Any]) -> None:
+def _show_status(text: TextOutput, data: dict[str, Any]) -> None:
     now = int(data["now_ms"])
-    tasks = new_table(
-        "TOPIC",
-        "TASK",
-        "LAST RUN",
-        "OUTCOME",
-        "RECORDS",
-        "BYTES",
-        "SEGMENTS",
-        "FILES",
-        "NEXT",
-        "WHY",
-        right=("RECORDS", "BYTES", "SEGMENTS", "FILES"),
-    )
+
+    def last(field: str, show: Any = None) -> Any:
+        """A cell of the task's last run ('-' when it never ran)."""
+
+        def value(row: tuple[str, dict[str, Any]]) -> Any:
+            run = row[1]["last_run"]
+            return None if not run else (show(run[field]) if show else run[field])
+
+        return value
+
     rows = [(t["topic"], task) for t in data["topics"] for task in t["tasks"]]
     rows += [("(store)", task) for task in data["store_tasks"]]
-    for topic, task in rows:
-        last = task["last_run"]
-        tasks.add_row(
-            text(topic),
-            text(task["task"]),
-            text(ms_to_iso(last["finished_ms"]) if last else None),
-            text(last["outcome"] if last else None),
-            text(last["records"] if last else None),
-            text(human_bytes(last["bytes"]) if last else None),
-            text(last["segments"] if last else None),
-            text(last["files"] if last else None),
-            text("due" if task["due"] else _when(task["next_ms"], now)),
-            text(task["reason"]),
-        )
-    print_table(tasks)
-    parts = new_table(
-        "TOPIC",
-        "PARTITION",
-        "SEGMENTS",
-        "BYTES",
-        "LOG-START",
-        "DIRTY-RATIO",
-        "OPEN-TXNS",
-        "OLDEST-TXN-AGE",
-        "LAST-CHANGED",
-        right=("PARTITION", "SEGMENTS", "BYTES", "LOG-START", "DIRTY-RATIO", "OPEN-TXNS"),
+    text.table(
+        rows,
+        [
+            Column("TOPIC", 0),
+            Column("TASK", lambda row: row[1]["task"]),
+            Column("LAST RUN", last("finished_ms", ms_to_iso)),
+            Column("OUTCOME", last("outcome")),
+            Column("RECORDS", last("records"), right=True),
+            Column("BYTES", last("bytes", human_bytes), right=True),
+            Column("SEGMENTS", last("segments"), right=True),
+            Column("FILES", last("files"), right=True),
+            Column("NEXT", lambda row: "due" if row[1]["due"] else _when(row[1]["next_ms"], now)),
+            Column("WHY", lambda row: row[1]["reason"]),
+        ],
     )
-    for t in data["topics"]:
-        for p in t["partitions"]:
-            ages = [o["age_ms"] for o in p["open_transactions"] if o["age_ms"] is not None]
-            parts.add_row(
-                text(t["topic"]),
-                text(p["partition"]),
-                text(p["segments"]),
-                text(human_bytes(p["bytes"])),
-                text(p["log_start_offset"]),
-                text(f"{p['dirty_ratio']:.2f}"),
-                text(len(p["open_transactions"])),
-                text(f"{max(ages) / 1000:.1f} s" if ages else None),
-                text(_last_changed(p["last_runs"])),
-            )
-    print_table(parts)
+
+    def oldest_transaction(p: dict[str, Any]) -> str | None:
+        ages = [o["age_ms"] for o in p["open_transactions"] if o["age_ms"] is not None]
+        return f"{max(ages) / 1000:.1f} s" if ages else None
+
+    text.table(
+        [(t["topic"], p) for t in data["topics"] for p in t["partitions"]],
+        [
+            Column("TOPIC", 0),
+            Column("PARTITION", lambda row: row[1]["partition"], right=True),
+            Column("SEGMENTS", lambda row: row[1]["segments"], right=True),
+            Column("BYTES", lambda row: human_bytes(row[1]["bytes"]), right=True),
+            Column("LOG-START", lambda row: row[1]["log_start_offset"], right=True),
+            Column("DIRTY-RATIO", lambda row: f"{row[1]['dirty_ratio']:.2f}", right=True),
+            Column("OPEN-TXNS", lambda row: len(row[1]["open_transactions"]), right=True),
+            Column("OLDEST-TXN-AGE", lambda row: oldest_transaction(row[1])),
+            Column("LAST-CHANGED", lambda row: _last_changed(row[1]["last_runs"])),
+        ],
+    )
     for topic, why in sorted(data["errors"].items()):
-        note(f"{topic}: not read: {why}")
+        text.message(f"{topic}: not read: {why}")
 
 
 def _last_changed(runs: list[dict[str, Any]]) -> str | None:

@@ -22,21 +22,8 @@ from types import FrameType
 from typing import IO, Annotated, Any
 
 import typer
-from kstore.cli.common import (
-    EXIT_FAILURE,
-    ConfigFileOpt,
-    DebugOpt,
-    OptionOpt,
-    OutputFormat,
-    OutputOpt,
-    StoreOpt,
-    UsageError,
-    error_message,
-    note,
-    parse_client_properties,
-    print_json,
-    store_from,
-)
+from kstore.cli.common import EXIT_FAILURE, UsageError, error_message, parse_client_properties
+from kstore.cli.options import shared
 from kstore.cli.timeparse import parse_datetime_ms
 from kstore.cli.typed import TypedInput, TypedInputError, loads
 
@@ -429,11 +416,6 @@ def produce(
             "max.message.bytes.",
         ),
     ] = None,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Write records read line by line from stdin (or --file) to a topic.
 
@@ -468,7 +450,8 @@ def produce(
         if sep is not None and not sep:
             raise UsageError(f"{name} must not be empty")
     properties = parse_client_properties(producer_property, "--producer-property")
-    handle = store_from(ctx, store, option, config_file)
+    handle = shared(ctx).open_store()
+    out = shared(ctx).output
     meta = handle.topic(topic)  # fail before reading any input if the topic does not exist
     if partition is not None and partition >= meta.partitions:
         from kstore.errors import UnknownTopicOrPartitionError
@@ -480,7 +463,7 @@ def produce(
     acks_value: int | str = "all" if acks is Acks.all else int(acks.value)
     stream: IO[bytes] = open(file, "rb") if file is not None else sys.stdin.buffer  # noqa: SIM115
     if file is None and sys.stdin.isatty():
-        note(f"Reading records for {topic!r}, one per line; Ctrl-D to finish.")
+        out.notice(f"Reading records for {topic!r}, one per line; Ctrl-D to finish.")
     delivery = _Delivery()
     failure: str | None = None
     sent = 0
@@ -553,22 +536,16 @@ def produce(
         if stopped_at is not None:
             summary["unread_from_line"] = stopped_at
             failure += f"; input from line {stopped_at} on was not sent"
-    if output is OutputFormat.json:
-        print_json({**summary, "error": failure})
-    else:
-        ranges = ", ".join(
-            f"partition {p['partition']}: {p['records']}"
-            + (
-                f" (offsets {p['first_offset']}..{p['last_offset']})"
-                if p["first_offset"] >= 0
-                else ""
-            )
-            for p in per_partition
-        )
-        note(
-            f"Produced {delivery.delivered} record(s) to {topic!r}"
-            + (f": {ranges}." if ranges else ".")
-        )
+    out.record({**summary, "error": failure})
+    ranges = ", ".join(
+        f"partition {p['partition']}: {p['records']}"
+        + (f" (offsets {p['first_offset']}..{p['last_offset']})" if p["first_offset"] >= 0 else "")
+        for p in per_partition
+    )
+    out.message(
+        f"Produced {delivery.delivered} record(s) to {topic!r}"
+        + (f": {ranges}." if ranges else ".")
+    )
     if failure is not None:
-        note(f"error: {failure}")
+        out.notice(f"error: {failure}")
         raise typer.Exit(EXIT_FAILURE)

@@ -6,26 +6,9 @@ import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from kstore.cli.common import (
-    ConfigFileOpt,
-    DebugOpt,
-    OptionOpt,
-    OutputFormat,
-    OutputOpt,
-    StoreOpt,
-    UsageError,
-    human_bytes,
-    ms_to_iso,
-    new_table,
-    note,
-    open_store,
-    print_json,
-    print_table,
-    resolve_store,
-    store_from,
-    text,
-    write_out,
-)
+from kstore.cli.common import UsageError, human_bytes, ms_to_iso
+from kstore.cli.options import shared
+from kstore.cli.output import Column, TextOutput
 
 if TYPE_CHECKING:
     from kstore.store import Store, TopicDescription, TopicMetadata
@@ -135,11 +118,6 @@ def create(
     ] = False,
     value_schema: ValueSchemaOpt = None,
     key_schema: KeySchemaOpt = None,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Create a topic (and the store, if the URL holds none yet).
 
@@ -152,7 +130,7 @@ def create(
     if key_schema is not None and value_schema is None:
         raise UsageError("--key-schema needs --value-schema: only typed topics have typed keys")
     declared = _schema_text(value_schema, "--value-schema") if value_schema is not None else None
-    handle = store_from(ctx, store, option, config_file, create=True)
+    handle = shared(ctx).open_store(create=True)
     try:
         meta = handle.create_topic(
             topic, partitions, configs, value_schema=declared, key_schema=key_schema
@@ -163,13 +141,13 @@ def create(
             raise
         meta = handle.topic(topic)
         created = False
-    if output is OutputFormat.json:
-        print_json({**_metadata_json(meta), "created": created})
-    elif created:
+    out = shared(ctx).output
+    out.record({**_metadata_json(meta), "created": created})
+    if created:
         typed = f" typed {meta.schema.ddl()}" if meta.schema is not None else ""
-        note(f"Created{typed} topic {meta.name!r} with {meta.partitions} partition(s).")
+        out.message(f"Created{typed} topic {meta.name!r} with {meta.partitions} partition(s).")
     else:
-        note(f"Topic {meta.name!r} already exists; nothing changed.")
+        out.message(f"Topic {meta.name!r} already exists; nothing changed.")
 
 
 @app.command(
@@ -191,11 +169,6 @@ def list_(
     names_only: Annotated[
         bool, typer.Option("--names-only", help="One topic name a line (as Kafka's --list).")
     ] = False,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """List the topics of the store, with their partition counts."""
     import re
@@ -206,13 +179,11 @@ def list_(
         matcher = re.compile(pattern) if pattern is not None else None
     except re.error as exc:
         raise UsageError(f"PATTERN {pattern!r} is not a regular expression: {exc}") from None
-    handle = store_from(ctx, store, option, config_file)
+    handle = shared(ctx).open_store()
+    out = shared(ctx).output
     names = [n for n in handle.list_topics() if matcher is None or matcher.fullmatch(n)]
     if names_only:
-        if output is OutputFormat.json:
-            print_json(names)
-        elif names:
-            write_out("".join(f"{name}\n" for name in names))
+        out.record(names, view=lambda text: text.lines(names))
         return
     rows: list[dict[str, Any]] = []
     for name in names:
@@ -229,20 +200,17 @@ def list_(
             rows.append(
                 {"topic": name, "partitions": None, "cleanup.policy": None, "error": str(exc)}
             )
-    if output is OutputFormat.json:
-        print_json(rows)
-        return
-    if not rows:
-        note("No topics.")
-        return
-    table = new_table("TOPIC", "PARTITIONS", "CLEANUP.POLICY", right=["PARTITIONS"])
-    for row in rows:
-        table.add_row(
-            text(row["topic"]),
-            text(row["partitions"]),
-            text(row["cleanup.policy"] or f"error: {row.get('error')}"),
-        )
-    print_table(table)
+    out.table(
+        rows,
+        [
+            Column("TOPIC", "topic"),
+            Column("PARTITIONS", "partitions", right=True),
+            Column(
+                "CLEANUP.POLICY", lambda row: row["cleanup.policy"] or f"error: {row.get('error')}"
+            ),
+        ],
+        empty="No topics.",
+    )
 
 
 def _describe_json(desc: TopicDescription, table: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -283,34 +251,31 @@ def describe(
             metavar="TOPIC", help="Topics to describe (default: all).", show_default=False
         ),
     ] = None,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Show topics: offsets, records, segments, bytes and timestamps per partition, and config.
 
     Per partition: log start and end offsets, records, segments, bytes, oldest and newest
     timestamps; then every topic config, marking the values that are defaults.
     """
-    handle = store_from(ctx, store, option, config_file)
+    handle = shared(ctx).open_store()
     names = topics or handle.list_topics()
     descriptions = [handle.describe_topic(name) for name in names]
     tables = {d.name: _table_of(handle, d.metadata) for d in descriptions}
-    if output is OutputFormat.json:
-        print_json([_describe_json(d, tables[d.name]) for d in descriptions])
-        return
-    if not descriptions:
-        note("No topics.")
-        return
-    for index, desc in enumerate(descriptions):
-        if index:
-            sys.stdout.write("\n")
-        _print_description(desc, tables[desc.name])
+
+    def view(text: TextOutput) -> None:
+        if not descriptions:
+            text.message("No topics.")
+        for index, desc in enumerate(descriptions):
+            if index:
+                text.line("")
+            _print_description(text, desc, tables[desc.name])
+
+    shared(ctx).output.record([_describe_json(d, tables[d.name]) for d in descriptions], view)
 
 
-def _print_description(desc: TopicDescription, published: dict[str, Any] | None = None) -> None:
+def _print_description(
+    text: TextOutput, desc: TopicDescription, published: dict[str, Any] | None
+) -> None:
     meta = desc.metadata
     parts = desc.partitions
     total_records = sum(p.records for p in parts)
@@ -320,42 +285,40 @@ def _print_description(desc: TopicDescription, published: dict[str, Any] | None 
         f"Records: {total_records}  Size: {human_bytes(total_bytes)}  "
         f"Created: {ms_to_iso(meta.created_ms)}"
     )
-    numeric = ["PARTITION", "LOG-START", "LOG-END", "RECORDS", "SEGMENTS", "BYTES"]
-    write_out(title + "\n")
+    text.line(title)
     schema = meta.schema
     if schema is not None:
-        write_out(
+        text.line(
             f"Schema: version {schema.id}  Key: {schema.key_declared or 'binary'}  "
-            f"Value: {schema.ddl()}\n"
+            f"Value: {schema.ddl()}"
         )
-    table = new_table(*numeric, "OLDEST", "NEWEST", right=numeric)
-    for p in parts:
-        table.add_row(
-            *(
-                text(v)
-                for v in (
-                    p.partition,
-                    p.log_start_offset,
-                    p.log_end_offset,
-                    p.records,
-                    p.segments,
-                    p.size_bytes,
-                )
-            ),
-            text(ms_to_iso(p.oldest_timestamp_ms)),
-            text(ms_to_iso(p.newest_timestamp_ms)),
-        )
-    print_table(table)
+    text.table(
+        parts,
+        [
+            Column("PARTITION", "partition", right=True),
+            Column("LOG-START", "log_start_offset", right=True),
+            Column("LOG-END", "log_end_offset", right=True),
+            Column("RECORDS", "records", right=True),
+            Column("SEGMENTS", "segments", right=True),
+            Column("BYTES", "size_bytes", right=True),
+            Column("OLDEST", lambda p: ms_to_iso(p.oldest_timestamp_ms)),
+            Column("NEWEST", lambda p: ms_to_iso(p.newest_timestamp_ms)),
+        ],
+    )
     if published is not None:
         version = published["version"]
-        write_out(
+        text.line(
             f"Table: delta  Location: {published['location']}  Version: "
-            f"{version if version >= 0 else 'none yet'}\n"
+            f"{version if version >= 0 else 'none yet'}"
         )
-    config = new_table("CONFIG", "VALUE", "SOURCE")
-    for name, value, is_default in desc.config_entries():
-        config.add_row(text(name), text(value), text("default" if is_default else "topic"))
-    print_table(config)
+    text.table(
+        desc.config_entries(),
+        [
+            Column("CONFIG", 0),
+            Column("VALUE", 1),
+            Column("SOURCE", lambda entry: "default" if entry[2] else "topic"),
+        ],
+    )
 
 
 def _table_of(handle: Store, meta: TopicMetadata) -> dict[str, Any] | None:
@@ -387,11 +350,6 @@ def publish(
             "that is not Parquet yet) into Parquet, so the table reaches the last stable offset.",
         ),
     ] = False,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Publish a topic's Parquet segments as a new version of its Delta table, by reference.
 
@@ -400,26 +358,26 @@ def publish(
     """
     from kstore.lakehouse import publish_table
 
-    handle = store_from(ctx, store, option, config_file)
-    report = publish_table(handle, topic, tail=tail)
-    if output is OutputFormat.json:
-        print_json(report.to_json())
-        return
+    report = publish_table(shared(ctx).open_store(), topic, tail=tail)
+    out = shared(ctx).output
+    out.record(report.to_json())
     if report.tail_segments:
-        note(f"Rewrote {report.tail_segments} tail segment(s) into Parquet.")
+        out.message(f"Rewrote {report.tail_segments} tail segment(s) into Parquet.")
     if report.committed:
-        note(
+        out.message(
             f"Published version {report.version} of {report.table}: "
             f"+{report.files_added} -{report.files_removed} file(s), "
             f"{human_bytes(report.bytes_covered)} by reference, "
             f"{human_bytes(report.bytes_written)} written."
         )
     else:
-        note(f"Table {report.table} is up to date at version {report.version}.")
+        out.message(f"Table {report.table} is up to date at version {report.version}.")
     if report.checkpoint_error:
-        note(f"The Delta checkpoint due at this version failed: {report.checkpoint_error}")
+        out.message(f"The Delta checkpoint due at this version failed: {report.checkpoint_error}")
     covered = ", ".join(f"{p}: {end}" for p, end in sorted(report.covered.items()))
-    note(f"Covers {report.files} file(s), {report.records} record(s); offsets below {covered}.")
+    out.message(
+        f"Covers {report.files} file(s), {report.records} record(s); offsets below {covered}."
+    )
 
 
 @app.command(
@@ -446,11 +404,6 @@ def alter(
             help="Return a config to its default; repeatable.",
         ),
     ] = None,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Change a topic's config: set values, or return them to their defaults, in one commit."""
     updates = _parse_configs(set_, "--set")
@@ -460,13 +413,11 @@ def alter(
     both = sorted(set(updates) & set(removals))
     if both:
         raise UsageError(f"config {both[0]!r} is both set and deleted")
-    handle = store_from(ctx, store, option, config_file)
-    meta = handle.alter_topic_config(topic, updates, removals)
-    if output is OutputFormat.json:
-        print_json(_metadata_json(meta))
-        return
+    meta = shared(ctx).open_store().alter_topic_config(topic, updates, removals)
+    out = shared(ctx).output
+    out.record(_metadata_json(meta))
     changes = [f"{k}={v}" for k, v in updates.items()] + [f"{k} (default)" for k in removals]
-    note(f"Altered topic {topic!r}: {', '.join(changes)}.")
+    out.message(f"Altered topic {topic!r}: {', '.join(changes)}.")
 
 
 @app.command(
@@ -484,17 +435,13 @@ def delete(
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="Do not ask for confirmation on a terminal.")
     ] = False,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Delete topics: gone at once for new lookups and closed to writers; their files stay
     readable for file.delete.delay.ms, then `kstore vacuum` removes them."""
     from kstore.errors import UnknownTopicOrPartitionError
 
-    handle = store_from(ctx, store, option, config_file)
+    handle = shared(ctx).open_store()
+    out = shared(ctx).output
     if not yes and sys.stdin.isatty() and sys.stderr.isatty():
         typer.confirm(
             f"Delete topic(s) {', '.join(topics)} and all their records?", abort=True, err=True
@@ -505,19 +452,16 @@ def delete(
             delay = int(handle.topic(name).effective_config["file.delete.delay.ms"])
             handle.delete_topic(name)
             results.append({"topic": name, "deleted": True})
-            if output is OutputFormat.table:
-                note(
-                    f"Deleted topic {name!r}; its files stay readable for {delay} ms "
-                    "(file.delete.delay.ms), then `kstore vacuum` removes them."
-                )
+            out.message(
+                f"Deleted topic {name!r}; its files stay readable for {delay} ms "
+                "(file.delete.delay.ms), then `kstore vacuum` removes them."
+            )
         except UnknownTopicOrPartitionError:
             if not if_exists:
                 raise
             results.append({"topic": name, "deleted": False})
-            if output is OutputFormat.table:
-                note(f"Topic {name!r} does not exist; skipped.")
-    if output is OutputFormat.json:
-        print_json(results)
+            out.message(f"Topic {name!r} does not exist; skipped.")
+    out.record(results)
 
 
 @app.command(
@@ -531,20 +475,14 @@ def add_partitions(
     partitions: Annotated[
         int, typer.Option("--partitions", "-p", help="The new total partition count.")
     ],
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Grow a topic to more partitions (never fewer)."""
-    handle: Store = open_store(resolve_store(ctx, store, option, config_file))
+    handle = shared(ctx).open_store()
     before = handle.topic(topic).partitions
     meta = handle.add_partitions(topic, partitions)
-    if output is OutputFormat.json:
-        print_json({**_metadata_json(meta), "previous_partitions": before})
-        return
-    note(f"Topic {topic!r} now has {meta.partitions} partitions (was {before}).")
+    out = shared(ctx).output
+    out.record({**_metadata_json(meta), "previous_partitions": before})
+    out.message(f"Topic {topic!r} now has {meta.partitions} partitions (was {before}).")
 
 
 @app.command(
@@ -569,22 +507,15 @@ def alter_schema(
         ),
     ],
     key_schema: KeySchemaOpt = None,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Evolve a typed topic's schema; records already written read with the new one."""
     declared = _schema_text(value_schema, "--value-schema")
-    handle = store_from(ctx, store, option, config_file)
-    meta = handle.alter_topic_schema(topic, declared, key_schema)
-    if output is OutputFormat.json:
-        print_json(_metadata_json(meta))
-        return
+    meta = shared(ctx).open_store().alter_topic_schema(topic, declared, key_schema)
+    out = shared(ctx).output
+    out.record(_metadata_json(meta))
     schema = meta.schema
     assert schema is not None
-    note(f"Topic {topic!r} schema is now version {schema.id}: {schema.ddl()}")
+    out.message(f"Topic {topic!r} schema is now version {schema.id}: {schema.ddl()}")
 
 
 @app.command(
@@ -595,43 +526,30 @@ def alter_schema(
 def schema_history(
     ctx: typer.Context,
     topic: TopicArg,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Show a typed topic's schema history: version, time, key type and value schema (DDL)."""
     from kstore.schema import describe as describe_history
 
-    handle = store_from(ctx, store, option, config_file)
-    meta = handle.topic(topic)
-    rows = describe_history(meta.schema_history)
-    if output is OutputFormat.json:
-        print_json(
-            [
-                {
-                    "id": row["id"],
-                    "created_ms": row["createdTime"],
-                    "key": row["key"],
-                    "value": row["value"],
-                }
-                for row in rows
-            ]
-        )
-        return
-    if not rows:
-        note(f"Topic {topic!r} is a binary (untyped) topic: it has no schema.")
-        return
-    table = new_table("VERSION", "CREATED", "KEY", "VALUE", right=["VERSION"])
-    for row in rows:
-        table.add_row(
-            text(row["id"]),
-            text(ms_to_iso(row["createdTime"])),
-            text(row["key"]),
-            text(row["value"]),
-        )
-    print_table(table)
+    meta = shared(ctx).open_store().topic(topic)
+    rows = [
+        {
+            "id": row["id"],
+            "created_ms": row["createdTime"],
+            "key": row["key"],
+            "value": row["value"],
+        }
+        for row in describe_history(meta.schema_history)
+    ]
+    shared(ctx).output.table(
+        rows,
+        [
+            Column("VERSION", "id", right=True),
+            Column("CREATED", lambda row: ms_to_iso(row["created_ms"])),
+            Column("KEY", "key"),
+            Column("VALUE", "value"),
+        ],
+        empty=f"Topic {topic!r} is a binary (untyped) topic: it has no schema.",
+    )
 
 
 _STEP_WORDS = {
@@ -658,11 +576,6 @@ def upgrade(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show what would be done; change nothing.")
     ] = False,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Move a topic from layout 2 (a log per partition) to layout 3 (shared topic logs).
 
@@ -675,53 +588,49 @@ def upgrade(
     """
     from kstore.upgrade import upgrade_topic
 
-    handle = store_from(ctx, store, option, config_file)
-    report = upgrade_topic(handle, topic, dry_run=dry_run)
-    if output is OutputFormat.json:
-        print_json(report.to_json())
-        return
+    report = upgrade_topic(shared(ctx).open_store(), topic, dry_run=dry_run)
+    shared(ctx).output.record(
+        report.to_json(), view=lambda text: _show_upgrade(text, topic, report, dry_run=dry_run)
+    )
+
+
+def _show_upgrade(text: TextOutput, topic: str, report: Any, *, dry_run: bool) -> None:
     if report.layout_before == 3:
-        _layout3_versions(topic, report, dry_run=dry_run)
+        _layout3_versions(text, topic, report, dry_run=dry_run)
         return
     # LOG: the topic log that adopts the partition.
-    numeric = ["PARTITION", "LOG", "LOG-END", "SEGMENTS", "OPEN-TXN", "PRODUCERS"]
-    table = new_table(*numeric, "SEAL", "ADOPTION", right=numeric)
-    for p in report.partitions:
-        table.add_row(
-            *(
-                text(v)
-                for v in (
-                    p.partition,
-                    p.topic_log,
-                    p.end_offset,
-                    p.segments,
-                    p.open_transactions,
-                    p.producers,
-                )
-            ),
-            text(_STEP_WORDS["sealed"][p.sealed]),
-            text(_STEP_WORDS["adopted"][p.adopted]),
-        )
-    print_table(table)
+    text.table(
+        report.partitions,
+        [
+            Column("PARTITION", "partition", right=True),
+            Column("LOG", "topic_log", right=True),
+            Column("LOG-END", "end_offset", right=True),
+            Column("SEGMENTS", "segments", right=True),
+            Column("OPEN-TXN", "open_transactions", right=True),
+            Column("PRODUCERS", "producers", right=True),
+            Column("SEAL", lambda p: _STEP_WORDS["sealed"][p.sealed]),
+            Column("ADOPTION", lambda p: _STEP_WORDS["adopted"][p.adopted]),
+        ],
+    )
     logs = {"done": "written", "already": "already there", "planned": "would be written"}
     for index, step in report.topic_logs:
         name = "_log" if index == 0 else f"_log.{index}"
-        note(f"Topic log {index} ({name}): {logs[step]}.")
+        text.message(f"Topic log {index} ({name}): {logs[step]}.")
     layout = {"done": "switched", "already": "already switched", "planned": "would switch"}
-    note(f"Metadata: {layout[report.metadata]} to layout 3.")
+    text.message(f"Metadata: {layout[report.metadata]} to layout 3.")
     if dry_run:
         pending = report.metadata == "planned" or any(
             "planned" in (p.sealed, p.adopted) for p in report.partitions
         )
         what = "would be upgraded to layout 3" if pending else "needs no change"
-        note(f"Dry run: topic {topic!r} {what}; nothing was changed.")
+        text.message(f"Dry run: topic {topic!r} {what}; nothing was changed.")
     elif report.changed:
-        note(f"Upgraded topic {topic!r} to layout 3.")
+        text.message(f"Upgraded topic {topic!r} to layout 3.")
     else:
-        note(f"Topic {topic!r} was upgraded to layout 3 already; nothing changed.")
+        text.message(f"Topic {topic!r} was upgraded to layout 3 already; nothing changed.")
 
 
-def _layout3_versions(topic: str, report: Any, *, dry_run: bool) -> None:
+def _layout3_versions(text: TextOutput, topic: str, report: Any, *, dry_run: bool) -> None:
     """A layout-3 topic: its topic logs and metadata log raised to the versions of new topic
     logs, or found there."""
     from kstore.topic_log import TOPIC_LOG_VERSION, TOPIC_LOG_WRITER_VERSION
@@ -730,16 +639,16 @@ def _layout3_versions(topic: str, report: Any, *, dry_run: bool) -> None:
     words = {"done": "raised to", "already": "already at", "planned": "would be raised to"}
     for index, step in report.topic_logs:
         name = "_log" if index == 0 else f"_log.{index}"
-        note(f"Topic log {index} ({name}): {words[step]} {versions}.")
-    note(f"Metadata: {words[report.metadata]} {versions}.")
+        text.message(f"Topic log {index} ({name}): {words[step]} {versions}.")
+    text.message(f"Metadata: {words[report.metadata]} {versions}.")
     if dry_run:
         pending = "planned" in (report.metadata, *(step for _, step in report.topic_logs))
         what = "would be raised" if pending else "needs no change"
-        note(f"Dry run: topic {topic!r} {what}; nothing was changed.")
+        text.message(f"Dry run: topic {topic!r} {what}; nothing was changed.")
     elif report.changed:
-        note(f"Topic {topic!r} is in layout 3; its logs are now at {versions}.")
+        text.message(f"Topic {topic!r} is in layout 3; its logs are now at {versions}.")
     else:
-        note(f"Topic {topic!r} is in layout 3 already, at {versions}; nothing to do.")
+        text.message(f"Topic {topic!r} is in layout 3 already, at {versions}; nothing to do.")
 
 
 @app.command(
@@ -763,11 +672,6 @@ def recover(
             help="Do the recovery (default: a dry run that prints what it would do and lose).",
         ),
     ] = False,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Recover a topic whose log has a damaged or missing commit file (PROTOCOL.md 17.7).
 
@@ -776,18 +680,20 @@ def recover(
     applies is rewritten without what does not, a corrupt checkpoint is moved aside. Prints
     each change, and the records lost (partition, offsets, count). A dry run unless --apply.
     """
-    from kstore.recovery import describe, recover_topic
+    from kstore.recovery import recover_topic
 
-    handle = store_from(ctx, store, option, config_file)
-    report = recover_topic(handle, topic, apply=apply)
-    if output is OutputFormat.json:
-        print_json(report.to_json())
-        return
-    lines = describe(report)
-    if lines:
-        write_out("".join(f"{line}\n" for line in lines))
+    report = recover_topic(shared(ctx).open_store(), topic, apply=apply)
+    shared(ctx).output.record(
+        report.to_json(), view=lambda text: _show_recovery(text, topic, report, apply=apply)
+    )
+
+
+def _show_recovery(text: TextOutput, topic: str, report: Any, *, apply: bool) -> None:
+    from kstore.recovery import describe
+
+    text.lines(describe(report))
     if not report.needed:
-        note(f"Topic {topic!r}: every log loads; nothing to recover.")
+        text.message(f"Topic {topic!r}: every log loads; nothing to recover.")
         return
     lost = report.lost
     records = [item.records for item in lost]
@@ -800,12 +706,12 @@ def recover(
         else "no record known to be lost"
     )
     if not apply:
-        note(
+        text.message(
             f"Dry run: nothing was changed ({summary}). Stop the topic's producers, consumers "
             f"and maintenance, then run `kstore topics recover {topic} --apply`."
         )
         return
-    note(
+    text.message(
         f"Recovered topic {topic!r} ({summary}); the originals and the report are in "
         f"{report.folder}/. Producers and consumers may start again."
     )
@@ -871,11 +777,6 @@ def delete_records(
             '"version": 1}.',
         ),
     ] = None,
-    store: StoreOpt = None,
-    option: OptionOpt = None,
-    config_file: ConfigFileOpt = None,
-    output: OutputOpt = OutputFormat.table,
-    debug: DebugOpt = False,
 ) -> None:
     """Delete the records below an offset (kafka-delete-records): the log start offset moves
     up at once for every reader; retention removes the files later."""
@@ -884,7 +785,7 @@ def delete_records(
     if offset_json_file is None and (topic is None or offset is None):
         raise UsageError("give TOPIC and --offset, or --offset-json-file")
     plan = _offsets_json(offset_json_file) if offset_json_file is not None else []
-    handle = store_from(ctx, store, option, config_file)
+    handle = shared(ctx).open_store()
     if topic is not None and offset is not None:
         meta = handle.topic(topic)
         for p in sorted(set(partition or range(meta.partitions))):
@@ -896,10 +797,11 @@ def delete_records(
             raise UsageError(f"topic {name!r} has no partition {p} (0..{meta.partitions - 1})")
         start = handle.partition(name, p, meta).delete_records(target)
         rows.append({"topic": name, "partition": p, "log_start_offset": start})
-    if output is OutputFormat.json:
-        print_json(rows)
-        return
-    table = new_table("TOPIC", "PARTITION", "LOW-WATERMARK", right=["PARTITION", "LOW-WATERMARK"])
-    for row in rows:
-        table.add_row(text(row["topic"]), text(row["partition"]), text(row["log_start_offset"]))
-    print_table(table)
+    shared(ctx).output.table(
+        rows,
+        [
+            Column("TOPIC", "topic"),
+            Column("PARTITION", "partition", right=True),
+            Column("LOW-WATERMARK", "log_start_offset", right=True),
+        ],
+    )
