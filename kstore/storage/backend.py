@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-# The kinds of atomic put-if-absent (see the package docstring): ``link`` (local disk),
+# The kinds of atomic put-if-absent (kstore.storage.facade): ``link`` (local disk),
 # ``if-none-match`` (S3), ``lock`` (memory, within one process).
 ATOMIC_CREATE_KINDS = ("link", "if-none-match", "lock")
 
