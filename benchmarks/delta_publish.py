@@ -90,7 +90,7 @@ def run_topic(store: Store, policy: str, args: argparse.Namespace) -> list[dict[
         store.alter_topic_config(topic, {"table.format": "delta"})
         counts: dict[str, int] = {}
         started = time.perf_counter()
-        if store.storage.is_s3:
+        if store.storage.counts_requests:
             with store.storage.count_requests() as counted:
                 report = publish_table(store, topic)
             counts = dict(counted)

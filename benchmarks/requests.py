@@ -81,7 +81,7 @@ with Producer(store, acks=1, linger_ms=linger_ms, compression_type=compression) 
     before = producer.metrics()
     print("ready", flush=True)
     sys.stdin.readline()
-    counting = store.storage.count_requests() if store.storage.is_s3 else contextlib.nullcontext(collections.Counter())
+    counting = store.storage.count_requests() if store.storage.counts_requests else contextlib.nullcontext(collections.Counter())
     with counting as counts:
         interval = 1.0 / rate
         start = time.perf_counter()
@@ -118,7 +118,7 @@ def topic_bytes(store: Store, topic: str) -> dict[str, int]:
     # vacuum removed their data (Storage.remember).
     storage = Storage(store.storage.url, store.storage.storage_options)
     sizes: list[tuple[str, int]] = []
-    if storage.is_local:
+    if storage.local_root is not None:
         base = storage.full_path(root)
         for folder, _, names in os.walk(base):
             for name in names:
@@ -180,7 +180,7 @@ def busy_processes(limit: int = 8) -> list[str]:
 
 @contextlib.contextmanager
 def counting(store: Store) -> Iterator[collections.Counter[str]]:
-    if store.storage.is_s3:
+    if store.storage.counts_requests:
         with store.storage.count_requests() as counts:
             yield counts
     else:
@@ -377,8 +377,8 @@ def by_file(store: Store) -> Iterator[collections.Counter[str]]:
     def classify_direct(method: str, key: str) -> None:
         kinds[request_kind(key)] += 1
 
-    events = store.storage.s3_client().meta.events if store.storage.is_s3 else None
-    direct = store.storage.direct_requests() if store.storage.is_s3 else None
+    events = store.storage.s3_client().meta.events if store.storage.counts_requests else None
+    direct = store.storage.direct_requests() if store.storage.counts_requests else None
     if events is not None:
         events.register("before-send.s3", classify)
     if direct is not None:
@@ -544,8 +544,8 @@ def run_group_phase(url: str, options: dict[str, Any], args: Any) -> dict[str, A
             kinds[method] += 1
 
     storage = members[0].store.storage
-    events = storage.s3_client().meta.events if storage.is_s3 else None
-    direct = storage.direct_requests() if storage.is_s3 else None
+    events = storage.s3_client().meta.events if storage.counts_requests else None
+    direct = storage.direct_requests() if storage.counts_requests else None
     if events is not None:
         events.register("before-send.s3", classify)
     if direct is not None:

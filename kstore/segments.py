@@ -341,7 +341,7 @@ def write_segment(
     )
     data = memoryview(buf)
     storage.put_new(
-        f"{partition_dir}/{name}", data if storage.is_local else data.tobytes(), durable=durable
+        f"{partition_dir}/{name}", data if storage.writes_views else data.tobytes(), durable=durable
     )
     return described
 
@@ -438,7 +438,7 @@ def put_data_object(
 ) -> None:
     """Write an encoded data object (:func:`encode_data_object`) under a new name."""
     view = memoryview(data)
-    storage.put_new(location, view if storage.is_local else view.tobytes(), durable=durable)
+    storage.put_new(location, view if storage.writes_views else view.tobytes(), durable=durable)
 
 
 def encode_data_object(

@@ -330,8 +330,8 @@ class Store:
                 "the store there was lost; restore it from a backup (or move the directory away) "
                 "rather than create a new store over its topics"
             )
-        if self.storage.is_local:
-            parent = os.path.dirname(self.storage.root)
+        if self.storage.local_root is not None:
+            parent = os.path.dirname(self.storage.local_root)
             while parent and parent != os.path.dirname(parent):
                 if os.path.exists(os.path.join(parent, STORE_MARKER)):
                     raise InvalidStoreError(

@@ -62,24 +62,7 @@ __all__ = [
 def delta_storage_options(storage: Storage) -> dict[str, str]:
     """The storage options a Delta reader (delta-rs, Polars, DuckDB's delta extension) needs
     for this store, from kstore's s3fs options: credentials, endpoint and region."""
-    if not storage.is_s3:
-        return {}
-    options = storage.storage_options
-    client = dict(options.get("client_kwargs") or {})
-    out: dict[str, str] = {}
-    endpoint = options.get("endpoint_url") or client.get("endpoint_url")
-    region = options.get("region_name") or client.get("region_name")
-    pairs = {
-        "AWS_ACCESS_KEY_ID": options.get("key"),
-        "AWS_SECRET_ACCESS_KEY": options.get("secret"),
-        "AWS_SESSION_TOKEN": options.get("token"),
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_REGION": region or "us-east-1",
-    }
-    out = {k: str(v) for k, v in pairs.items() if v}
-    if endpoint and str(endpoint).startswith("http://"):
-        out["AWS_ALLOW_HTTP"] = "true"
-    return out
+    return storage.object_store_options()
 
 
 def open_table(store: Store, topic: str, version: int | None = None) -> Any:
@@ -88,7 +71,5 @@ def open_table(store: Store, topic: str, version: int | None = None) -> Any:
 
     meta = store.topic(topic)
     storage = store.storage
-    uri = table_url(store, meta)
-    if storage.is_s3:
-        uri = f"s3://{storage.root}/{table_dir(meta)}"
+    uri = storage.object_store_url(table_dir(meta)) or table_url(store, meta)
     return DeltaTable(uri, version=version, storage_options=delta_storage_options(storage) or None)

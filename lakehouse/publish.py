@@ -87,7 +87,7 @@ def table_dir(meta: TopicMetadata) -> str:
 def table_url(store: Store, meta: TopicMetadata) -> str:
     """The table's URL, as Delta readers open it (credentials removed)."""
     storage = store.storage
-    if storage.is_local:
+    if storage.local_root is not None:
         from pathlib import Path
 
         return Path(storage.full_path(table_dir(meta))).as_uri()

@@ -845,7 +845,7 @@ def _sidecars_below(
     ``bounds`` whose name's version is below ``bounds[p]``. A partition's names sort together,
     by version (5.8): on S3 each partition is listed from its first name until one at or past
     its bound, concurrently; elsewhere the directory is listed once."""
-    if not storage.is_s3:
+    if not storage.pages_are_requests:
         return [
             (info, *parsed)
             for info in _files(storage, sidecar_dir)

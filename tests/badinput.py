@@ -77,7 +77,7 @@ def open_store(target: StoreTarget, **kwargs: Any) -> Store:
 def snapshot(storage: Storage) -> dict[str, bytes]:
     """Every file under the store's root with its bytes."""
     root = storage.full_path("")
-    if storage.is_local:
+    if storage.local_root is not None:
         out = {}
         if not os.path.isdir(root):
             return out

@@ -58,7 +58,7 @@ def open_store(target: StoreTarget, **kwargs: Any) -> Store:
 def snapshot(storage: Storage) -> dict[str, bytes]:
     """Every file of the store with its bytes."""
     root = storage.full_path("")
-    if storage.is_local:
+    if storage.local_root is not None:
         out = {}
         for directory, _, files in os.walk(root):
             for name in files:

@@ -142,7 +142,8 @@ def test_a_tailing_consumer_reads_carried_data_with_the_commits_get(
         while seen < 12:
             seen += sum(len(b) for b in consumer.poll(500).values())
         storage = consumer.store.storage
-        sent = storage._s3_ranges
+        backend = storage.backend
+        sent = backend._ranges
         calls: list[str] = []
 
         async def counted(
@@ -152,7 +153,7 @@ def test_a_tailing_consumer_reads_carried_data_with_the_commits_get(
             result: list[bytes] = await sent(path, runs)
             return result
 
-        storage._s3_ranges = counted  # type: ignore[method-assign]
+        backend._ranges = counted  # type: ignore[attr-defined]
         flushes = 5
         for n in range(flushes):
             _flush(store, topic, 4, b"n%d" % n)

@@ -81,7 +81,7 @@ def files_under(storage: Storage, rel: str) -> list[str]:
     """Every file below ``rel`` (recursively), relative to it. Directory entries that a
     backend may keep after their files are gone do not count."""
     root = storage.full_path(rel)
-    if storage.is_local:
+    if storage.local_root is not None:
         return sorted(
             os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs
         )

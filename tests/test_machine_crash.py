@@ -178,8 +178,8 @@ def test_a_commit_whose_directory_fsync_failed_is_not_acknowledged_even_with_ret
     topic log's."""
     import errno
 
-    from kstore import storage as storage_module
     from kstore.errors import CommitStateUnknownError
+    from kstore.storage import local as storage_module
 
     Store(tmp_path.as_uri()).create_topic("t", 1, layout=layout)
     store = Store(tmp_path.as_uri(), create=False)

@@ -1,4 +1,4 @@
-"""S3 GETs and PUTs sent straight over HTTP (kstore.s3direct): the same answers as through
+"""S3 GETs and PUTs sent straight over HTTP (kstore.storage.s3direct): the same answers as through
 s3fs on moto and SeaweedFS, the fallbacks to s3fs, and the failures a scripted server gives
 (retried, refused, named without credentials)."""
 
@@ -196,7 +196,7 @@ def test_a_stray_report_of_a_lost_body_write_is_dropped_and_nothing_else() -> No
 
     from aiohttp.client_exceptions import ClientConnectionResetError
 
-    from kstore.s3direct import _WriteOfALostRequest
+    from kstore.storage.s3direct import _WriteOfALostRequest
 
     def record(message: str, exc: BaseException | None) -> logging.LogRecord:
         info = (type(exc), exc, None) if exc is not None else None

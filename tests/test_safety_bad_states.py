@@ -19,7 +19,7 @@ import pytest
 from kstore.cli.app import app
 from typer.testing import CliRunner
 
-import kstore.storage as storage_module
+import kstore.storage.local as storage_module
 from kstore import Store
 from kstore.errors import BucketNotFoundError, StorageError, StorageNotWritableError
 from kstore.storage import Storage

@@ -209,7 +209,7 @@ def test_large_neighbouring_ranges_are_read_apart_on_local_disk(
     local disk those whose run would pass LOCAL_RUN_BYTES are each read into a buffer of their
     own (one pread each), not read together and copied out of the run; small ones still share
     a read."""
-    import kstore.storage as storage_module
+    import kstore.storage.local as storage_module
 
     st = storage_of(any_store)
     size = storage_module.LOCAL_RUN_BYTES // 2 + 1000
@@ -227,7 +227,7 @@ def test_large_neighbouring_ranges_are_read_apart_on_local_disk(
     monkeypatch.setattr(storage_module.os, "pread", pread)
     assert st.read_ranges("big/object", big) == [data[a:b] for a, b in big]
     assert st.read_ranges("big/object", small) == [data[a:b] for a, b in small]
-    if st.is_local:
+    if st.local_root is not None:
         assert reads == [size, size, size, 40]
 
 
@@ -239,7 +239,7 @@ def test_large_files_are_written_whole_in_calls_of_at_most_write_call_bytes(
     speed on the machines measured), including for a pyarrow buffer (a data object)."""
     import pyarrow as pa
 
-    import kstore.storage as storage_module
+    import kstore.storage.local as storage_module
 
     st = storage_of(any_store)
     limit = storage_module.WRITE_CALL_BYTES
@@ -258,7 +258,7 @@ def test_large_files_are_written_whole_in_calls_of_at_most_write_call_bytes(
     st.put("w/replaced", data)
     for name in ("w/new", "w/absent", "w/replaced"):
         assert st.read(name) == data
-    if st.is_local:
+    if st.local_root is not None:
         assert calls
         assert max(calls) <= limit
         assert sum(calls) == 3 * len(data) + 3

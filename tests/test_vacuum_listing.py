@@ -426,7 +426,7 @@ def test_removal_times_gate_deletion_whether_looked_up_or_listed(
 
 def set_mtime(storage: Storage, rel: str, ms: int) -> None:
     path = storage.full_path(rel)
-    if storage.is_local:
+    if storage.local_root is not None:
         os.utime(path, (ms / 1000, ms / 1000))
         return
     entry = storage.fs.store[storage.fs._strip_protocol(path)]

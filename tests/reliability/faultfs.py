@@ -24,8 +24,8 @@ SIGSTOP and carries on once someone sends SIGCONT): a writer paused between its 
 and its commit, for as long as the test wants. Such pauses are counted as ``pause:<point>``.
 
 A ``Storage`` runs over it with the target's put-if-absent semantics through the hook of
-``kstore/storage.py``: the instance's ``kstore_atomic_create`` names the kind it forwards to
-(``if-none-match`` for S3, ``link`` for the local disk, ``lock`` for memory), and its
+``kstore/storage/fsspec_other.py``: the instance's ``kstore_atomic_create`` names the kind it
+forwards to (``if-none-match`` for S3, ``link`` for the local disk, ``lock`` for memory), and its
 ``pipe_file(..., mode="create")`` keeps that kind's atomicity.
 
 Everything is configured through storage options, so a ``Storage`` (and a ``Store``) over it
