@@ -1,8 +1,11 @@
-"""The record accumulator: a topic's open batch of records, the futures ``send()`` returns, and
-the conversion of a drained batch to Arrow columns (conformed to the topic, placed, sorted by
-partition). Kafka's ``RecordAccumulator``; the sender (:mod:`kstore.sender`) drains it.
+"""The record accumulator (Kafka's ``RecordAccumulator``): :class:`RecordAccumulator` holds each
+topic's open batch, the batches queued for the sender and in flight, and the buffer memory they
+reserve; :class:`Batch` is a batch's records and then their outcome; the futures ``send()`` and
+``send_batch()`` return; and the conversion of a drained batch to Arrow columns (conformed to
+the topic, placed, sorted by partition). The sender (:mod:`kstore.sender`) drains it.
 
-Nothing here imports the sender or the producer: the dependencies point one way.
+Nothing here imports the sender, the transaction manager or the producer: the dependencies
+point one way.
 """
 
 from __future__ import annotations
