@@ -223,7 +223,7 @@ class Sender:
     def _groups(self, work: list[Batch]) -> Iterator[list[Batch]]:
         """Queued batches in delivery groups: consecutive batches of ``send()`` to one topic
         go together (up to four batch sizes, and a quarter of buffer_memory so that the next
-        group fills while this one is written), one segment and one commit per partition
+        group fills while this one is written), one commit per topic log
         for all of them. A sender that fell behind catches up: the cost of a delivery is
         mostly per commit, not per record."""
         limit = min(4 * self._accumulator.batch_size, self._accumulator.buffer_memory // 4)
@@ -244,7 +244,7 @@ class Sender:
             yield group
 
     def _start(self, group: list[Batch]) -> _Delivery:
-        """Convert and place a group's records and submit its partition writes. Never raises:
+        """Convert and place a group's records and submit its topic-log writes. Never raises:
         a group that fails here is finished with the error."""
         delivery = _Delivery(group, group[0])
         try:
@@ -513,7 +513,7 @@ class Sender:
         batch, jobs, order = delivery.batch, delivery.jobs, delivery.order
         # One row per partition of the delivery, in the order of ``jobs`` (partition order,
         # the order of the sorted records); each row's base is looked up by its partition.
-        # ``writes`` is in no such order (layout 3 fills it one topic log at a time: with
+        # ``writes`` is in no such order (it is filled one topic log at a time: with
         # commit.logs > 1, partitions 0, 2, 1 for three partitions in two logs), so pairing
         # it with ``jobs`` by position would hand records another partition's offsets.
         bases = np.zeros(len(jobs), np.int64)
@@ -589,7 +589,7 @@ class Sender:
 
 
 class _LogWriteOutcome:
-    """One partition's outcome of a topic log's write (layout 3), read from that write's
+    """One partition's outcome of a topic log's write, read from that write's
     future when asked. A future per partition (a condition, a lock, a deque and a handful of
     bound methods each) was most of what a delivery to many partitions left for the garbage
     collector to promote and scan."""
