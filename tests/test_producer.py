@@ -38,6 +38,7 @@ from tests.commit_logs import (
     logs_target,
 )
 from tests.faults import Fault, FaultyStorage
+from tests.test_producer_metadata import create_layout2_topic
 
 BACKENDS = ["memory", "local", "seaweed"]
 # Layout-3 topics of the tests that ask for it get commit.logs 1, then 3 (tests/commit_logs.py).
@@ -265,7 +266,7 @@ def test_a_layout_2_topic_is_refused_when_the_producer_first_meets_it(
     """Producers write layout 3 only: a topic of layout 2 is refused by send(), send_batch()
     and partitions_for() at once, naming the topic and the command that upgrades it, and
     nothing is written. The producer stays usable for other topics."""
-    store.create_topic("old", partitions=2, layout=2)
+    create_layout2_topic(store, "old", partitions=2)
     store.create_topic("new", partitions=2)
     hint = re.escape("`kstore topics upgrade old`")
     with Producer(store, linger_ms=0) as producer:
