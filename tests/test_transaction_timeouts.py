@@ -143,9 +143,7 @@ def test_only_transactions_of_the_topics_asked_for(mem: kstore.Store) -> None:
 
 
 @pytest.mark.parametrize("with_offsets", [False, True], ids=["decision", "group-decision"])
-def test_a_decided_transaction_is_rolled_forward(
-    mem: kstore.Store, with_offsets: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_decided_transaction_is_rolled_forward(mem: kstore.Store, with_offsets: bool) -> None:
     mem.create_topic("out", layout=3)
     dead = Producer(mem, transactional_id="tx", transaction_timeout_ms=TIMEOUT_MS)
     dead.begin_transaction()
@@ -157,9 +155,10 @@ def test_a_decided_transaction_is_rolled_forward(
         raise SystemExit("the process dies after the decision, before the markers")
 
     # The transaction's end starts with its markers: the process dies before them.
-    monkeypatch.setattr(transaction_manager, "end_transaction", crash)
-    with pytest.raises(SystemExit):
-        dead.commit_transaction()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(transaction_manager, "end_transaction", crash)
+        with pytest.raises(SystemExit):
+            dead.commit_transaction()
     decided = _ms()
     assert read(mem, "out") == []
     later = decided + TIMEOUT_MS + SLACK_MS

@@ -197,9 +197,7 @@ def test_new_instance_aborts_an_unfinished_transaction(store: kstore.Store) -> N
     dead.close()
 
 
-def test_new_instance_rolls_a_decided_transaction_forward(
-    store: kstore.Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_new_instance_rolls_a_decided_transaction_forward(store: kstore.Store) -> None:
     store.create_topic("in")
     store.create_topic("out")
     with Producer(store) as plain:
@@ -213,9 +211,10 @@ def test_new_instance_rolls_a_decided_transaction_forward(
         raise SystemExit("crash after the decision, before the markers")
 
     # The transaction's end starts with its markers: the process dies before them.
-    monkeypatch.setattr(transaction_manager, "end_transaction", crash)
-    with pytest.raises(SystemExit):
-        dead.commit_transaction()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(transaction_manager, "end_transaction", crash)
+        with pytest.raises(SystemExit):
+            dead.commit_transaction()
     assert read(store, "out", "read_committed") == []  # decided, not yet marked
     successor = Producer(store, transactional_id="tx")
     assert [r.value for r in read(store, "out", "read_committed")] == [b"decided"]
