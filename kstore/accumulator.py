@@ -1,8 +1,11 @@
-"""The record accumulator: a topic's open batch of records, the futures ``send()`` returns, and
-the conversion of a drained batch to Arrow columns (conformed to the topic, placed, sorted by
-partition). Kafka's ``RecordAccumulator``; the sender (:mod:`kstore.sender`) drains it.
+"""The record accumulator (Kafka's ``RecordAccumulator``): :class:`RecordAccumulator` holds each
+topic's open batch, the batches queued for the sender and in flight, and the buffer memory they
+reserve; :class:`Batch` is a batch's records and then their outcome; the futures ``send()`` and
+``send_batch()`` return; and the conversion of a drained batch to Arrow columns (conformed to
+the topic, placed, sorted by partition). The sender (:mod:`kstore.sender`) drains it.
 
-Nothing here imports the sender or the producer: the dependencies point one way.
+Nothing here imports the sender, the transaction manager or the producer: the dependencies
+point one way.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ import threading
 import time
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,16 +22,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kstore.errors import (
+    IllegalStateError,
     InvalidRecordError,
     KafkaTimeoutError,
     RecordTooLargeError,
     UnknownTopicOrPartitionError,
 )
 from kstore.partitioner import NO_PARTITION
+from kstore.producer_metadata import TopicInfo
 from kstore.records import RecordMetadata, TopicPartition
-from kstore.schema import Validator, cast_column, conform_values, record_sizes
+from kstore.schema import cast_column, conform_values, record_sizes
 from kstore.segments import (
-    BINARY,
     HEADERS_TYPE,
     TIMESTAMP_TYPE,
     Layout,
@@ -39,7 +42,6 @@ from kstore.segments import (
     null_headers,
     numpy_values,
 )
-from kstore.store import TopicMetadata
 
 # Named as the producer's: callbacks that raise are logged where they always were.
 log = logging.getLogger("kstore.producer")
@@ -61,7 +63,7 @@ class FutureRecordMetadata(tuple[Any, ...]):
     __slots__ = ()
 
     def get(self, timeout: float | None = None) -> RecordMetadata:
-        batch: _Batch = self[0]
+        batch: Batch = self[0]
         if not batch.done.wait(timeout):
             raise KafkaTimeoutError(f"record not delivered within {timeout} s")
         return batch.metadata(self[1])
@@ -107,7 +109,7 @@ class FutureBatchMetadata:
     """The future of a ``send_batch()``: ``get()`` returns a table of (partition, offset)
     aligned with the input rows."""
 
-    def __init__(self, batch: _Batch) -> None:
+    def __init__(self, batch: Batch) -> None:
         self._batch = batch
 
     def get(self, timeout: float | None = None) -> pa.Table:
@@ -127,7 +129,7 @@ class FutureBatchMetadata:
         return self._batch.done.is_set()
 
 
-class _Batch:
+class Batch:
     """Records accumulated for one topic, then (once drained) their outcome."""
 
     def __init__(self, topic: str, created: float) -> None:
@@ -243,24 +245,213 @@ class _Batch:
             log.exception("producer callback raised")
 
 
-@dataclass
-class _TopicInfo:
-    metadata: TopicMetadata
-    loaded: float
-    max_message_bytes: int
-    record_limit: int  # the smaller of max.message.bytes and max_request_size
-    compression: str
-    log_append_time: bool
-    layout: Layout = BINARY
-    # Typed topics: checks and normalizes a value (a dict, dataclass, pydantic model), and a key.
-    check_value: Validator | None = None
-    check_key: Validator | None = None
+class RecordAccumulator:
+    """The producer's batches between ``send()`` and the sender: each topic's open batch, the
+    batches queued for the sender and those in flight, the ``buffer_memory`` they hold, and
+    whether the producer still takes records (not closed, forked or failed).
+
+    ``lock`` guards all of it. ``send()``'s fast path takes it and reads ``open`` itself (the
+    hottest path of the library: no call per record); everything else goes through the
+    methods, the producer's side from ``send()``/``flush()``/``close()``, the sender's side
+    (:meth:`drain`, :meth:`wake`, :meth:`release`) from the sender thread."""
+
+    def __init__(self, *, batch_size: int, buffer_memory: int, max_block_ms: int) -> None:
+        self.batch_size = batch_size
+        self.buffer_memory = buffer_memory
+        self._max_block_ms = max_block_ms
+        self.lock = threading.Lock()
+        self._wakeup = threading.Condition(self.lock)  # the sender waits on it for work
+        self._space = threading.Condition(self.lock)  # senders blocked on buffer_memory
+        self.open: dict[str, Batch] = {}  # never replaced: send() holds it bound
+        self._queue: list[Batch] = []
+        self._in_flight: list[Batch] = []
+        self.buffered = 0  # bytes of buffer_memory reserved by batches not yet complete
+        self._flush_requested = False
+        self.closed = False
+        self.forked = False
+        self._fatal: BaseException | None = None
+        self.usable = True  # False once closed, forked or fatally failed
+
+    # -- the producer's side -----------------------------------------------------------------------
+
+    def check_usable(self) -> None:
+        """Raise why the producer takes no more records, if it does not."""
+        if self.usable:
+            return
+        if self.forked:
+            raise IllegalStateError(
+                "this producer was created before os.fork(); create a new one in the child"
+            )
+        if self._fatal is not None:
+            raise self._fatal
+        raise IllegalStateError("producer is closed")
+
+    def open_batch(self, topic: str, size: int, info: TopicInfo | None) -> Batch:
+        """Open a batch for ``topic`` with room for a first record of ``size`` bytes (lock
+        held; the caller has checked that records are taken). Buffer space is reserved a
+        chunk at a time (as Kafka's buffer pool hands out buffers), so send() pays for buffer
+        accounting once per chunk, not once per record."""
+        batch = Batch(topic, time.monotonic())
+        if info is not None and info.layout.typed:
+            batch.typed = True
+            batch.key_type = info.metadata.schema.key_declared  # type: ignore[union-attr]
+        self._reserve(batch, size)
+        self.open[topic] = batch
+        self._wakeup.notify()
+        return batch
+
+    def grow_or_seal(self, topic: str, batch: Batch) -> None:
+        """The batch reached its reservation (lock held): reserve more if it is not full and
+        the buffer has room now, else send it (never block here: this batch is open, and
+        waiting for space hands open batches to the sender)."""
+        chunk = max(batch.nbytes - batch.reserved, min(RESERVE_CHUNK_BYTES, self.batch_size))
+        if batch.nbytes >= self.batch_size or self.buffered + chunk > self.buffer_memory:
+            self._seal(topic)
+        else:
+            self._reserve(batch, chunk)
+
+    def enqueue(self, batch: Batch) -> None:
+        """Queue a batch complete as it is (send_batch()'s table), after the records sent
+        earlier to its topic; blocks while buffer_memory is full."""
+        size = batch.nbytes
+        with self.lock:
+            self.check_usable()
+            if self.buffered + size > self.buffer_memory and self.buffered > 0:
+                self._wait_for_space(size)
+            # Keep send order: records sent earlier to this topic go first.
+            earlier = self.open.pop(batch.topic, None)
+            if earlier is not None:
+                self._queue.append(earlier)
+            self._queue.append(batch)
+            batch.reserved = size
+            self.buffered += size
+            self._wakeup.notify()
+
+    def flush(self) -> list[Batch]:
+        """Hand every open batch to the sender now; returns the batches to wait for (all
+        those not yet complete)."""
+        with self.lock:
+            self._queue.extend(self.open.values())
+            self.open.clear()
+            waiting = [*self._in_flight, *self._queue]
+            self._flush_requested = True
+            self._wakeup.notify()
+        return waiting
+
+    def close(self) -> None:
+        """Take no more records; the open batches still go out (no future is left hanging),
+        and the sender stops once nothing is left."""
+        with self.lock:
+            self.closed = True
+            self.usable = False
+            for topic in list(self.open):
+                self._seal(topic)
+            self._wakeup.notify()
+
+    def fail(self, exc: BaseException) -> None:
+        """A fatal error (the producer was fenced): the open batches fail with it once sent,
+        and every later send() raises it."""
+        self._fatal = exc
+        self.usable = False
+        with self.lock:
+            for topic in list(self.open):
+                self._seal(topic)
+            self._space.notify_all()
+
+    def after_fork(self) -> None:
+        """In a child process: the batches are the parent's, and no sender runs here."""
+        self.forked = True
+        self.usable = False
+        self.open.clear()  # the next send() opens a batch, which raises
+
+    def _reserve(self, batch: Batch, needed: int) -> None:
+        """Reserve another chunk of buffer_memory for ``batch`` (lock held; may block)."""
+        chunk = max(needed, min(RESERVE_CHUNK_BYTES, self.batch_size, self.buffer_memory))
+        if self.buffered + chunk > self.buffer_memory:
+            self._wait_for_space(chunk)
+        batch.reserved += chunk
+        self.buffered += chunk
+        batch.mark = min(batch.reserved, self.batch_size)
+
+    def _seal(self, topic: str) -> None:
+        """Hand a batch to the sender (lock held)."""
+        batch = self.open.pop(topic)
+        self._queue.append(batch)
+        self._wakeup.notify()
+
+    def _wait_for_space(self, size: int) -> None:
+        """Block (lock held, released while waiting) until ``size`` bytes fit; backpressure."""
+        deadline = time.monotonic() + self._max_block_ms / 1000
+        self._queue.extend(self.open.values())  # make room by sending what we have now
+        self.open.clear()
+        self._wakeup.notify()
+        while self.buffered > 0 and self.buffered + size > self.buffer_memory:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise KafkaTimeoutError(
+                    f"buffer_memory ({self.buffer_memory} bytes) stayed full for "
+                    f"max_block_ms={self._max_block_ms}"
+                )
+            self._space.wait(left)
+            self.check_usable()
+
+    # -- the sender's side ---------------------------------------------------------------------
+
+    def drain(self, linger_s: float, written: Callable[[], bool] | None) -> list[Batch] | None:
+        """The sender's next work, waiting for it: the queued batches, with the open ones
+        whose ``linger_ms`` has passed or that a flush asks for. ``written``: whether the
+        delivery the sender is writing is written (None: none is). Returns ``[]`` once that
+        delivery is written and nothing is queued, None once closed with nothing left."""
+        with self.lock:
+            while True:
+                now = time.monotonic()
+                # While a delivery is being written, what arrives keeps filling the open
+                # batches instead of being cut into the next delivery now, which would then
+                # wait for the write anyway: it is cut when the write ends (or once a full
+                # batch waits), so a record waits for about one write, not two.
+                hold = (
+                    written is not None
+                    and not written()
+                    and not self._queue
+                    and not self._flush_requested
+                )
+                if not hold:
+                    for topic, batch in list(self.open.items()):
+                        if self._flush_requested or now - batch.created >= linger_s:
+                            self._queue.append(self.open.pop(topic))
+                    self._flush_requested = False
+                if self._queue:
+                    work, self._queue = self._queue, []
+                    self._in_flight.extend(work)
+                    return work
+                if written is not None and written():
+                    return []
+                if self.closed and written is None:
+                    return None
+                wait = None
+                if self.open and not hold:
+                    oldest = min(b.created for b in self.open.values())
+                    wait = max(0.0, oldest + linger_s - now)
+                self._wakeup.wait(wait)  # new work, lingering over, or the delivery written
+
+    def wake(self) -> None:
+        """Wake the sender (a write it may be waiting for ended)."""
+        with self.lock:
+            self._wakeup.notify()
+
+    def release(self, batches: Iterable[Batch]) -> None:
+        """Completed batches give their buffer_memory back."""
+        with self.lock:
+            for batch in batches:
+                self.buffered -= batch.reserved
+                self._in_flight.remove(batch)
+            self._space.notify_all()
 
 
 # -- a drained batch as Arrow columns -----------------------------------------------------------
 
 
-def _as_bytes(value: Any, field: str) -> bytes:
+def as_bytes(value: Any, field: str) -> bytes:
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     raise InvalidRecordError(
@@ -269,7 +460,7 @@ def _as_bytes(value: Any, field: str) -> bytes:
     )
 
 
-def _check_headers(headers: Iterable[Any]) -> list[tuple[str, bytes]]:
+def check_headers(headers: Iterable[Any]) -> list[tuple[str, bytes]]:
     if isinstance(headers, str | bytes | dict):
         raise InvalidRecordError("headers must be a list of (str, bytes) tuples")
     out = []
@@ -287,14 +478,14 @@ def _check_headers(headers: Iterable[Any]) -> list[tuple[str, bytes]]:
     return out
 
 
-def _merge(group: list[_Batch], layout: Layout) -> _Batch:
+def merge(group: list[Batch], layout: Layout) -> Batch:
     """One batch with the records of ``group`` (batches of send() to one topic, in send order),
     as a table: each batch is converted on its own and the tables joined, which copies no
     Python object reference (concatenating the lists would touch every record again)."""
     first = group[0]
-    merged = _Batch(first.topic, first.created)
+    merged = Batch(first.topic, first.created)
     merged.typed, merged.key_type = first.typed, first.key_type
-    merged.table = pa.concat_tables([_build_table(batch, layout) for batch in group])
+    merged.table = pa.concat_tables([build_table(batch, layout) for batch in group])
     start = 0
     for batch in group:
         for index, partition in batch.partitions.items():
@@ -304,7 +495,7 @@ def _merge(group: list[_Batch], layout: Layout) -> _Batch:
     return merged
 
 
-def _share_outcome(merged: _Batch, group: list[_Batch]) -> None:
+def share_outcome(merged: Batch, group: list[Batch]) -> None:
     """Give each batch of a merged delivery its slice of the outcome."""
     start = 0
     for batch in group:
@@ -317,7 +508,7 @@ def _share_outcome(merged: _Batch, group: list[_Batch]) -> None:
         start = end
 
 
-def _build_table(batch: _Batch, layout: Layout) -> pa.Table:
+def build_table(batch: Batch, layout: Layout) -> pa.Table:
     n = len(batch.values)
     try:
         # Binary columns from their buffers: pa.array would import pandas on the first
@@ -360,11 +551,11 @@ def _build_table(batch: _Batch, layout: Layout) -> pa.Table:
     return pa.Table.from_arrays([keys, values, timestamps, headers], schema=layout.record_schema)
 
 
-# Records in a batch up to which numpy converts its timestamps (see _build_table).
+# Records in a batch up to which numpy converts its timestamps (see build_table).
 SMALL_BATCH = 1024
 
 
-def _sort_key(parts: np.ndarray[Any, Any], n_parts: int) -> np.ndarray[Any, Any]:
+def sort_key(parts: np.ndarray[Any, Any], n_parts: int) -> np.ndarray[Any, Any]:
     """``parts`` in the narrowest integer type: numpy's stable sort is a radix sort for 8- and
     16-bit integers, ten times faster than its merge sort of 32-bit ones."""
     if n_parts <= 128:
@@ -377,7 +568,7 @@ def _sort_key(parts: np.ndarray[Any, Any], n_parts: int) -> np.ndarray[Any, Any]
 MAX_CHUNKS_REORDERED_APART = 64
 
 
-def _by_partition(
+def by_partition(
     table: pa.Table, parts: np.ndarray[Any, Any], n_parts: int, *, compact: bool = False
 ) -> dict[int, pa.Table]:
     """Each partition's records of ``table``, in table order. A table of a few chunks (a
@@ -399,10 +590,10 @@ def _by_partition(
         rows = parts[start : start + chunk.num_rows]
         start += chunk.num_rows
         counts = np.bincount(rows, minlength=n_parts)
-        if compact and _in_order(rows):
+        if compact and in_order(rows):
             ordered = chunk
         else:
-            order = np.argsort(_sort_key(rows, n_parts), kind="stable")
+            order = np.argsort(sort_key(rows, n_parts), kind="stable")
             ordered = chunk.take(fixed_array(order.astype(np.int64, copy=False), pa.int64()))
         offset = 0
         for p in np.nonzero(counts)[0].tolist():
@@ -412,13 +603,13 @@ def _by_partition(
     return {p: pa.Table.from_batches(b, schema=table.schema) for p, b in pieces.items()}
 
 
-def _in_order(rows: np.ndarray[Any, Any]) -> bool:
+def in_order(rows: np.ndarray[Any, Any]) -> bool:
     """Whether the partitions of ``rows`` never go down (every record of a one-partition topic,
     a delivery that sends one partition's records together)."""
     return len(rows) < 2 or bool((rows[1:] >= rows[:-1]).all())
 
 
-def _to_table(data: Any) -> pa.Table:
+def to_table(data: Any) -> pa.Table:
     if isinstance(data, pa.Table):
         return data
     if isinstance(data, pa.RecordBatch):
@@ -437,12 +628,12 @@ _TIMESTAMP_TOO_LATE = (
 )
 
 
-def _conform_batch(table: pa.Table, info: _TopicInfo, partition: int | None) -> pa.Table:
+def conform_batch(table: pa.Table, info: TopicInfo, partition: int | None) -> pa.Table:
     layout = info.layout
     allowed = {"key", "value", "headers", "timestamp", "partition"}
     cols: dict[str, pa.ChunkedArray | pa.Array] = {}
     if layout.typed:
-        cols["value"] = _typed_values(table, info)
+        cols["value"] = typed_values(table, info)
     else:
         if "value" not in table.column_names:
             raise InvalidRecordError(f"send_batch needs a 'value' column; got {table.column_names}")
@@ -564,7 +755,7 @@ def _conform_batch(table: pa.Table, info: _TopicInfo, partition: int | None) -> 
     return out
 
 
-def _typed_values(table: pa.Table, info: _TopicInfo) -> pa.Array:
+def typed_values(table: pa.Table, info: TopicInfo) -> pa.Array:
     """The value struct of a typed topic's batch: either a ``value`` struct column or the
     schema's fields as top-level columns (then no row is a tombstone)."""
     schema = info.metadata.schema
@@ -594,7 +785,7 @@ def _typed_values(table: pa.Table, info: _TopicInfo) -> pa.Array:
     return conform_values(value, schema, "send_batch")
 
 
-def _check_batch_record_sizes(table: pa.Table, limit: int, topic: str) -> None:
+def check_batch_record_sizes(table: pa.Table, limit: int, topic: str) -> None:
     sizes = record_sizes(table.column("key"), table.column("value")) + RECORD_OVERHEAD_BYTES
     if sizes.size and int(sizes.max()) > limit:
         index = int(sizes.argmax())

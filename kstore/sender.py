@@ -1,10 +1,12 @@
-"""The sender: drains the accumulator's batches, writes each partition's segment and commits
-it (with the producer id, epoch and sequences that make retries idempotent), retries with
-backoff and completes the records' futures. Kafka's ``Sender``.
+"""The sender (Kafka's ``Sender``): a thread that drains the accumulator's batches into
+deliveries, writes each topic log's part of a delivery as data its commit carries or as one
+data object, commits it (with the producer id, epoch and sequences that make retries
+idempotent), retries with backoff, and completes the records' futures.
 
-:class:`Sender` holds the producer's sender-thread methods; :class:`kstore.producer.Producer`
-is built from it and :class:`kstore.transaction_manager.TransactionManager`. It reads the
-accumulator (:mod:`kstore.accumulator`) and asks the transaction manager, never the reverse.
+It is given its parts: the accumulator it drains (:mod:`kstore.accumulator`), the transaction
+manager (:mod:`kstore.transaction_manager`) it asks for each write's producer batches and
+tells of each failure, and the function that gives a topic's metadata; none of them knows
+the sender.
 """
 
 from __future__ import annotations
@@ -16,31 +18,26 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from kstore.accumulator import (
-    _Batch,
-    _build_table,
-    _by_partition,
-    _merge,
-    _share_outcome,
-    _sort_key,
-    _TopicInfo,
+    Batch,
+    RecordAccumulator,
+    build_table,
+    by_partition,
+    merge,
+    share_outcome,
+    sort_key,
 )
-from kstore.errors import (
-    KStoreError,
-    ProducerFencedError,
-    TopicUpgradedError,
-    UnknownTopicOrPartitionError,
-)
+from kstore.errors import KStoreError, UnknownTopicOrPartitionError
 from kstore.log import CARRIED, may_carry_data
-from kstore.partition import ProducerBatch
 from kstore.partitioner import NO_PARTITION, Partitioner, StickyPartitioner
+from kstore.producer_metadata import Backoff, TopicInfo
 from kstore.schema import key_bytes
 from kstore.segments import (
     TIMESTAMP_TYPE,
@@ -55,13 +52,13 @@ from kstore.segments import (
 from kstore.storage import Storage
 from kstore.store import Store
 from kstore.topic_log import TopicLogState
-from kstore.transaction_manager import _Transaction
+from kstore.transaction_manager import TransactionManager
 
 log = logging.getLogger("kstore.producer")
 
 
-def _in_flight_default(storage: Storage, durable: bool) -> int:
-    """Partitions written at once when max_in_flight_partitions is not set. A write that waits
+def default_in_flight(storage: Storage, durable: bool) -> int:
+    """Writes at once when max_in_flight_partitions is not set. A write that waits
     (on the network of an object store, or on fsync for acks="all") overlaps with others: eight.
     Otherwise, on local disk or in memory, a write is CPU work, much of it under the GIL, and
     more writers than cores only queue for both: on two cores, two writers send 7-9% more
@@ -92,19 +89,17 @@ def _carries_data(state: TopicLogState) -> bool:
 
 @dataclass(eq=False)
 class _Delivery:
-    """A group of batches on its way: its records placed, its partition writes submitted."""
+    """A group of batches on its way: its records placed, its topic-log writes submitted."""
 
-    group: list[_Batch]
-    batch: _Batch  # the group's only batch, or all of them merged
+    group: list[Batch]
+    batch: Batch  # the group's only batch, or all of them merged
     error: BaseException | None = None  # failed before its writes were submitted
     order: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(0, np.int64))
     jobs: dict[int, tuple[int, int]] = field(default_factory=dict)  # partition -> (start, count)
     # Partition -> its write's outcome (``result()`` gives its base offset and log start).
-    writes: dict[int, concurrent.futures.Future[tuple[int, int]] | _LogWriteOutcome] = field(
-        default_factory=dict
-    )
-    # What it waits on: the partition writes, or in layout 3 the topic-log writes behind them
-    # (a few, however many partitions: the sender looks at these after every wakeup).
+    writes: dict[int, _LogWriteOutcome] = field(default_factory=dict)
+    # What it waits on: the topic-log writes (a few, however many partitions: the sender
+    # looks at these after every wakeup).
     waits: list[concurrent.futures.Future[Any]] = field(default_factory=list)
 
     def written(self) -> bool:
@@ -112,103 +107,89 @@ class _Delivery:
 
 
 class Sender:
-    """The producer's sender thread: batches in, segments and commits out."""
+    """The producer's sender thread: batches in, data and commits out.
 
-    # State the producer's __init__ sets up and the other parts share.
-    config: dict[str, Any]
-    store: Store
-    client_id: str
-    _acks: int | str
-    _durable: bool
-    _idempotent: bool
-    _transactional_id: str | None
-    _producer_id: str
-    _epoch: int
-    _txn: _Transaction | None
-    _partitioner: Partitioner
-    _sticky: StickyPartitioner
-    _sequences: dict[tuple[str, int], tuple[int, int]]
-    _sequence_lock: threading.Lock
-    _last_write: dict[tuple[str, int], concurrent.futures.Future[tuple[int, int]]]
-    # Layout 3: the last write of each topic log, (topic, -1 - log index).
-    _shared_writes: dict[
-        tuple[str, int], concurrent.futures.Future[dict[int, tuple[int, int] | BaseException]]
-    ]
-    _lock: threading.Lock
-    _wakeup: threading.Condition
-    _space: threading.Condition
-    _open: dict[str, _Batch]
-    _queue: list[_Batch]
-    _in_flight: list[_Batch]
-    _buffered: int
-    _flush_requested: bool
-    _closed: bool
-    _batch_size: int
-    _buffer_memory: int
-    _metrics: dict[str, float]
-    _pool: concurrent.futures.ThreadPoolExecutor
+    ``topic_info`` gives the metadata of a topic a delivery goes to (the producer's cached
+    metadata); ``max_in_flight``: the pool threads that write topic logs at once (see
+    :func:`default_in_flight`). ``metrics`` holds the counters the producer reports."""
 
-    if TYPE_CHECKING:  # defined by the producer and the transaction manager
+    def __init__(
+        self,
+        store: Store,
+        accumulator: RecordAccumulator,
+        transactions: TransactionManager,
+        topic_info: Callable[[str], TopicInfo],
+        *,
+        partitioner: Partitioner,
+        backoff: Backoff,
+        max_in_flight: int,
+        client_id: str,
+        acks: int | str = 1,
+        linger_ms: int = 5,
+        delivery_timeout_ms: int = 120_000,
+        retries: int = 2_147_483_647,
+    ) -> None:
+        self.store = store
+        self._accumulator = accumulator
+        self._transactions = transactions
+        self._topic_info = topic_info
+        self._partitioner = partitioner
+        self._sticky = StickyPartitioner()
+        self._backoff = backoff
+        self._client_id = client_id
+        self._acks = acks
+        self._durable = acks == "all"
+        self._linger_s = linger_ms / 1000
+        self._delivery_timeout_s = delivery_timeout_ms / 1000
+        self._retries = retries
+        # The last write of each topic log, by (topic, log index): the next waits for it.
+        self._last_write: dict[
+            tuple[str, int], concurrent.futures.Future[dict[int, tuple[int, int] | BaseException]]
+        ] = {}
+        self.metrics: dict[str, float] = {
+            "record-send-total": 0,
+            "record-error-total": 0,
+            "record-retry-total": 0,
+            "batch-total": 0,
+            "commit-total": 0,
+            "commit-time-total-ms": 0.0,
+            "byte-total": 0,
+        }
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max_in_flight, thread_name_prefix=f"kstore-{client_id}"
+        )
+        self._thread = threading.Thread(
+            target=self._run, name=f"kstore-sender-{client_id}", daemon=True
+        )
 
-        def _topic_info(self, topic: str, *, refresh: bool = False) -> _TopicInfo:
-            raise NotImplementedError
+    def start(self) -> None:
+        self._thread.start()
 
-        def _check_not_fenced(self) -> None: ...
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
 
-        def _fence(self, exc: ProducerFencedError) -> None: ...
-
-        def _register_partitions(self, topic: str, partitions: Iterable[int]) -> str | None:
-            raise NotImplementedError
-
-    def _backoff_s(self, attempt: int) -> float:
-        """Exponential backoff before retry ``attempt``, capped at retry_backoff_max_ms."""
-        cap, base = self.config["retry_backoff_max_ms"], self.config["retry_backoff_ms"]
-        return float(min(cap, base * 2 ** min(attempt, 10))) / 1000
+    def close(self, timeout: float | None = None) -> None:
+        """Wait (at most ``timeout``) for the thread, which stops once the accumulator is
+        closed and drained, then for the writes on the pool."""
+        self._thread.join(timeout)
+        self._pool.shutdown(wait=True)
 
     def _run(self) -> None:
         """The sender: drains batches into deliveries, one group at a time. While a delivery
         is written, new records keep filling their batches (unless a full batch waits or a
         flush is asked for): cut when the write ends, they go out in one delivery after one
-        write's wait. A delivery's partition writes run on the pool while the sender converts
-        the next group where that pays (see ``_overlaps``); it is finished (offsets given out,
-        futures completed, buffer released) once the next one has started, or before it
-        starts where they do not overlap or its writes are done, or as soon as its writes are
-        done when nothing else is queued."""
-        linger = self.config["linger_ms"] / 1000
+        write's wait. A delivery's writes run on the pool while the sender converts the next
+        group where that pays (see ``_overlaps``); it is finished (offsets given out, futures
+        completed, buffer released) once the next one has started, or before it starts where
+        they do not overlap or its writes are done, or as soon as its writes are done when
+        nothing else is queued."""
+        drain = self._accumulator.drain
+        linger = self._linger_s
         pending: _Delivery | None = None
         while True:
-            with self._lock:
-                while True:
-                    now = time.monotonic()
-                    # While a delivery is being written, what arrives keeps filling the open
-                    # batches instead of being cut into the next delivery now, which would
-                    # then wait for the write anyway: it is cut when the write ends (or once
-                    # a full batch waits), so a record waits for about one write, not two.
-                    hold = (
-                        pending is not None
-                        and not pending.written()
-                        and not self._queue
-                        and not self._flush_requested
-                    )
-                    if not hold:
-                        for topic, batch in list(self._open.items()):
-                            if self._flush_requested or now - batch.created >= linger:
-                                self._queue.append(self._open.pop(topic))
-                        self._flush_requested = False
-                    if self._queue:
-                        work, self._queue = self._queue, []
-                        self._in_flight.extend(work)
-                        break
-                    if pending is not None and pending.written():
-                        work = []
-                        break
-                    if self._closed and pending is None:
-                        return
-                    wait = None
-                    if self._open and not hold:
-                        oldest = min(b.created for b in self._open.values())
-                        wait = max(0.0, oldest + linger - now)
-                    self._wakeup.wait(wait)  # new work, lingering over, or pending written
+            work = drain(linger, None if pending is None else pending.written)
+            if work is None:
+                return
             # A delivery already written is finished first: its acknowledgements do not
             # wait for the next group's conversion.
             overlap = self._overlaps(work) and not (pending is not None and pending.written())
@@ -224,7 +205,7 @@ class Sender:
                 self._finish(pending)
                 pending = None
 
-    def _overlaps(self, work: list[_Batch]) -> bool:
+    def _overlaps(self, work: list[Batch]) -> bool:
         """Whether to convert the groups of ``work`` (the batches taken at once) while the
         delivery before each is still being written, rather than after it. Overlapping pays
         when those writes wait: on an object store (the requests), or when the sender has
@@ -237,16 +218,16 @@ class Sender:
         finished first; on 1 and 8 alike within the noise)."""
         if self.store.storage.is_remote:
             return True
-        return sum(batch.nbytes for batch in work) >= self._batch_size
+        return sum(batch.nbytes for batch in work) >= self._accumulator.batch_size
 
-    def _groups(self, work: list[_Batch]) -> Iterator[list[_Batch]]:
+    def _groups(self, work: list[Batch]) -> Iterator[list[Batch]]:
         """Queued batches in delivery groups: consecutive batches of ``send()`` to one topic
         go together (up to four batch sizes, and a quarter of buffer_memory so that the next
-        group fills while this one is written), one segment and one commit per partition
+        group fills while this one is written), one commit per topic log
         for all of them. A sender that fell behind catches up: the cost of a delivery is
         mostly per commit, not per record."""
-        limit = min(4 * self._batch_size, self._buffer_memory // 4)
-        group: list[_Batch] = []
+        limit = min(4 * self._accumulator.batch_size, self._accumulator.buffer_memory // 4)
+        group: list[Batch] = []
         size = 0
         for batch in work:
             if group and (
@@ -262,23 +243,23 @@ class Sender:
         if group:
             yield group
 
-    def _start(self, group: list[_Batch]) -> _Delivery:
-        """Convert and place a group's records and submit its partition writes. Never raises:
+    def _start(self, group: list[Batch]) -> _Delivery:
+        """Convert and place a group's records and submit its topic-log writes. Never raises:
         a group that fails here is finished with the error."""
         delivery = _Delivery(group, group[0])
         try:
             info = self._topic_info(delivery.batch.topic)
             if len(group) > 1:
-                delivery.batch = _merge(group, info.layout)
+                delivery.batch = merge(group, info.layout)
             self._submit(delivery, info)
         except BaseException as exc:  # never leave a future hanging
             delivery.error = exc
         return delivery
 
-    def _submit(self, delivery: _Delivery, info: _TopicInfo) -> None:
+    def _submit(self, delivery: _Delivery, info: TopicInfo) -> None:
         batch = delivery.batch
         n_parts = info.metadata.partitions
-        table = batch.table if batch.table is not None else _build_table(batch, info.layout)
+        table = batch.table if batch.table is not None else build_table(batch, info.layout)
         if info.log_append_time:
             now_us = int(time.time() * 1_000_000)
             table = table.set_column(
@@ -292,7 +273,7 @@ class Sender:
         batch.partition_of = parts
         if self._acks == 0:
             batch.acks0 = True
-        delivery.order = np.argsort(_sort_key(parts, n_parts), kind="stable")
+        delivery.order = np.argsort(sort_key(parts, n_parts), kind="stable")
         counts = np.bincount(parts, minlength=n_parts)
         start = 0
         for nonzero in np.nonzero(counts)[0]:
@@ -301,58 +282,43 @@ class Sender:
             delivery.jobs[p] = (start, count)
             start += count
         # Built here from send() records, the table holds them alone (_by_partition).
-        pieces = _by_partition(table, parts, n_parts, compact=batch.table is None)
-        deadline = batch.created + self.config["delivery_timeout_ms"] / 1000
-        tag = self._register_partitions(batch.topic, delivery.jobs)
-        if info.metadata.layout == 3:
-            self._submit_shared(delivery, info, pieces, deadline, tag)
-            return
-        for p in delivery.jobs:
-            # A partition's writes are chained: each waits for the one before (of an earlier
-            # delivery), so commits, sequences and epochs stay in send order.
-            key = (batch.topic, p)
-            write = self._pool.submit(
-                self._chained_write, self._last_write.get(key), info, p, pieces[p], deadline, tag
-            )
-            self._last_write[key] = write
-            delivery.writes[p] = write
-            delivery.waits.append(write)
-            write.add_done_callback(self._on_written)
+        pieces = by_partition(table, parts, n_parts, compact=batch.table is None)
+        deadline = batch.created + self._delivery_timeout_s
+        tag = self._transactions.add_partitions(batch.topic, delivery.jobs)
+        self._submit_writes(delivery, info, pieces, deadline, tag)
 
-    def _submit_shared(
+    def _submit_writes(
         self,
         delivery: _Delivery,
-        info: _TopicInfo,
+        info: TopicInfo,
         pieces: dict[int, pa.Table],
         deadline: float,
         tag: str | None,
     ) -> None:
-        """Layout 3: one data object and one commit per topic log for all the partitions of
-        the delivery in that log (PROTOCOL.md 12.7), whatever their number."""
+        """One data object (or carried data) and one commit per topic log for all the
+        partitions of the delivery in that log (PROTOCOL.md 12.7), whatever their number."""
         topic, meta = delivery.batch.topic, info.metadata
         by_log: dict[int, dict[int, pa.Table]] = {}
         for p in delivery.jobs:
             by_log.setdefault(p % meta.commit_logs, {})[p] = pieces[p]
         inline = self._writes_inline(delivery, len(by_log))
         for index, tables in by_log.items():
-            # Writes to one topic log are chained, as a partition's are in layout 2: commits,
-            # sequences and epochs stay in send order. (Keys below 0 name topic logs.)
-            key = (topic, -1 - index)
-            previous = self._shared_writes.get(key)
+            # Writes to one topic log are chained: commits, sequences and epochs stay in send
+            # order.
+            key = (topic, index)
+            previous = self._last_write.get(key)
             job: concurrent.futures.Future[dict[int, tuple[int, int] | BaseException]]
             if inline and (previous is None or previous.done()):
                 job = concurrent.futures.Future()
                 try:
-                    job.set_result(
-                        self._chained_shared_write(None, info, index, tables, deadline, tag)
-                    )
+                    job.set_result(self._chained_write(None, info, index, tables, deadline, tag))
                 except BaseException as exc:  # as the pool would: the outcome is the future's
                     job.set_exception(exc)
             else:
                 job = self._pool.submit(
-                    self._chained_shared_write, previous, info, index, tables, deadline, tag
+                    self._chained_write, previous, info, index, tables, deadline, tag
                 )
-            self._shared_writes[key] = job
+            self._last_write[key] = job
             for p in tables:
                 delivery.writes[p] = _LogWriteOutcome(job, p)
             job.add_done_callback(self._on_written)
@@ -366,10 +332,10 @@ class Sender:
         on a 2-core machine) and adds their wakeups to every record's latency."""
         return logs == 1 and not self._overlaps(delivery.group)
 
-    def _chained_shared_write(
+    def _chained_write(
         self,
         previous: concurrent.futures.Future[dict[int, tuple[int, int] | BaseException]] | None,
-        info: _TopicInfo,
+        info: TopicInfo,
         index: int,
         tables: dict[int, pa.Table],
         deadline: float,
@@ -385,19 +351,19 @@ class Sender:
                 early = self._write_data(info, tables)
             concurrent.futures.wait([previous])
         try:
-            results = self._write_shared(info, index, tables, deadline, transaction, early)
+            results = self._write_log(info, index, tables, deadline, transaction, early)
         except Exception as exc:
-            self._on_partition_failure(exc)
+            self._transactions.on_write_failure(exc)
             raise
         for outcome in results.values():
             if isinstance(outcome, BaseException):
-                self._on_partition_failure(outcome)
+                self._transactions.on_write_failure(outcome)
                 break
         return results
 
-    def _write_shared(
+    def _write_log(
         self,
-        info: _TopicInfo,
+        info: TopicInfo,
         index: int,
         tables: dict[int, pa.Table],
         deadline: float,
@@ -413,17 +379,9 @@ class Sender:
         topic = meta.name
         partitions = {p: self.store.partition(topic, p, meta) for p in tables}
         shared = self.store.topic_log(topic, meta, next(iter(tables)))
-        producers: dict[int, ProducerBatch] = {}
-        if self._idempotent:
-            with self._sequence_lock:
-                epoch = self._epoch
-                for p, table in tables.items():
-                    stored_epoch, first = self._sequences.get((topic, p), (epoch, 0))
-                    if stored_epoch != epoch:
-                        first = 0  # a new epoch restarts sequences
-                    producers[p] = ProducerBatch(
-                        self._producer_id, epoch, first, first + table.num_rows - 1
-                    )
+        producers = self._transactions.producer_batches(
+            topic, {p: table.num_rows for p, table in tables.items()}
+        )
         retry = shared.log.retry
         attempt = 0
         while True:
@@ -435,14 +393,14 @@ class Sender:
                 ):
                     log.warning(
                         "producer %s: %s data object too old to commit; writing it again",
-                        self.client_id,
+                        self._client_id,
                         topic,
                     )
                     written = None
                 if written is None:
                     written = self._write_data(info, tables)
                 files = written.files
-                self._check_not_fenced()
+                self._transactions.check_not_fenced()
                 outcomes: dict[int, dict[str, Any]] = {p: {} for p in tables}
                 builds = {
                     p: partitions[p].append_build(
@@ -464,8 +422,8 @@ class Sender:
                     background_checkpoint=True,
                     data=written.carried,
                 )
-                self._metrics["commit-total"] += 1
-                self._metrics["commit-time-total-ms"] += (time.monotonic() - started) * 1000
+                self.metrics["commit-total"] += 1
+                self.metrics["commit-time-total-ms"] += (time.monotonic() - started) * 1000
                 state = result.state if result is not None else shared.state(refresh=False)
                 results: dict[int, tuple[int, int] | BaseException] = {}
                 for p in tables:
@@ -488,18 +446,13 @@ class Sender:
                     results[p] = (landed[0], 0 if raw is None else raw.start_offset)
                     producer = producers.get(p)
                     if producer is not None:
-                        with self._sequence_lock:
-                            if producer.epoch == self._epoch:
-                                self._sequences[(topic, p)] = (
-                                    producer.epoch,
-                                    producer.last_sequence + 1,
-                                )
+                        self._transactions.landed(topic, p, producer)
                 return results
             except KStoreError as exc:
                 rows = sum(t.num_rows for t in tables.values())
                 attempt = self._retry_or_raise(exc, attempt, deadline, rows, f"{topic} log {index}")
 
-    def _write_data(self, info: _TopicInfo, tables: dict[int, pa.Table]) -> _Data:
+    def _write_data(self, info: TopicInfo, tables: dict[int, pa.Table]) -> _Data:
         """The data of one topic log's part of a flush: carried by its commit when it is small
         enough and the log is at version 5/6 (PROTOCOL.md 11.8), else one data object written
         now (11.7)."""
@@ -533,39 +486,7 @@ class Sender:
         return _Data(files, written_at, None)
 
     def _on_written(self, _: concurrent.futures.Future[Any]) -> None:
-        with self._lock:
-            self._wakeup.notify()  # the sender may be waiting to finish a delivery
-
-    def _chained_write(
-        self,
-        previous: concurrent.futures.Future[tuple[int, int]] | None,
-        info: _TopicInfo,
-        p: int,
-        table: pa.Table,
-        deadline: float,
-        transaction: str | None,
-    ) -> tuple[int, int]:
-        if previous is not None:
-            concurrent.futures.wait([previous])  # its outcome is its own delivery's
-        try:
-            try:
-                return self._write_partition(info, p, table, deadline, transaction)
-            except TopicUpgradedError:
-                # Upgraded to layout 3 since the metadata was read: write through the topic log.
-                fresh = self._topic_info(info.metadata.name, refresh=True)
-                if fresh.metadata.layout != 3 or fresh.metadata.topic_id != info.metadata.topic_id:
-                    raise
-                index = p % fresh.metadata.commit_logs
-                outcome = self._write_shared(fresh, index, {p: table}, deadline, transaction)[p]
-                if isinstance(outcome, BaseException):
-                    raise outcome from None
-                return outcome
-        except Exception as exc:
-            # Before the partition's next write starts: it must see the new epoch. Any failure
-            # counts, not only the library's own: the write may have landed, and a later batch
-            # must never reuse its sequence numbers (it would be taken for this one's retry).
-            self._on_partition_failure(exc)
-            raise
+        self._accumulator.wake()  # the sender may be waiting to finish a delivery
 
     def _finish(self, delivery: _Delivery) -> None:
         """Wait for a delivery's writes, give every record its outcome, release its buffer."""
@@ -576,27 +497,23 @@ class Sender:
                 raise delivery.error
             self._assign_offsets(delivery)
         except BaseException as exc:  # never leave a future hanging
-            log.exception("producer %s: batch for %r failed", self.client_id, batch.topic)
+            log.exception("producer %s: batch for %r failed", self._client_id, batch.topic)
             batch.fatal = exc
             for each in group:
                 each.fatal = exc
-                self._metrics["record-error-total"] += len(each)
+                self.metrics["record-error-total"] += len(each)
         finally:
             if batch is not group[0]:
-                _share_outcome(batch, group)
+                share_outcome(batch, group)
             for each in group:
                 each.complete()
-            with self._lock:
-                for each in group:
-                    self._buffered -= each.reserved
-                    self._in_flight.remove(each)
-                self._space.notify_all()
+            self._accumulator.release(group)
 
     def _assign_offsets(self, delivery: _Delivery) -> None:
         batch, jobs, order = delivery.batch, delivery.jobs, delivery.order
         # One row per partition of the delivery, in the order of ``jobs`` (partition order,
         # the order of the sorted records); each row's base is looked up by its partition.
-        # ``writes`` is in no such order (layout 3 fills it one topic log at a time: with
+        # ``writes`` is in no such order (it is filled one topic log at a time: with
         # commit.logs > 1, partitions 0, 2, 1 for three partitions in two logs), so pairing
         # it with ``jobs`` by position would hand records another partition's offsets.
         bases = np.zeros(len(jobs), np.int64)
@@ -606,10 +523,10 @@ class Sender:
             except Exception as exc:  # this partition's records fail, not the delivery's
                 if not isinstance(exc, KStoreError):
                     log.error(
-                        "producer %s: %s-%d failed", self.client_id, batch.topic, p, exc_info=exc
+                        "producer %s: %s-%d failed", self._client_id, batch.topic, p, exc_info=exc
                     )
                 batch.errors[p] = exc
-                self._metrics["record-error-total"] += size
+                self.metrics["record-error-total"] += size
         # Each partition's records (contiguous in sorted order) get consecutive offsets from
         # its base: a handful of numpy calls per delivery, not a few per partition.
         starts = np.fromiter((s for s, _ in jobs.values()), np.int64, len(jobs))
@@ -621,11 +538,11 @@ class Sender:
         offset_of = np.empty(len(order), np.int64)
         offset_of[order] = offsets_sorted
         batch.offset_of = offset_of
-        self._metrics["batch-total"] += 1
-        self._metrics["record-send-total"] += len(order)
-        self._metrics["byte-total"] += batch.nbytes
+        self.metrics["batch-total"] += 1
+        self.metrics["record-send-total"] += len(order)
+        self.metrics["byte-total"] += batch.nbytes
 
-    def _place(self, batch: _Batch, table: pa.Table, n_parts: int) -> np.ndarray[Any, Any]:
+    def _place(self, batch: Batch, table: pa.Table, n_parts: int) -> np.ndarray[Any, Any]:
         if batch.explicit_partition is not None:
             return np.full(table.num_rows, batch.explicit_partition, np.int32)
         explicit = None
@@ -655,100 +572,24 @@ class Sender:
             )
         return parts
 
-    def _write_partition(
-        self,
-        info: _TopicInfo,
-        p: int,
-        table: pa.Table,
-        deadline: float,
-        transaction: str | None = None,
-    ) -> tuple[int, int]:
-        topic = info.metadata.name
-        partition = self.store.partition(topic, p, info.metadata)
-        producer: ProducerBatch | None = None
-        if self._idempotent:
-            with self._sequence_lock:
-                epoch = self._epoch
-                stored_epoch, first = self._sequences.get((topic, p), (epoch, 0))
-            if stored_epoch != epoch:
-                first = 0  # a new epoch restarts sequences
-            producer = ProducerBatch(self._producer_id, epoch, first, first + table.num_rows - 1)
-        segment: SegmentFile | None = None
-        retry = partition.log.retry
-        written_at = 0.0
-        attempt = 0
-        while True:
-            try:
-                if segment is not None and retry.too_old(written_at):
-                    # Vacuum may take a file this old for an orphan (a pause since the write,
-                    # or long retries): never commit it; write the records again. The old file
-                    # is left to vacuum (an unknown outcome may have committed it).
-                    log.warning(
-                        "producer %s: %s-%d segment too old to commit; writing it again",
-                        self.client_id,
-                        topic,
-                        p,
-                    )
-                    segment = None
-                if segment is None:
-                    written_at = retry.clock()  # from the start: a pause mid-write counts
-                    segment = partition.write_segment(
-                        table, compression=info.compression, durable=self._durable
-                    )
-                self._check_not_fenced()
-                started = time.monotonic()
-                result = partition.commit_segments(
-                    [segment],
-                    durable=self._durable,
-                    producer=producer,
-                    transaction=transaction,
-                    written_at=written_at,
-                )
-                self._metrics["commit-total"] += 1
-                self._metrics["commit-time-total-ms"] += (time.monotonic() - started) * 1000
-                if producer is not None:
-                    with self._sequence_lock:
-                        if producer.epoch == self._epoch:
-                            self._sequences[(topic, p)] = (
-                                producer.epoch,
-                                producer.last_sequence + 1,
-                            )
-                return result.base_offset, partition.state(refresh=False).start_offset
-            except KStoreError as exc:
-                attempt = self._retry_or_raise(
-                    exc, attempt, deadline, table.num_rows, f"{topic}-{p}"
-                )
-
     def _retry_or_raise(
         self, exc: KStoreError, attempt: int, deadline: float, rows: int, what: str
     ) -> int:
         """After a failed write attempt: raise ``exc`` when it is final (not retriable, out of
         retries or past the delivery deadline), else back off and return the next attempt."""
-        if not exc.retriable or attempt >= self.config["retries"] or time.monotonic() >= deadline:
+        if not exc.retriable or attempt >= self._retries or time.monotonic() >= deadline:
             raise exc
         attempt += 1
-        self._metrics["record-retry-total"] += rows
+        self.metrics["record-retry-total"] += rows
         log.warning(
-            "producer %s: %s attempt %d failed (%s); retrying", self.client_id, what, attempt, exc
+            "producer %s: %s attempt %d failed (%s); retrying", self._client_id, what, attempt, exc
         )
-        time.sleep(min(self._backoff_s(attempt), max(0.0, deadline - time.monotonic())))
+        time.sleep(min(self._backoff.seconds(attempt), max(0.0, deadline - time.monotonic())))
         return attempt
-
-    def _on_partition_failure(self, exc: BaseException) -> None:
-        if self._txn is not None and self._txn.error is None:
-            self._txn.error = exc
-        if isinstance(exc, ProducerFencedError):
-            self._fence(exc)
-        elif self._idempotent and self._transactional_id is None:
-            # The failed batch may or may not have landed; a new epoch restarts sequences so
-            # later batches are not refused as out of order (Kafka's epoch bump, KIP-360).
-            with self._sequence_lock:
-                self._epoch += 1
-                self._sequences.clear()
 
 
 class _LogWriteOutcome:
-    """One partition's outcome of a topic log's write (layout 3), read from that write's
+    """One partition's outcome of a topic log's write, read from that write's
     future when asked. A future per partition (a condition, a lock, a deque and a handful of
     bound methods each) was most of what a delivery to many partitions left for the garbage
     collector to promote and scan."""

@@ -1,10 +1,12 @@
-"""The transaction manager: the producer's transactional identity (taken over with a new epoch
-in the producer log, fencing older instances), Kafka's transaction calls, the partitions a
-transaction adds and its end. Kafka's ``TransactionManager``; the producer log it writes and
-its recovery are :mod:`kstore.transactions`.
+"""The transaction manager (Kafka's ``TransactionManager``): the producer's identity (its
+producer id and epoch, taken over for a transactional id with a new epoch in the producer log,
+fencing older instances), the sequences that make its writes idempotent, Kafka's transaction
+calls, the partitions a transaction adds and its end. The producer log it writes and its
+recovery are :mod:`kstore.transactions`.
 
-:class:`TransactionManager` holds the producer's transaction methods; it imports neither the
-sender nor the producer.
+It imports neither the sender nor the producer: the sender asks it for each write's producer
+batches and tells it of each failure; the producer forwards Kafka's transaction calls, and
+flushes between a commit's or an abort's checks and the decision.
 """
 
 from __future__ import annotations
@@ -13,11 +15,10 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+import uuid
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
-from kstore.accumulator import _Batch
 from kstore.errors import (
     CommitFailedError,
     IllegalStateError,
@@ -27,6 +28,7 @@ from kstore.errors import (
 from kstore.groups import Group, normalized_offsets
 from kstore.layout import producer_log_dir
 from kstore.log import Action, Log, protocol_action
+from kstore.manifest import ProducerBatch
 from kstore.names import validate_group_id
 from kstore.records import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
 from kstore.store import Store
@@ -53,39 +55,104 @@ class _Transaction:
 
 
 class TransactionManager:
-    """The producer's transaction state machine over the producer log."""
+    """A producer's identity, its sequences and its transactions over the producer log.
 
-    # State the producer's __init__ sets up and the other parts share.
-    config: dict[str, Any]
-    store: Store
-    _transactional_id: str | None
-    _producer_id: str
-    _epoch: int
-    _txn: _Transaction | None
-    _registry: Log[TransactionLogState] | None
-    _registry_state: TransactionLogState | None
-    _lock: threading.Lock
-    _space: threading.Condition
-    _open: dict[str, _Batch]
-    _usable: bool
-    _fatal: BaseException | None
+    ``transactional_id``: taken over here, in the constructor (INIT PRODUCER: a new epoch
+    that fences older instances; then their unfinished transaction is finished). Without
+    one the producer id is random and the epoch starts at 0. ``idempotent``: writes carry
+    the producer id, epoch and sequences (always, with a transactional id). ``on_fenced``:
+    called with the error once a newer instance is found to have taken over (the producer
+    fails its batches and takes no more records)."""
 
-    if TYPE_CHECKING:  # defined by the producer
+    def __init__(
+        self,
+        store: Store,
+        *,
+        transactional_id: str | None = None,
+        idempotent: bool = True,
+        transaction_timeout_ms: int = 60_000,
+        on_fenced: Callable[[ProducerFencedError], None] = lambda exc: None,
+    ) -> None:
+        self.store = store
+        self.transactional_id = transactional_id
+        self.idempotent = idempotent or transactional_id is not None
+        self._on_fenced = on_fenced
+        self._registry: Log[TransactionLogState] | None = None
+        self._registry_state: TransactionLogState | None = None
+        self._txn: _Transaction | None = None
+        # The next sequence of each partition, with the epoch it belongs to (a write that
+        # started before an epoch bump must not carry its sequence into the new epoch).
+        self._sequences: dict[tuple[str, int], tuple[int, int]] = {}
+        self._sequence_lock = threading.Lock()
+        if transactional_id is not None:
+            self._producer_id, self._epoch = self._register_transactional_id(
+                transactional_id, transaction_timeout_ms
+            )
+        else:
+            self._producer_id, self._epoch = uuid.uuid4().hex, 0
 
-        def flush(self, timeout: float | None = None) -> None: ...
+    @property
+    def producer_id(self) -> str:
+        return self._producer_id
 
-        def _seal(self, topic: str) -> None: ...
+    @property
+    def epoch(self) -> int:
+        return self._epoch
 
-        def _raise_unusable(self) -> None: ...
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a transaction is open (begun, not yet ended)."""
+        return self._txn is not None
+
+    # -- sequences (idempotence) -----------------------------------------------------------------
+
+    def producer_batches(self, topic: str, counts: Mapping[int, int]) -> dict[int, ProducerBatch]:
+        """The producer batch of each partition's next write of ``counts[p]`` records: the
+        producer id, the epoch and the sequences that follow the last write that landed in
+        this epoch. Empty for a producer that is not idempotent."""
+        if not self.idempotent:
+            return {}
+        batches: dict[int, ProducerBatch] = {}
+        with self._sequence_lock:
+            epoch = self._epoch
+            for p, count in counts.items():
+                stored_epoch, first = self._sequences.get((topic, p), (epoch, 0))
+                if stored_epoch != epoch:
+                    first = 0  # a new epoch restarts sequences
+                batches[p] = ProducerBatch(self._producer_id, epoch, first, first + count - 1)
+        return batches
+
+    def landed(self, topic: str, p: int, batch: ProducerBatch) -> None:
+        """``batch`` landed in ``topic``-``p``: the partition's next write follows it (unless
+        the epoch moved on since the write started)."""
+        with self._sequence_lock:
+            if batch.epoch == self._epoch:
+                self._sequences[(topic, p)] = (batch.epoch, batch.last_sequence + 1)
+
+    def on_write_failure(self, exc: BaseException) -> None:
+        """A write failed (before the same partition's next write starts: it must see the new
+        epoch). Any failure counts, not only the library's own: the write may have landed,
+        and a later batch must never reuse its sequence numbers (it would be taken for this
+        one's retry). An open transaction can then only abort."""
+        txn = self._txn
+        if txn is not None and txn.error is None:
+            txn.error = exc
+        if isinstance(exc, ProducerFencedError):
+            self._on_fenced(exc)
+        elif self.idempotent and self.transactional_id is None:
+            # The failed batch may or may not have landed; a new epoch restarts sequences so
+            # later batches are not refused as out of order (Kafka's epoch bump, KIP-360).
+            with self._sequence_lock:
+                self._epoch += 1
+                self._sequences.clear()
 
     # -- transactional identity ------------------------------------------------------------------
 
-    def _register_transactional_id(self, transactional_id: str) -> tuple[str, int]:
+    def _register_transactional_id(self, transactional_id: str, timeout: int) -> tuple[str, int]:
         """Take over the identity with a new epoch (fencing older instances), then finish
         whatever transaction a previous instance left unfinished."""
         registry = producer_log(self.store.storage, producer_log_dir(transactional_id))
         pid = hashlib.sha256(f"kstore-producer:{transactional_id}".encode()).hexdigest()[:32]
-        timeout = self.config["transaction_timeout_ms"]
 
         def build(state: TransactionLogState) -> list[Action]:
             actions: list[Action] = [protocol_action()] if state.version < 0 else []
@@ -119,8 +186,8 @@ class TransactionManager:
         self, operation: str, actions: Callable[[TransactionLogState], list[Action] | None]
     ) -> None:
         assert self._registry is not None
-        assert self._transactional_id is not None
-        tid, epoch = self._transactional_id, self._epoch
+        assert self.transactional_id is not None
+        tid, epoch = self.transactional_id, self._epoch
 
         def build(state: TransactionLogState) -> list[Action] | None:
             check_epoch(state, epoch, tid)
@@ -133,53 +200,41 @@ class TransactionManager:
                 operation=operation,
             )
         except ProducerFencedError as exc:
-            self._fence(exc)
+            self._on_fenced(exc)
             raise
         if result is not None:
             self._registry_state = result.state
 
-    def _check_not_fenced(self) -> None:
+    def check_not_fenced(self) -> None:
+        """Raise ProducerFencedError if a newer instance took the transactional id over
+        (a read of the producer log's newer versions; nothing to do without one)."""
         if self._registry is None or self._registry_state is None:
             return
         self._registry_state = self._registry.update(self._registry_state)
         if self._registry_state.epoch != self._epoch:
             exc = ProducerFencedError(
-                f"transactional id {self._transactional_id!r}: epoch {self._epoch} was fenced by a "
+                f"transactional id {self.transactional_id!r}: epoch {self._epoch} was fenced by a "
                 f"newer instance (epoch {self._registry_state.epoch})"
             )
-            self._fence(exc)
+            self._on_fenced(exc)
             raise exc
 
-    def _fence(self, exc: ProducerFencedError) -> None:
-        self._fatal = exc
-        self._usable = False
-        with self._lock:
-            for topic in list(self._open):  # their records fail; the next send() raises
-                self._seal(topic)
-            self._space.notify_all()
+    # -- transactions (Kafka's calls; the producer checks that it is transactional and usable)
 
-    # -- transactions (Kafka's API) ----------------------------------------------------------
-
-    def init_transactions(self) -> None:
-        """Kafka's call to take over the transactional id. Done when the producer is created
-        (fencing older instances and finishing their transaction); kept for API parity."""
-        self._require_transactional()
-
-    def begin_transaction(self) -> None:
-        self._require_transactional()
+    def begin(self) -> None:
         if self._txn is not None:
             raise IllegalStateError("a transaction is already in progress")
         state = self._registry_state
         assert state is not None
         self._txn = _Transaction(version=state.last_version + 1)
 
-    def send_offsets_to_transaction(
+    def send_offsets(
         self,
         offsets: dict[TopicPartition, OffsetAndMetadata | int],
         consumer_group_metadata: ConsumerGroupMetadata | str,
     ) -> None:
         """Commit these consumer offsets atomically with the transaction's records."""
-        txn = self._require_transaction()
+        txn = self._current()
         metadata = consumer_group_metadata
         if isinstance(metadata, str):
             metadata = ConsumerGroupMetadata(metadata, -1, None, None)
@@ -216,19 +271,23 @@ class TransactionManager:
         txn.group = metadata
         txn.offsets.update(checked)
 
-    def commit_transaction(self, timeout: float | None = None) -> None:
-        """Make the transaction's records, and its consumer offsets, visible together."""
-        txn = self._require_transaction()
-        self.flush(timeout)
+    def prepare_commit(self) -> None:
+        """The checks before a commit's flush: a transaction is open."""
+        self._current()
+
+    def commit(self) -> None:
+        """Make the transaction's records, and its consumer offsets, visible together
+        (once its records are delivered: after the producer's flush)."""
+        txn = self._current()
         if txn.error is not None:
             raise IllegalStateError(
                 f"the transaction cannot commit: a record failed ({txn.error}); call abort_transaction()"
             ) from txn.error
-        assert self._transactional_id is not None
-        tid, epoch, version = self._transactional_id, self._epoch, txn.version
+        assert self.transactional_id is not None
+        tid, epoch, version = self.transactional_id, self._epoch, txn.version
         if not txn.decided:
             if txn.group is not None and txn.offsets:
-                self._check_not_fenced()
+                self.check_not_fenced()
                 try:
                     Group(self.store, txn.group.group_id).commit_offsets(
                         txn.offsets,
@@ -253,9 +312,9 @@ class TransactionManager:
             txn.decided = True
         self._end(txn, commit=True)
 
-    def abort_transaction(self, timeout: float | None = None) -> None:
-        """Discard the transaction's records; its offsets are not committed."""
-        txn = self._require_transaction()
+    def prepare_abort(self) -> None:
+        """The checks before an abort's flush: a transaction is open and not decided."""
+        txn = self._current()
         if txn.decided:
             raise IllegalStateError("the transaction was already decided as committed")
         if txn.uncertain:
@@ -264,9 +323,13 @@ class TransactionManager:
                 "again (it is idempotent), or close this producer and let a new instance with the "
                 "same transactional_id resolve it"
             )
-        # Every append of the transaction must have landed or failed before the markers: an
-        # append landing after the abort marker would reopen the transaction there.
-        self.flush(timeout)
+
+    def abort(self) -> None:
+        """Discard the transaction's records; its offsets are not committed. Every append of
+        the transaction must have landed or failed before (the producer's flush): an append
+        landing after the abort marker would reopen the transaction there."""
+        self.prepare_abort()
+        txn = self._current()
         version, epoch = txn.version, self._epoch
         if txn.partitions or txn.group is not None:
             self._registry_commit(
@@ -304,22 +367,15 @@ class TransactionManager:
             )
         self._txn = None
 
-    def _require_transactional(self) -> None:
-        if self._transactional_id is None:
-            raise IllegalStateError("transactions need a producer created with transactional_id")
-        if not self._usable:
-            self._raise_unusable()
-
-    def _require_transaction(self) -> _Transaction:
-        self._require_transactional()
+    def _current(self) -> _Transaction:
         if self._txn is None:
             raise IllegalStateError("no transaction in progress: call begin_transaction() first")
         return self._txn
 
-    def _register_partitions(self, topic: str, partitions: Iterable[int]) -> str | None:
+    def add_partitions(self, topic: str, partitions: Iterable[int]) -> str | None:
         """Record the partitions a transaction is about to write (so a successor can finish
         it); returns the transaction tag for their segments, None outside transactions."""
-        if self._transactional_id is None:
+        if self.transactional_id is None:
             return None
         txn = self._txn
         if txn is None:

@@ -19,7 +19,6 @@ from kstore import (
 )
 from kstore.errors import StorageError
 from kstore.log import decode_commit, version_file
-from kstore.sender import Sender
 from kstore.topic_log import TOPIC_LOG_VERSION, TopicLog, TopicLogState
 from tests.commit_logs import (
     ALL_BACKENDS,
@@ -496,18 +495,23 @@ def test_the_sender_writes_a_small_delivery_itself_on_local_storage_and_hands_ot
     assert got == sent  # each partition in send order
     assert {(r.partition, r.offset): r.value for r in records} == acknowledged
 
+    # The storage refuses the next commit once: the sender's own write of the delivery fails.
     failures = iter([StorageError("injected write failure")])
-    write = Sender._write_shared
+    failed_on: list[str] = []
 
-    def failing_once(self: Sender, *args: Any, **kwargs: Any) -> Any:
+    def failing_once(self: TopicLog, *args: Any, **kwargs: Any) -> Any:
         failure = next(failures, None)
         if failure is not None:
+            failed_on.append(threading.current_thread().name)
             raise failure
-        return write(self, *args, **kwargs)
+        return commit(self, *args, **kwargs)
 
-    monkeypatch.setattr(Sender, "_write_shared", failing_once)
+    monkeypatch.setattr(TopicLog, "commit", failing_once)
     with Producer(store, linger_ms=0, retries=0, client_id="failing") as producer:
         with pytest.raises(StorageError, match="injected"):
             producer.send("t", b"lost", key=b"k1").get(timeout=30)
         assert producer._sender.is_alive()
         assert producer.send("t", b"kept", key=b"k1").get(timeout=30).offset >= 0
+    # A delivery of one record goes to one topic log: on local storage, the sender's own.
+    local = any_store.name in ("memory", "local")
+    assert [n.startswith("kstore-sender-failing") for n in failed_on] == [local]

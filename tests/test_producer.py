@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import re
 import threading
 import time
@@ -15,7 +14,6 @@ import pyarrow as pa
 import pytest
 
 import kstore
-from kstore import accumulator
 from kstore.errors import (
     CommitStateUnknownError,
     IllegalStateError,
@@ -27,6 +25,7 @@ from kstore.errors import (
     RecordTooLargeError,
     StorageError,
     UnknownTopicOrPartitionError,
+    UnsupportedFormatVersionError,
 )
 from kstore.partitioner import murmur2
 from kstore.producer import Producer
@@ -39,6 +38,7 @@ from tests.commit_logs import (
     logs_target,
 )
 from tests.faults import Fault, FaultyStorage
+from tests.test_producer_metadata import create_layout2_topic
 
 BACKENDS = ["memory", "local", "seaweed"]
 # Layout-3 topics of the tests that ask for it get commit.logs 1, then 3 (tests/commit_logs.py).
@@ -260,30 +260,26 @@ def test_records_sent_while_a_delivery_is_written_go_out_together_when_it_ends(
     assert commits == 1 + len({m.partition % commit_logs for m in placed})
 
 
-def test_a_failed_partition_of_a_merged_delivery_fails_exactly_its_records(
-    local_store: tuple[str, dict[str, Any]],
+def test_a_layout_2_topic_is_refused_when_the_producer_first_meets_it(
+    store: kstore.Store,
 ) -> None:
-    faulty = FaultyStorage(kstore.Storage(local_store[0]))
-    store = kstore.Store.from_storage(faulty)
-    store.create_topic("t", partitions=2, layout=2)
-    # The slow write is partition 0's: the first matching rule applies, so a delay that could
-    # match partition 1's write would let that one through.
-    faulty.add(
-        Fault("put_new", when="delay", delay_s=0.5, times=1, match=lambda p: "/0/segments/" in p)
-    )
-    faulty.add(Fault("put_new", when="before", match=lambda path: "/1/segments/" in path))
-    with Producer(store, batch_size=300, linger_ms=0, retries=0) as producer:
-        futures = [producer.send("t", b"v%d" % i, partition=i % 2) for i in range(200)]
-        producer.flush()
-        assert producer.metrics()["batch-total"] < 40
-    for i, future in enumerate(futures):
-        assert future.is_done()
-        if i % 2:
-            assert isinstance(future.exception, StorageError)
-        else:
-            assert future.get(timeout=1).partition == 0
-    assert [r["value"] for r in read_all(store, "t")[0]] == [b"v%d" % i for i in range(0, 200, 2)]
-    assert read_all(store, "t")[1] == []
+    """Producers write layout 3 only: a topic of layout 2 is refused by send(), send_batch()
+    and partitions_for() at once, naming the topic and the command that upgrades it, and
+    nothing is written. The producer stays usable for other topics."""
+    create_layout2_topic(store, "old", partitions=2)
+    store.create_topic("new", partitions=2)
+    hint = re.escape("`kstore topics upgrade old`")
+    with Producer(store, linger_ms=0) as producer:
+        with pytest.raises(UnsupportedFormatVersionError, match=f"'old' has layout 2.*{hint}"):
+            producer.send("old", b"v")
+        with pytest.raises(UnsupportedFormatVersionError, match=hint):
+            producer.send("old", b"v", key=b"k", headers=[("h", b"1")])
+        with pytest.raises(UnsupportedFormatVersionError, match=hint):
+            producer.send_batch("old", pa.table({"value": [b"a", b"b"]}))
+        with pytest.raises(UnsupportedFormatVersionError, match=hint):
+            producer.partitions_for("old")
+        assert producer.send("new", b"v").get(timeout=30).offset == 0
+    assert read_all(store, "old") == {0: [], 1: []}
 
 
 def test_a_failed_topic_log_of_a_merged_delivery_fails_exactly_its_records(
@@ -641,14 +637,14 @@ def test_partitions_written_at_once_default_to_the_cores_unless_writes_wait(
         assert durable.config["max_in_flight_partitions"] == 8
     with Producer(store) as producer:
         assert producer.config["max_in_flight_partitions"] == expected
-        assert producer._pool._max_workers == expected
+        assert producer._sender._pool._max_workers == expected
         futures = [producer.send("t", b"v", key=b"%d" % i) for i in range(64)]
         producer.flush()
         assert sorted(f.get(timeout=30).partition for f in futures) == sorted(
             java_partition(b"%d" % i, 8) for i in range(64)
         )
     with Producer(store, max_in_flight_partitions=3) as producer:
-        assert producer._pool._max_workers == 3
+        assert producer._sender._pool._max_workers == 3
     for bad in (0, -1, 2.5, "8", True):
         with pytest.raises(InvalidConfigurationError, match="max_in_flight_partitions"):
             Producer(store, max_in_flight_partitions=bad)
@@ -775,29 +771,6 @@ def test_log_append_time_topic(store: kstore.Store) -> None:
     assert int(row["timestamp"].timestamp() * 1000) == meta.timestamp
 
 
-@pytest.mark.parametrize("size", [1, accumulator.SMALL_BATCH, accumulator.SMALL_BATCH + 1, 3000])
-def test_a_batch_converts_its_timestamps_alike_whatever_its_size(size: int) -> None:
-    """send()'s float seconds become microseconds rounded half to even (numpy for a small
-    batch, Arrow's kernels for a large one), and timestamps given in ms stay exact."""
-    batch = accumulator._Batch("t", time.time())
-    rng = random.Random(size)
-    seconds: list[float] = []
-    for i in range(size):
-        # Some exactly half a microsecond past a whole one, both ways of rounding.
-        value = 1_700_000_000 + rng.randrange(10**6) / 10**3 + (0.5 + i % 2) / 10**6
-        seconds.append(value)
-        batch.add_key(b"k")
-        batch.add_value(b"v")
-        batch.add_timestamp(value)
-    given = {i: 1_700_000_000_123 + i for i in range(0, size, 7)}
-    batch.given_timestamps = dict(given)
-    table = accumulator._build_table(batch, BINARY)
-    micros = table.column("timestamp").cast(pa.int64()).to_pylist()
-    expected = [given[i] * 1000 if i in given else round(s * 1e6) for i, s in enumerate(seconds)]
-    assert micros == expected
-    assert table.schema.field("timestamp").type == TIMESTAMP_TYPE
-
-
 @pytest.mark.parametrize(
     ("backend", "value_size", "overlapped", "logs"),
     [
@@ -831,7 +804,8 @@ def test_a_delivery_overlaps_the_next_only_where_its_writes_wait(
         store.create_topic(topic, partitions=2)
     events: list[tuple[str, str]] = []
     with Producer(store, linger_ms=60_000, batch_size=4096) as producer:
-        start, finish = producer._start, producer._finish
+        sender = producer._sender
+        start, finish = sender._start, sender._finish
 
         def traced_start(group: list[Any]) -> Any:
             events.append(("start", group[0].topic))
@@ -841,7 +815,7 @@ def test_a_delivery_overlaps_the_next_only_where_its_writes_wait(
             events.append(("finish", delivery.batch.topic))
             finish(delivery)
 
-        producer._start, producer._finish = traced_start, traced_finish  # type: ignore[method-assign]
+        sender._start, sender._finish = traced_start, traced_finish  # type: ignore[method-assign]
         futures = [
             producer.send(topic, b"v" * value_size, key=b"%d" % i)
             for topic in ("a", "b")

@@ -775,7 +775,7 @@ def test_a_delivery_splits_into_each_partitions_records_in_send_order(
     import numpy as np
     import pyarrow as pa
 
-    from kstore.accumulator import _by_partition
+    from kstore.accumulator import by_partition
     from kstore.segments import BINARY, null_headers
 
     schema = BINARY.record_schema
@@ -815,7 +815,7 @@ def test_a_delivery_splits_into_each_partitions_records_in_send_order(
     table = pa.Table.from_batches(batches, schema=schema)
     sent = table.to_pylist()
     parts = np.array([p for p, _, _ in records], np.int32)
-    pieces = _by_partition(table, parts, 6, compact=built)
+    pieces = by_partition(table, parts, 6, compact=built)
     assert sorted(pieces) == sorted(set(parts.tolist()))
     for p, piece in pieces.items():
         assert piece.schema == schema

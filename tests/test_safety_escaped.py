@@ -341,19 +341,19 @@ def test_a_marker_fences_older_epochs_of_its_producer_in_each_partition_of_a_top
     for p in partitions:
         old.send("t", value=b"open-%d" % p, partition=p)
     old.flush()  # appended in its transaction; the instance then stops (a crash)
-    pid, old_epoch = old._producer_id, old._epoch
+    pid, old_epoch = old.producer_id, old.epoch
     (key,) = set(store.partition("t", 0).state().open_transactions)
     version = int(key.rpartition(":")[2])
     new = Producer(Store(url, options), transactional_id="tx")
     new.init_transactions()  # fences the old epoch and aborts its transaction
     try:
-        assert new._producer_id == pid
-        assert new._epoch > old_epoch
+        assert new.producer_id == pid
+        assert new.epoch > old_epoch
         logs_before = {}
         for p in partitions:
             state = store.partition("t", p).state()
             assert not state.open_transactions
-            assert state.producers[pid].epoch == new._epoch, p
+            assert state.producers[pid].epoch == new.epoch, p
             assert state.last_stable_offset == state.end_offset == 1
             logs_before[p % logs] = state.version
         # A marker of the old epoch for the transaction that ended: nothing to write.
@@ -365,7 +365,7 @@ def test_a_marker_fences_older_epochs_of_its_producer_in_each_partition_of_a_top
             refused = _zombie_append(reader, partitions, pid, old_epoch)
             for p in partitions:
                 assert isinstance(refused[p], ProducerFencedError), (p, refused[p])
-                assert f"fenced by epoch {new._epoch}" in str(refused[p])
+                assert f"fenced by epoch {new.epoch}" in str(refused[p])
         fresh = Store(url, options)
         for p in partitions:
             assert _values(fresh, p) == []  # the aborted records stay hidden, nothing added

@@ -83,7 +83,7 @@ def test_a_producer_a_day_behind_keeps_its_entry_and_its_retry_is_a_duplicate(
             producer.close()
     before = _values(store)
     assert [v for _, v in before] == [b"s-0", b"s-1", b"o-0", b"o-1", b"o-2"]
-    pid = skewed._producer_id
+    pid = skewed.producer_id
     # The premise: by the other producers' clocks (every later commit, and the median of the
     # entries' times) the skewed producer's entry is more than a day old.
     state = store.partition("t", PARTITION).state()

@@ -16,6 +16,7 @@ import pytest
 from kstore.retention import abort_expired_transactions
 
 import kstore
+from kstore import transaction_manager
 from kstore.errors import ProducerFencedError
 from kstore.groups import Group
 from kstore.layout import producer_log_dir, topic_data_dir
@@ -153,9 +154,11 @@ def test_a_decided_transaction_is_rolled_forward(mem: kstore.Store, with_offsets
     def crash(*args: Any, **kwargs: Any) -> None:
         raise SystemExit("the process dies after the decision, before the markers")
 
-    dead._end = crash  # type: ignore[method-assign]
-    with pytest.raises(SystemExit):
-        dead.commit_transaction()
+    # The transaction's end starts with its markers: the process dies before them.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(transaction_manager, "end_transaction", crash)
+        with pytest.raises(SystemExit):
+            dead.commit_transaction()
     decided = _ms()
     assert read(mem, "out") == []
     later = decided + TIMEOUT_MS + SLACK_MS

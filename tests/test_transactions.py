@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import kstore
+from kstore import transaction_manager
 from kstore.consumer import Consumer
 from kstore.errors import IllegalStateError, ProducerFencedError
 from kstore.groups import Group
@@ -209,9 +210,11 @@ def test_new_instance_rolls_a_decided_transaction_forward(store: kstore.Store) -
     def crash(*args: Any, **kwargs: Any) -> None:
         raise SystemExit("crash after the decision, before the markers")
 
-    dead._end = crash  # type: ignore[method-assign]
-    with pytest.raises(SystemExit):
-        dead.commit_transaction()
+    # The transaction's end starts with its markers: the process dies before them.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(transaction_manager, "end_transaction", crash)
+        with pytest.raises(SystemExit):
+            dead.commit_transaction()
     assert read(store, "out", "read_committed") == []  # decided, not yet marked
     successor = Producer(store, transactional_id="tx")
     assert [r.value for r in read(store, "out", "read_committed")] == [b"decided"]
