@@ -186,10 +186,18 @@ class Consumer:
         self._records = RecordBuilder(
             self.store, cfg["key_deserializer"], cfg["value_deserializer"]
         )
-        # What each look of a poll does first: the group's duties (none without a group).
+        # The parts' methods every poll calls, bound once. What each look of a poll does
+        # first: the group's duties (none without a group).
         self._poll_duties: Callable[[], None] = (
             self._membership.poll_duties if self._membership is not None else _nothing
         )
+        self._note_poll: Callable[[], None] = (
+            self._membership.note_poll if self._membership is not None else _nothing
+        )
+        self._pace = self._pacer.run
+        self._buffered = self._fetcher.has_buffered
+        self._fetch_batches = self._fetcher.fetch
+        self._to_records = self._records.to_records
         self._async_commits: concurrent.futures.ThreadPoolExecutor | None = None
         if topics:
             self.subscribe(topics)
@@ -302,18 +310,16 @@ class Consumer:
         self, timeout_ms: float, fetch: Callable[[], dict[TopicPartition, Any]]
     ) -> dict[TopicPartition, Any]:
         self._check_open()
-        if self._membership is not None:
-            self._membership.note_poll()
+        self._note_poll()
         self._polls += 1
-        return self._pacer.run(timeout_ms, fetch, self._poll_duties, self._fetcher.has_buffered)
+        return self._pace(timeout_ms, fetch, self._poll_duties, self._buffered)
 
     def poll(
         self, timeout_ms: float = 0, max_records: int | None = None, update_offsets: bool = True
     ) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Records from the assigned partitions, waiting up to ``timeout_ms`` for some."""
         limit = self._limit(max_records)
-        fetch_batches = self._fetcher.fetch
-        to_records = self._records.to_records
+        fetch_batches, to_records = self._fetch_batches, self._to_records
         subscription = self._subscription
 
         def fetch() -> dict[TopicPartition, Any]:
@@ -331,7 +337,7 @@ class Consumer:
         """Like poll(), but records come as Arrow batches (columns key, value, timestamp,
         headers, offset): no per-record Python objects, for bulk readers."""
         limit = self._limit(max_records)
-        fetch_batches = self._fetcher.fetch
+        fetch_batches = self._fetch_batches
         return self._poll_loop(timeout_ms, lambda: fetch_batches(limit))
 
     def _limit(self, max_records: int | None) -> int:

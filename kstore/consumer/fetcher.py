@@ -272,9 +272,6 @@ class Fetcher:
         budget = self._fetch_max_bytes
         subscription = self._subscription
         parts = subscription.assigned
-        positions = subscription.positions
-        paused = subscription.paused
-        owns = self._group.owns
         assigned = set(parts)
         self._buffer = {tp: e for tp, e in self._buffer.items() if tp in assigned}
         if not parts:
@@ -286,6 +283,9 @@ class Fetcher:
         asked: dict[int, tuple[TopicLog, TopicLogState]] = {}
         if self._unchanged_since_idle(now, asked):
             return
+        positions = subscription.positions
+        paused = subscription.paused
+        owns = self._group.owns
         tailed: dict[int, Log[Any]] = {id(shared.log): shared.log for shared, _ in asked.values()}
         per_partition_logs = False
         plan: list[tuple[TopicPartition, Partition, PartitionState]] = []
