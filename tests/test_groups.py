@@ -196,7 +196,7 @@ def test_dead_member_partitions_move_within_session_timeout(
             process.wait()
         else:
             assert victim is not None
-            victim._membership.stop_heartbeat()  # type: ignore[union-attr]  # crash: no leave
+            victim._membership._heartbeat_stop.set()  # type: ignore[union-attr]  # crash: no leave
         moved = wait_until(lambda: sum(len(parts(m)) for m in survivors) == 6, 20, poll_all)
         # Session timeout plus a heartbeat or two to notice, plus storage round trips.
         assert moved < FAST["session_timeout_ms"] / 1000 + 3
@@ -376,7 +376,7 @@ def test_zombie_commit_is_rejected(store: kstore.Store) -> None:
     zombie.poll(timeout_ms=500)
     zombie.commit()  # a live member's commit is accepted
     # It stalls (a long GC pause, say): its session expires.
-    zombie._membership.stop_heartbeat()  # type: ignore[union-attr]
+    zombie._membership._heartbeat_stop.set()  # type: ignore[union-attr]
     other = Consumer("t", store=store, group_id="g", **FAST)
     try:
         wait_until(lambda: len(other.assignment()) == 2, 15, lambda: other.poll(timeout_ms=0))
@@ -518,7 +518,7 @@ def expelled_member(store: kstore.Store, **configs: Any) -> tuple[Consumer, Even
     )
     a.subscribe(["t"], listener=events)
     assert sum(len(rs) for rs in a.poll(timeout_ms=2_000).values()) == 10
-    a._membership.stop_heartbeat()  # type: ignore[union-attr]  # it stalls
+    a._membership._heartbeat_stop.set()  # type: ignore[union-attr]  # it stalls
     expelled = a.member_id
     # The expiry as a member's heartbeat commits it: a leave and a new generation.
     Group(store, "g").leave(expelled, "session expired")  # type: ignore[arg-type]
