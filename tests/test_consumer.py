@@ -10,6 +10,8 @@ import pytest
 
 import kstore
 from kstore.consumer import Consumer
+from kstore.consumer.builder import RecordBuilder
+from kstore.consumer.fetcher import Fetcher
 from kstore.errors import (
     IllegalStateError,
     InvalidConfigurationError,
@@ -228,13 +230,13 @@ def test_one_poll_of_many_partitions_gives_each_record_its_own_partition_and_fie
 def _visits(consumer: Consumer, monkeypatch: pytest.MonkeyPatch) -> list[TopicPartition]:
     """The partitions a consumer's fetches look up one by one, from now on."""
     visited: list[TopicPartition] = []
-    real = consumer._partition
+    real = Fetcher.partition
 
-    def counted(tp: TopicPartition, *, cached_metadata: bool = False) -> Any:
+    def counted(fetcher: Fetcher, tp: TopicPartition, *, cached_metadata: bool = False) -> Any:
         visited.append(tp)
-        return real(tp, cached_metadata=cached_metadata)
+        return real(fetcher, tp, cached_metadata=cached_metadata)
 
-    monkeypatch.setattr(consumer, "_partition", counted)
+    monkeypatch.setattr(Fetcher, "partition", counted)
     return visited
 
 
@@ -256,7 +258,7 @@ def test_a_tailing_consumer_looks_without_visiting_its_partitions_while_nothing_
     changes what a fetch reads is seen at once: a commit, a seek, a pause and a resume, a new
     assignment."""
     # Topic metadata is not checked again during the test: only what changed brings a fetch.
-    monkeypatch.setattr(kstore.consumer, "METADATA_RECHECK_S", 3600.0)
+    monkeypatch.setattr(kstore.consumer.fetcher, "METADATA_RECHECK_S", 3600.0)
     store.create_topic("t", partitions=12, layout=3)
     with Producer(store, linger_ms=0) as producer:
         for p in (0, 1, 2, 11):  # partitions 3-10 are not written yet; 11 is not assigned yet
@@ -303,6 +305,8 @@ def test_a_consumer_looking_at_an_unchanged_log_sees_a_topic_deleted_meanwhile(
 ) -> None:
     """Looks that skip the partitions of an unchanged topic log still check the topic's
     metadata as often as before: a topic deleted meanwhile is reported, not tailed forever."""
+    # The metadata is read again 50 ms after it was read (a second by default).
+    monkeypatch.setattr(kstore.consumer.fetcher, "METADATA_RECHECK_S", 0.05)
     store = kstore.Store(*local_store)
     store.create_topic("t", partitions=3, layout=3)
     with Producer(store, linger_ms=0) as producer:
@@ -312,10 +316,6 @@ def test_a_consumer_looking_at_an_unchanged_log_sees_a_topic_deleted_meanwhile(
     assert sum(map(len, _drain(consumer, 1).values())) == 1
     assert consumer.poll(timeout_ms=0) == {}
     store.delete_topic("t")
-    monkeypatch.setattr(kstore.consumer, "METADATA_RECHECK_S", 0.05)
-    consumer._metadata = {
-        topic: (meta, at - 1.0) for topic, (meta, at) in consumer._metadata.items()
-    }
 
     def poll_until_refused() -> None:
         for _ in range(50):
@@ -333,7 +333,6 @@ def test_records_of_partitions_whose_batches_differ_in_schema_are_built_apart(
     each record keeping its partition."""
     store = kstore.Store(*memory_store)
     store.create_topic("t", partitions=2)
-    consumer = Consumer("t", store=store)
 
     def batch(values: pa.Array, offset: int) -> pa.RecordBatch:
         n = len(values)
@@ -350,10 +349,9 @@ def test_records_of_partitions_whose_batches_differ_in_schema_are_built_apart(
         )
 
     zero, one = TopicPartition("t", 0), TopicPartition("t", 1)
-    records = consumer._to_records(
+    records = RecordBuilder(store).to_records(
         {zero: [batch(pa.array([b"x", b"y"]), 5)], one: [batch(pa.array(["z"]), 9)]}
     )
-    consumer.close()
     assert [(r.partition, r.offset, r.value) for r in records[zero]] == [(0, 5, b"x"), (0, 6, b"y")]
     assert [(r.partition, r.offset, r.value) for r in records[one]] == [(1, 9, "z")]
 

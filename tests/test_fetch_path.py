@@ -18,6 +18,8 @@ import pytest
 import kstore
 from kstore import segments
 from kstore.consumer import Consumer
+from kstore.consumer.fetcher import Fetcher
+from kstore.consumer.pacing import Pacer
 from kstore.errors import CorruptRecordError
 from kstore.layout import topic_data_dir
 from kstore.log import encode_commit
@@ -237,19 +239,19 @@ def test_a_fetch_skips_caught_up_partitions_until_a_commit_touches_them_or_a_see
     _fill(store, "t", 32, 2)
     tps = [TopicPartition("t", p) for p in range(32)]
     looked: list[TopicPartition] = []
-    original = Consumer._position_for
+    original = Fetcher.position_for
 
-    def position_for(self: Consumer, tp: TopicPartition, state: Any) -> int:
+    def position_for(self: Fetcher, tp: TopicPartition, state: Any) -> int:
         looked.append(tp)
         return original(self, tp, state)
 
-    monkeypatch.setattr(Consumer, "_position_for", position_for)
+    monkeypatch.setattr(Fetcher, "position_for", position_for)
     # The topic's metadata is looked at again after METADATA_RECHECK_S, and then every
     # partition is planned: on a machine slow enough for this test to pass a second between
     # two polls, that would be seen as a look at a caught-up partition.
-    import kstore.consumer as consumer_module
+    import kstore.consumer.fetcher as fetcher_module
 
-    monkeypatch.setattr(consumer_module, "METADATA_RECHECK_S", 3600.0)
+    monkeypatch.setattr(fetcher_module, "METADATA_RECHECK_S", 3600.0)
     consumer = Consumer(store=store, auto_offset_reset="earliest")
     try:
         consumer.assign(tps)
@@ -535,16 +537,10 @@ def test_a_look_that_finds_nothing_looks_again_after_a_share_of_the_arrival_gap(
     whose look found nothing looks again after 10 ms, then 20, 40 (5% of the gap, doubling),
     where backing off from half a millisecond sent six GETs in the first 32 ms of a late flush.
     On the local disk a look costs microseconds, and it still starts at half a millisecond."""
-    import kstore.consumer as consumer_module
-
     for url, options, first in ((*moto_store, 0.01), (None, None, 0.0005)):
         store = kstore.Store(url, options) if url else kstore.Store(tempfile.mkdtemp())
-        store.create_topic("t", partitions=1)
-        consumer = Consumer("t", store=store, fetch_max_wait_ms=500)
-        clock = _SleepClock()
-        monkeypatch.setattr(consumer_module, "time", clock)
-        consumer._arrival_gap = 0.2  # learnt from earlier arrivals
-        consumer._next_arrival = clock.now  # due now: no wait before the first look
+        pacer, clock = _learnt_pacer(store, monkeypatch, max_wait_ms=500)
+        clock.now += 2.0  # the next records were due long ago, none found lately: no wait
         looks = 0
 
         def fetch() -> dict[Any, Any]:
@@ -552,10 +548,9 @@ def test_a_look_that_finds_nothing_looks_again_after_a_share_of_the_arrival_gap(
             looks += 1
             return {}
 
-        assert consumer._poll_loop(100, fetch) == {}
+        assert pacer.run(100, fetch, _no_duties, _nothing_buffered) == {}
         assert clock.sleeps[:3] == [first, 2 * first, 4 * first], clock.sleeps
         assert looks >= 3
-        consumer.close()
 
 
 def test_a_tailing_reader_fetches_the_versions_due_and_the_next_in_one_round(
@@ -743,25 +738,28 @@ def test_a_tailing_reader_whose_looks_are_slower_than_the_versions_learns_it_and
     assert any(n >= 2 for n in rounds), rounds
 
 
-def _paced_consumer(
-    moto_store: tuple[str, dict[str, Any]],
-    monkeypatch: pytest.MonkeyPatch,
-    *,
-    fetch_max_wait_ms: int,
-    next_arrival_in: float,
-) -> tuple[Consumer, _SleepClock]:
-    """A consumer of a 1-partition topic on moto whose ``time`` is a _SleepClock, having learnt
-    a 200 ms gap between arrivals and expecting the next ``next_arrival_in`` s from now."""
-    import kstore.consumer as consumer_module
+def _no_duties() -> None:
+    pass
 
-    store = kstore.Store(*moto_store)
-    store.create_topic("t", partitions=1)
-    consumer = Consumer("t", store=store, fetch_max_wait_ms=fetch_max_wait_ms)
+
+def _nothing_buffered() -> bool:
+    return False
+
+
+def _learnt_pacer(
+    store: kstore.Store, monkeypatch: pytest.MonkeyPatch, *, max_wait_ms: int
+) -> tuple[Pacer, _SleepClock]:
+    """The pacer of a consumer of ``store`` whose ``time`` is a _SleepClock, having found
+    records twice, 200 ms apart: it expects the next 160 ms from now."""
+    import kstore.consumer.pacing as pacing_module
+
     clock = _SleepClock()
-    monkeypatch.setattr(consumer_module, "time", clock)
-    consumer._arrival_gap = 0.2
-    consumer._next_arrival = clock.now + next_arrival_in
-    return consumer, clock
+    monkeypatch.setattr(pacing_module, "time", clock)
+    pacer = Pacer(remote=store.storage.is_remote, max_wait_ms=max_wait_ms)
+    pacer.note_arrival()
+    clock.now += 0.2
+    pacer.note_arrival()
+    return pacer, clock
 
 
 def test_a_reader_that_knows_its_writers_rhythms_looks_when_the_next_commit_is_due(
@@ -780,11 +778,9 @@ def test_a_reader_that_knows_its_writers_rhythms_looks_when_the_next_commit_is_d
             return self.dues.pop(0) if self.dues else -0.001
 
     # 160 ms: what the average gap alone would say.
-    consumer, clock = _paced_consumer(
-        moto_store, monkeypatch, fetch_max_wait_ms=500, next_arrival_in=0.16
-    )
+    pacer, clock = _learnt_pacer(kstore.Store(*moto_store), monkeypatch, max_wait_ms=500)
     # Due in 40 ms; after that look missed, another writer's in 30 ms; then late.
-    consumer._tailed = [TailedLog([0.04, 0.03])]  # type: ignore[list-item]
+    pacer.tailing([TailedLog([0.04, 0.03])])
     looks = 0
 
     def fetch() -> dict[Any, Any]:
@@ -792,10 +788,9 @@ def test_a_reader_that_knows_its_writers_rhythms_looks_when_the_next_commit_is_d
         looks += 1
         return {}
 
-    assert consumer._poll_loop(100, fetch) == {}
+    assert pacer.run(100, fetch, _no_duties, _nothing_buffered) == {}
     assert clock.sleeps[:4] == [0.04, 0.03, 0.01, 0.02], clock.sleeps
     assert looks >= 3
-    consumer.close()
 
 
 def test_writers_in_rhythm_whose_commits_fall_due_together_are_asked_for_without_the_next(
@@ -843,9 +838,8 @@ def test_short_polls_over_a_quiet_topic_back_off_as_one_long_poll_does(
     of such polls makes about a dozen looks (GETs on an object store). Each poll starting its
     backoff again from 5% of the gap made two or three looks per poll, over a hundred. Records
     that arrive, or a seek, bring the next look back at once."""
-    consumer, clock = _paced_consumer(
-        moto_store, monkeypatch, fetch_max_wait_ms=100, next_arrival_in=0.0
-    )
+    pacer, clock = _learnt_pacer(kstore.Store(*moto_store), monkeypatch, max_wait_ms=100)
+    clock.now += 0.2  # the next records were due
     looks: list[float] = []
     found = False
 
@@ -853,28 +847,29 @@ def test_short_polls_over_a_quiet_topic_back_off_as_one_long_poll_does(
         looks.append(clock.now)
         return {"records": 1} if found else {}
 
+    def poll(timeout_ms: float) -> dict[Any, Any]:
+        return pacer.run(timeout_ms, fetch, _no_duties, _nothing_buffered)
+
     start = clock.now
     while clock.now - start < 1.0:
-        assert consumer._poll_loop(20, fetch) == {}
+        assert poll(20) == {}
     assert 8 <= len(looks) <= 15, len(looks)
     gaps = [round(b - a, 3) for a, b in itertools.pairwise(looks)]
     assert gaps[-3:] == [0.1, 0.1, 0.1], gaps  # backed off to fetch_max_wait_ms
-    # A seek: the next poll looks at once.
-    consumer._assigned = [kstore.TopicPartition("t", 0)]
-    consumer.seek(kstore.TopicPartition("t", 0), 0)
+    # A seek (what a fetch reads changed): the next poll looks at once.
+    pacer.look_soon()
     before = len(looks)
-    consumer._poll_loop(0, fetch)
+    poll(0)
     assert len(looks) == before + 1
     # Records found: the next miss backs off from the start again.
     found = True
-    assert consumer._poll_loop(20, fetch)
-    consumer._note_arrival()
+    assert poll(20)
+    pacer.note_arrival()
     found = False
     looks.clear()
-    consumer._next_arrival = clock.now
-    consumer._poll_loop(20, fetch)
+    clock.now += 0.3  # the next records are due (at 80% of the gap, now 360 ms)
+    poll(20)
     assert len(looks) >= 2, looks
-    consumer.close()
 
 
 def _writer_file(table: pa.Table, schema: pa.Schema) -> bytes:

@@ -196,7 +196,7 @@ def test_dead_member_partitions_move_within_session_timeout(
             process.wait()
         else:
             assert victim is not None
-            victim._heartbeat_stop.set()  # crash: no more heartbeats, no leave
+            victim._membership._heartbeat_stop.set()  # type: ignore[union-attr]  # crash: no leave
         moved = wait_until(lambda: sum(len(parts(m)) for m in survivors) == 6, 20, poll_all)
         # Session timeout plus a heartbeat or two to notice, plus storage round trips.
         assert moved < FAST["session_timeout_ms"] / 1000 + 3
@@ -375,16 +375,13 @@ def test_zombie_commit_is_rejected(store: kstore.Store) -> None:
     )
     zombie.poll(timeout_ms=500)
     zombie.commit()  # a live member's commit is accepted
-    zombie._heartbeat_stop.set()  # it stalls (a long GC pause, say): its session expires
+    # It stalls (a long GC pause, say): its session expires.
+    zombie._membership._heartbeat_stop.set()  # type: ignore[union-attr]
     other = Consumer("t", store=store, group_id="g", **FAST)
     try:
         wait_until(lambda: len(other.assignment()) == 2, 15, lambda: other.poll(timeout_ms=0))
         with pytest.raises(CommitFailedError):
-            zombie._group.commit_offsets(  # type: ignore[union-attr]
-                {TopicPartition("t", 0): OffsetAndMetadata(20)},
-                member_id=zombie.member_id,
-                generation=zombie.generation,
-            )
+            zombie.commit({TopicPartition("t", 0): OffsetAndMetadata(20)})
         group = Group(store, "g")
         with pytest.raises(CommitFailedError, match="does not own"):  # a partition it never had
             group.commit_offsets(
@@ -398,8 +395,7 @@ def test_zombie_commit_is_rejected(store: kstore.Store) -> None:
             )
     finally:
         other.close()
-        zombie._member_id = None
-        zombie.close(autocommit=False)
+        zombie.close(autocommit=False)  # no longer a member: nothing to leave
 
 
 def test_commit_after_rebalance_depends_on_ownership(store: kstore.Store) -> None:
@@ -522,7 +518,7 @@ def expelled_member(store: kstore.Store, **configs: Any) -> tuple[Consumer, Even
     )
     a.subscribe(["t"], listener=events)
     assert sum(len(rs) for rs in a.poll(timeout_ms=2_000).values()) == 10
-    a._heartbeat_stop.set()  # it stalls
+    a._membership._heartbeat_stop.set()  # type: ignore[union-attr]  # it stalls
     expelled = a.member_id
     # The expiry as a member's heartbeat commits it: a leave and a new generation.
     Group(store, "g").leave(expelled, "session expired")  # type: ignore[arg-type]
@@ -630,7 +626,7 @@ def test_records_read_while_the_heartbeat_learns_of_an_expulsion_are_not_returne
     def expel() -> None:
         # Its session is found expired while it reads, and its heartbeat thread finds out.
         Group(store, "g").leave(expelled, "session expired")
-        wait_until(lambda: a._needs_rejoin, 10, lambda: None)
+        wait_until(lambda: a._membership.needs_rejoin, 10, lambda: None)  # type: ignore[union-attr]
         learnt.append(expelled)
 
     storage.hook = expel
@@ -782,7 +778,7 @@ def test_sticky_assignor_moves_little() -> None:
 
 
 def test_a_settled_member_looks_at_the_group_log_at_the_heartbeat_pace(
-    store: kstore.Store,
+    store: kstore.Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On an object store each look at the group log is a GET. A member whose assignment is
     settled looks from poll() once per heartbeat interval (as a Kafka member learns of a
@@ -796,15 +792,14 @@ def test_a_settled_member_looks_at_the_group_log_at_the_heartbeat_pace(
     looks: list[float] = []
     try:
         wait_until(lambda: len(parts(a)) == 2, 10, lambda: a.poll(timeout_ms=0))
-        assert a._group is not None
-        original = a._group.state
+        original = Group.state
 
-        def counted() -> Any:
+        def counted(group: Group) -> Any:
             if threading.current_thread() is threading.main_thread():
                 looks.append(time.monotonic())
-            return original()
+            return original(group)
 
-        a._group.state = counted  # type: ignore[method-assign]
+        monkeypatch.setattr(Group, "state", counted)
         started = time.monotonic()
         while time.monotonic() - started < 2.5:
             a.poll(timeout_ms=50)
@@ -817,7 +812,7 @@ def test_a_settled_member_looks_at_the_group_log_at_the_heartbeat_pace(
                 lambda: (
                     len(parts(a)) == 1
                     and len(parts(b)) == 1
-                    and all(b._owns(tp) for tp in b.assignment())
+                    and all(b._membership.owns(tp) for tp in b.assignment())  # type: ignore[union-attr]
                 ),
                 10,
                 lambda: (a.poll(timeout_ms=0), b.poll(timeout_ms=0)),

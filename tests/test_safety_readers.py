@@ -53,7 +53,7 @@ from tests.test_jobs_support import Target, now_ms, open_store
 
 merger = importlib.import_module("kstore.compaction.merger")
 cleaner = importlib.import_module("kstore.compaction.cleaner")
-consumer_module = importlib.import_module("kstore.consumer")
+fetcher_module = importlib.import_module("kstore.consumer.fetcher")
 reading = importlib.import_module("kstore.spark_ext.reading")
 tail_module = importlib.import_module("kstore.lakehouse.tail")
 
@@ -221,9 +221,7 @@ def test_a_consumer_paused_past_the_delete_delay_reads_every_live_record(
     reader = open_store(local_store)
     consumer = Consumer(store=reader, auto_offset_reset="earliest", enable_auto_commit=False)
     consumer.assign([TopicPartition("t", p) for p in range(PARTITIONS)])
-    pause = pause_at(
-        monkeypatch, consumer_module, "prefetch", lambda: merge_and_vacuum(local_store)
-    )
+    pause = pause_at(monkeypatch, fetcher_module, "prefetch", lambda: merge_and_vacuum(local_store))
     got: Rows = {p: [] for p in range(PARTITIONS)}
     for _ in range(50):
         for tp, records in consumer.poll(timeout_ms=100, max_records=1000).items():
@@ -251,7 +249,7 @@ def test_a_consumer_whose_offsets_retention_removed_mid_fetch_resets(
         run_retention(None, *local_store, verbose=False)
         return merge_and_vacuum(local_store)
 
-    pause = pause_at(monkeypatch, consumer_module, "prefetch", remove_then_merge)
+    pause = pause_at(monkeypatch, fetcher_module, "prefetch", remove_then_merge)
     got: Rows = {p: [] for p in range(PARTITIONS)}
     for _ in range(50):
         for tp, records in consumer.poll(timeout_ms=100, max_records=1000).items():
