@@ -260,32 +260,6 @@ def test_records_sent_while_a_delivery_is_written_go_out_together_when_it_ends(
     assert commits == 1 + len({m.partition % commit_logs for m in placed})
 
 
-def test_a_failed_partition_of_a_merged_delivery_fails_exactly_its_records(
-    local_store: tuple[str, dict[str, Any]],
-) -> None:
-    faulty = FaultyStorage(kstore.Storage(local_store[0]))
-    store = kstore.Store.from_storage(faulty)
-    store.create_topic("t", partitions=2, layout=2)
-    # The slow write is partition 0's: the first matching rule applies, so a delay that could
-    # match partition 1's write would let that one through.
-    faulty.add(
-        Fault("put_new", when="delay", delay_s=0.5, times=1, match=lambda p: "/0/segments/" in p)
-    )
-    faulty.add(Fault("put_new", when="before", match=lambda path: "/1/segments/" in path))
-    with Producer(store, batch_size=300, linger_ms=0, retries=0) as producer:
-        futures = [producer.send("t", b"v%d" % i, partition=i % 2) for i in range(200)]
-        producer.flush()
-        assert producer.metrics()["batch-total"] < 40
-    for i, future in enumerate(futures):
-        assert future.is_done()
-        if i % 2:
-            assert isinstance(future.exception, StorageError)
-        else:
-            assert future.get(timeout=1).partition == 0
-    assert [r["value"] for r in read_all(store, "t")[0]] == [b"v%d" % i for i in range(0, 200, 2)]
-    assert read_all(store, "t")[1] == []
-
-
 def test_a_failed_topic_log_of_a_merged_delivery_fails_exactly_its_records(
     local_store: tuple[str, dict[str, Any]],
 ) -> None:
