@@ -82,7 +82,7 @@ def mem(memory_store: Any) -> kstore.Store:
 
 
 def test_an_abandoned_transaction_is_aborted_after_its_timeout_and_not_before(
-    store: kstore.Store
+    store: kstore.Store,
 ) -> None:
     abandoned, t0, t1 = _open_transaction(store)
     assert read(store, "out") == [b"before"]  # the open transaction holds the LSO
