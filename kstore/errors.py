@@ -183,7 +183,7 @@ class TopicUpgradedError(KStoreError):
 
 
 class LayoutUpgradeRequiredError(KStoreError):
-    """The topic is in layout 2, which this version reads but no longer writes (PROTOCOL.md 3.2):
+    """The topic is in layout 2, which this version reads but no longer writes (PROTOCOL.md 3.4):
     ``kstore topics upgrade TOPIC`` moves it to layout 3 in place (27)."""
 
 

@@ -370,7 +370,7 @@ class Partition:
         )
 
     def _refuse_layout2(self) -> NoReturn:
-        # Layout 2 (a log of the partition's own) is read, never written (PROTOCOL.md 3.2).
+        # Layout 2 (a log of the partition's own) is read, never written (PROTOCOL.md 3.4).
         raise LayoutUpgradeRequiredError(
             f"{self.topic}-{self.partition}: the topic has layout 2, which this version reads "
             f"but no longer writes; run `kstore topics upgrade {self.topic}` to move it to "

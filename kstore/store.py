@@ -801,7 +801,7 @@ class Store:
 
 def require_layout3(meta: TopicMetadata, writer: str) -> None:
     """Refuse ``writer`` (what would write: "compaction", "DeleteRecords", ...) on a layout-2
-    topic: this version reads layout 2 but writes only layout 3 (PROTOCOL.md 3.2)."""
+    topic: this version reads layout 2 but writes only layout 3 (PROTOCOL.md 3.4)."""
     if meta.layout != 3:
         raise LayoutUpgradeRequiredError(layout2_refusal(meta.name, writer))
 

@@ -85,3 +85,22 @@ def test_delete_records_and_appends_refuse_a_layout_2_topic(memory_store: Target
     upgraded = Store(*memory_store).partition("old", 0)
     assert upgraded.delete_records(1) == 1  # in layout 3 it is a writer's topic again
     assert [v for _, _, v in rows(upgraded)] == [b"v1"]
+
+
+def test_an_expired_transaction_over_a_layout_2_topic_is_reported_not_fenced(
+    memory_store: Target,
+) -> None:
+    from kstore.retention import abort_expired_transactions
+
+    store = open_store(memory_store)
+    old_topic(store)
+    layout2.Transactional(store, "tx").send("old", 1, layout2.records([b"open"]))
+    before = files(store)
+    later = layout2.BASE_US // 1000 + 10 * 365 * 24 * HOUR  # long past its timeout
+    report = abort_expired_transactions(store, now_ms=later)
+    (error,) = report.errors
+    assert UPGRADE in error
+    assert files(store) == before  # not even the fence
+    upgrade_topic(store, "old")
+    (item,) = abort_expired_transactions(Store(*memory_store), now_ms=later).expired
+    assert item.outcome == "aborted"
