@@ -35,11 +35,10 @@ from kstore.errors import (
     KStoreError,
     UnknownTopicOrPartitionError,
 )
-from kstore.layout import partition_dir
 from kstore.partition import Partition, PartitionState
 from kstore.segments import BINARY, Layout, layout_of
 from kstore.storage import redact_url
-from kstore.store import Store, TopicMetadata
+from kstore.store import Store, TopicMetadata, require_layout3
 from kstore.topic_log import log_index
 
 # A new file that a maintenance job wrote is committed within MAX_UNCOMMITTED_MS of the start
@@ -71,9 +70,8 @@ class WorkItem:
     metadata: TopicMetadata | None = None
 
     def open(self, store: Store) -> Partition:
-        """The partition, with its own log (layout 2) or the topic log it shares (layout 3).
-        A layout-3 partition has no log of its own: opening ``<p>/_log`` would read nothing,
-        and a commit there would start a partition log no reader of the topic looks at."""
+        """The partition, with the topic log it shares. A layout-2 topic is refused: the jobs
+        write layout 3 only (``kstore topics upgrade`` moves it there)."""
         meta = self.metadata
         if meta is None:
             meta = store.topic(self.topic)
@@ -82,18 +80,8 @@ class WorkItem:
                     f"topic {self.topic!r} was re-created (id {meta.topic_id}, the work item "
                     f"names {self.topic_id})"
                 )
-        if meta.layout == 3:
-            return store.partition(self.topic, self.partition, meta)
-        return Partition(
-            store.storage,
-            self.topic,
-            self.partition,
-            partition_dir(self.topic, self.topic_id, self.partition),
-            checkpoint_interval=int(self.config["checkpoint.interval"]),
-            cache=store.segment_cache,
-            retry=store.retry,
-            layout=self.layout,
-        )
+        require_layout3(meta, "maintenance")
+        return store.partition(self.topic, self.partition, meta)
 
 
 @dataclass

@@ -182,6 +182,11 @@ class TopicUpgradedError(KStoreError):
     and is written through its topic log (PROTOCOL.md 8.29, 27). Re-read the topic's metadata."""
 
 
+class LayoutUpgradeRequiredError(KStoreError):
+    """The topic is in layout 2, which this version reads but no longer writes (PROTOCOL.md 3.4):
+    ``kstore topics upgrade TOPIC`` moves it to layout 3 in place (27)."""
+
+
 class TopicDeletedError(UnknownTopicOrPartitionError):
     """The log belongs to a topic incarnation that was deleted: its logs are sealed and take no
     more commits (PROTOCOL.md 17.3). Its files stay readable for ``file.delete.delay.ms``; a

@@ -18,9 +18,9 @@ from kstore.errors import (
     CorruptLogError,
     InvalidRecordError,
     KStoreError,
+    LayoutUpgradeRequiredError,
     MissingSegmentError,
     OffsetOutOfRangeError,
-    TopicUpgradedError,
 )
 from kstore.log import Action, CommitResult, Log, RetryPolicy, protocol_action
 
@@ -75,7 +75,7 @@ class Partition:
         self.partition = partition
         self.directory = directory
         # Layout 3: the topic log this partition shares with others (it then has no log of
-        # its own); layout 2: the partition's own log.
+        # its own); layout 2: the partition's own log, read but never written.
         self.topic_log = topic_log
         self.log: Log[Any] = (
             topic_log.log
@@ -147,6 +147,8 @@ class Partition:
     ) -> SegmentFile:
         """Write records to a new, not yet committed segment file (phase one of an append),
         named ``name`` when given (from :func:`kstore.segments.new_segment_name`)."""
+        if self.topic_log is None:
+            self._refuse_layout2()  # before a file no commit could ever name
         layout = self.layout
         if layout.typed and isinstance(table, pa.Table) and "value" in table.column_names:
             value = table.column("value")
@@ -349,52 +351,31 @@ class Partition:
     def _commit(
         self, build: Any, *, operation: str, durable: bool, written_at: float | None = None
     ) -> CommitResult[PartitionState] | None:
-        if self.topic_log is not None:
-            shared, _ = self.topic_log.commit(
-                {self.partition: build},
-                operation=operation,
-                durable=durable,
-                written_at=written_at,
-                info={"partition": self.partition},
-            )
-            if shared is None:
-                return None
-            return CommitResult(
-                shared.version,
-                shared.state.partition(self.partition),
-                shared.actions,
-                shared.attempts,
-            )
-        sealed = build
-
-        def build_unless_sealed(state: PartitionState) -> list[Action] | None:
-            if state.sealed_layout is not None:
-                raise TopicUpgradedError(
-                    f"{self.topic}-{self.partition}: the topic was upgraded to layout "
-                    f"{state.sealed_layout}; its partition log takes no more commits (re-read "
-                    "the topic's metadata, or finish the upgrade with `kstore topics upgrade`)"
-                )
-            return sealed(state)  # type: ignore[no-any-return]
-
-        build = build_unless_sealed
-        state = self.state(refresh=False)
-        if clock.monotonic() - self._confirmed > STALE_STATE_S:
-            # A commit built on a state older than the versions vacuum deleted could take a
-            # deleted version's name, "succeed", and be lost: reload it first.
-            state = self.state()
-        result = self.log.commit(
-            state,
-            build,
+        if self.topic_log is None:
+            self._refuse_layout2()
+        shared, _ = self.topic_log.commit(
+            {self.partition: build},
             operation=operation,
             durable=durable,
-            info={"topic": self.topic, "partition": self.partition},
             written_at=written_at,
+            info={"partition": self.partition},
         )
-        if result is not None:
-            self._remember(result.state, confirmed=True)
-        else:
-            self._remember(self.log.update(state), confirmed=True)
-        return result
+        if shared is None:
+            return None
+        return CommitResult(
+            shared.version,
+            shared.state.partition(self.partition),
+            shared.actions,
+            shared.attempts,
+        )
+
+    def _refuse_layout2(self) -> NoReturn:
+        # Layout 2 (a log of the partition's own) is read, never written (PROTOCOL.md 3.4).
+        raise LayoutUpgradeRequiredError(
+            f"{self.topic}-{self.partition}: the topic has layout 2, which this version reads "
+            f"but no longer writes; run `kstore topics upgrade {self.topic}` to move it to "
+            "layout 3 in place"
+        )
 
     def end_transaction(self, producer_id: str, epoch: int, version: int, *, commit: bool) -> bool:
         """Write the marker that ends transaction ``version`` of a producer here: on commit its

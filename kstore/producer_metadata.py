@@ -13,11 +13,11 @@ import logging
 import time
 from dataclasses import dataclass
 
-from kstore.errors import StorageError, UnsupportedFormatVersionError
+from kstore.errors import StorageError
 from kstore.names import validate_topic_name
 from kstore.schema import Validator, validator
 from kstore.segments import BINARY, Layout, layout_of
-from kstore.store import Store, TopicMetadata
+from kstore.store import Store, TopicMetadata, require_layout3
 
 log = logging.getLogger("kstore.producer")
 
@@ -104,10 +104,7 @@ class ProducerMetadata:
                 return info
         if meta.layout == 2:
             self.cached.pop(topic, None)  # a topic of that name recreated in layout 2
-            raise UnsupportedFormatVersionError(
-                f"topic {topic!r} has layout 2 (a log per partition), which producers no longer "
-                f"write: upgrade it to layout 3 with `kstore topics upgrade {topic}`"
-            )
+            require_layout3(meta, "producing")
         effective = meta.effective_config
         topic_compression = effective["compression.type"]
         compression = self._compression or (

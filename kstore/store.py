@@ -24,6 +24,7 @@ from kstore.errors import (
     InvalidPartitionsError,
     InvalidStoreError,
     KStoreError,
+    LayoutUpgradeRequiredError,
     StoreNotFoundError,
     TopicAlreadyExistsError,
     TopicDeletedError,
@@ -38,7 +39,6 @@ from kstore.layout import (
     topic_log_dir,
 )
 from kstore.log import (
-    TYPED_TOPICS_VERSION,
     Action,
     Log,
     LogState,
@@ -426,18 +426,20 @@ class Store:
         stored as typed columns. ``key_schema`` types the key too (one primitive type, e.g.
         ``"string"`` or ``"long"``).
 
-        ``layout``: 3 (the default) shares ``commit.logs`` topic logs between the partitions
-        and writes a producer flush as one data object; 2 keeps a log per partition
-        (PROTOCOL.md 26), for readers older than this version."""
+        ``layout``: 3, the only layout written (``commit.logs`` topic logs shared by the
+        partitions, PROTOCOL.md 26); layout-2 topics are read, and upgraded in place by
+        ``kstore topics upgrade``, but no longer created."""
+        if layout == 2:
+            raise InvalidConfigurationError(
+                f"topic {name!r}: layout 2 is no longer created (this version reads layout-2 "
+                "topics and upgrades them in place with `kstore topics upgrade TOPIC`); "
+                "create it in layout 3"
+            )
+        if layout != 3:
+            raise InvalidConfigurationError(f"layout must be 3, got {layout!r}")
         validate_topic_name(name)
         _check_partitions(partitions)
         explicit = topic_config.validate_config(config or {})
-        if layout not in (2, 3):
-            raise InvalidConfigurationError(f"layout must be 2 or 3, got {layout!r}")
-        if layout == 2 and "commit.logs" in explicit:
-            raise InvalidConfigurationError(
-                "config 'commit.logs' applies to layout 3 only (layout 2 has a log per partition)"
-            )
         now = int(time.time() * 1000)
         metadata: dict[str, Any] = {
             "name": name,
@@ -445,9 +447,8 @@ class Store:
             "partitions": partitions,
             "config": explicit,
             "createdTime": now,
+            "layout": 3,
         }
-        if layout == 3:
-            metadata["layout"] = 3
         if value_schema is not None:
             from kstore.schema import new_schema_entry
 
@@ -461,13 +462,9 @@ class Store:
             if state.metadata is not None and not state.deleted:
                 raise TopicAlreadyExistsError(f"topic {name!r} already exists")
             actions: list[Action] = [protocol_action()] if state.version < 0 else []
-            needed = writer = 1
-            if "schemas" in metadata:
-                needed = writer = TYPED_TOPICS_VERSION
-            if layout == 3:
-                needed, writer = TOPIC_LOG_VERSION, TOPIC_LOG_WRITER_VERSION
+            needed, writer = TOPIC_LOG_VERSION, TOPIC_LOG_WRITER_VERSION
             if state.min_reader_version < needed or state.min_writer_version < writer:
-                # Readers that predate typed topics or layout 3 must refuse this topic, not
+                # Readers that predate layout 3 (and typed topics) must refuse this topic, not
                 # misread it; writers that predate its topic logs' version must not change it.
                 actions.append(
                     protocol_action(
@@ -800,6 +797,20 @@ class Store:
         with self._lock:
             if layout.schema_id > part.layout.schema_id:
                 part.layout = layout
+
+
+def require_layout3(meta: TopicMetadata, writer: str) -> None:
+    """Refuse ``writer`` (what would write: "compaction", "DeleteRecords", ...) on a layout-2
+    topic: this version reads layout 2 but writes only layout 3 (PROTOCOL.md 3.4)."""
+    if meta.layout != 3:
+        raise LayoutUpgradeRequiredError(layout2_refusal(meta.name, writer))
+
+
+def layout2_refusal(topic: str, writer: str) -> str:
+    return (
+        f"topic {topic!r} has layout 2, which this version reads but no longer writes: "
+        f"{writer} refused; run `kstore topics upgrade {topic}` to move it to layout 3 in place"
+    )
 
 
 def _delete_build(meta: TopicMetadata, deleted_ms: int) -> Any:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from kstore.errors import ProducerFencedError, TopicDeletedError, UnknownTopicOrPartitionError
 from kstore.log import Action, Log, LogState, RetryPolicy
 from kstore.records import TopicPartition
+from kstore.store import require_layout3
 
 if TYPE_CHECKING:
     from kstore.storage import Storage
@@ -167,8 +168,9 @@ def end_transaction(
     commit: bool,
 ) -> None:
     """Write the markers of transaction ``version`` in every partition it touched (PROTOCOL.md
-    18.2). In layout 3, the markers of all the partitions of one topic log land in one commit:
-    atomic across them. Partitions of a topic deleted meanwhile are skipped."""
+    18.2). The markers of all the partitions of one topic log land in one commit: atomic across
+    them. Partitions of a topic deleted meanwhile are skipped; a layout-2 topic is refused
+    (it is upgraded first)."""
     operation = "COMMIT TXN" if commit else "ABORT TXN"
     shared: dict[tuple[str, int], dict[int, Any]] = {}
     for tp in sorted(partitions):
@@ -177,15 +179,13 @@ def end_transaction(
             partition = store.partition(tp.topic, tp.partition, meta)
         except UnknownTopicOrPartitionError:  # deleted meanwhile: nothing to mark
             continue
+        require_layout3(meta, f"the markers of transaction {producer_id}:{version}")
+        assert partition.topic_log is not None
         build = partition.marker_build(producer_id, epoch, version, commit=commit)
-        if partition.topic_log is None:
-            with contextlib.suppress(TopicDeletedError):  # sealed by a delete: nothing to mark
-                partition.commit_actions(build, operation=operation)
-        else:
-            shared.setdefault((tp.topic, partition.topic_log.index), {})[tp.partition] = (
-                partition.topic_log,
-                build,
-            )
+        shared.setdefault((tp.topic, partition.topic_log.index), {})[tp.partition] = (
+            partition.topic_log,
+            build,
+        )
     for builds in shared.values():
         topic_log = next(iter(builds.values()))[0]
         with contextlib.suppress(TopicDeletedError):  # sealed by a delete: nothing to mark

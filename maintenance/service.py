@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kstore.errors import KStoreError, UnknownTopicOrPartitionError
-from kstore.store import Store
+from kstore.store import Store, layout2_refusal
 
 from .coordination import LastRun, Lease, Record, Records, new_holder
 from .tasks import TASKS, Decision, RunContext, Settings, Task, TaskResult, TopicView, dirty_ratio
@@ -93,7 +93,7 @@ def task_named(name: str, tasks: Sequence[Task] | None = None) -> Task:
 
 
 def read_view(store: Store, topic: str) -> TopicView:
-    """A topic's metadata and the state of each partition (layout 2 or 3). The partitions are
+    """A topic's metadata and the state of each partition. The partitions are
     the Store's own, so a long-lived maintainer polls for newer log versions instead of
     loading each partition's log again on every pass."""
     meta = store.topic(topic)
@@ -148,6 +148,10 @@ def plan(
             continue  # deleted since the listing
         except KStoreError as exc:
             out.errors[name] = f"{type(exc).__name__}: {exc}"
+            continue
+        if view.meta.layout != 3:
+            # Read but never written by this version: reported, the other topics go on.
+            out.errors[name] = layout2_refusal(name, "maintenance")
             continue
         out.views[name] = view
         for task in topic_tasks:

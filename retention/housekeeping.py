@@ -16,6 +16,7 @@ after them, so that a later run can delete them.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 from collections.abc import Iterator, Sequence
@@ -23,13 +24,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kstore.config import MIN_ORPHAN_AGE_MS
-from kstore.errors import InvalidConfigurationError, KStoreError, ProducerFencedError
+from kstore.errors import (
+    InvalidConfigurationError,
+    KStoreError,
+    ProducerFencedError,
+    UnknownTopicOrPartitionError,
+)
 from kstore.groups import Group
 from kstore.layout import GROUPS, PRODUCERS, TOPICS
 from kstore.log import Action, Log, LogState, parse_log_file_name
 from kstore.names import validate_group_id, validate_topic_name
 from kstore.storage import FileInfo, Storage
-from kstore.store import Store
+from kstore.store import Store, require_layout3
 from kstore.transactions import TransactionLogState, finish_transaction, producer_log
 
 from .vacuum import (
@@ -132,7 +138,8 @@ def abort_expired_transactions(
     (with ``topics``, only those that wrote to one of them), exactly as a new producer instance
     with its transactional id would (PROTOCOL.md 20.4, 20.6): one conditional commit of a new
     epoch to the producer log fences the old instance (refused if that log changed the
-    transaction meanwhile), then the markers are written, one commit per topic log in layout 3.
+    transaction meanwhile), then the markers are written, one commit per topic log (a transaction over a layout-2
+    topic is reported in ``errors`` and left alone: it is finished once the topic is upgraded).
 
     The age counts from the storage time of the producer-log commit that recorded the
     transaction's first partition (or group), or, once its producer recorded a decision, of
@@ -179,6 +186,11 @@ def _judge(
     if at is None or now - at <= state.transaction_timeout_ms:
         return  # not expired (or recorded after the clock was read)
     tid = state.transactional_id or ""
+    for topic in sorted({tp.topic for tp in current.partitions}):
+        # Refused before the fence: its markers could not be written (a deleted topic's are
+        # skipped).
+        with contextlib.suppress(UnknownTopicOrPartitionError):
+            require_layout3(store.topic(topic), f"ending transaction {tid!r}")
     decision = current.decision
     if (
         decision is None

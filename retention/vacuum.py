@@ -1,6 +1,7 @@
 """Vacuum: delete from storage what no reader may still need.
 
-Per partition (layout 2):
+The rules, stated for one partition (a layout-3 topic incarnation applies them to all its
+partitions at once, below; a layout-2 topic is refused until ``kstore topics upgrade``):
 
 Every age is judged by the storage's clock (PROTOCOL.md 23.1): "now" is the modification time
 of a probe file vacuum writes (on local disk and in memory, this machine's clock; in a dry run,
@@ -99,7 +100,7 @@ from kstore.manifest import DATA_PREFIX, in_incarnation, is_carried_path, segmen
 from kstore.names import validate_topic_name
 from kstore.partition import STALE_STATE_S, PartitionState
 from kstore.storage import LIST_PAGE_SIZE, FileInfo, Storage, unique_id
-from kstore.store import DELETED_WRITER_VERSION, Store, TopicMetadata, TopicState
+from kstore.store import DELETED_WRITER_VERSION, Store, TopicMetadata, TopicState, require_layout3
 from kstore.topic_log import (
     HORIZON_VERSION,
     SIDECAR_HORIZON,
@@ -194,41 +195,6 @@ class StorageClock:
             now = int(time.time() * 1000)
         found = log.scan(now, log_retention_ms, self.probe)
         return int(time.time() * 1000) if found is None else found
-
-
-class RemovalState(PartitionState):
-    """A partition state that also knows which version removed each removed file: the
-    storage's modification time of that commit file is when the removal happened."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        # path -> the removing version; None: at or before the checkpoint this was loaded from
-        self.removed_in: dict[str, int | None] = {}
-        self._tombstones = False  # some removed_in entries are still None
-
-    def copy(self) -> RemovalState:
-        clone: RemovalState = super().copy()  # type: ignore[assignment]
-        clone.removed_in = dict(self.removed_in)
-        return clone
-
-    def apply(self, name: str, body: dict[str, Any]) -> None:
-        super().apply(name, body)
-        if self._tombstones and self.version >= 0:
-            # Past the checkpoint: its tombstones were removed at or before its version.
-            self.removed_in = {
-                p: self.version if v is None else v for p, v in self.removed_in.items()
-            }
-            self._tombstones = False
-        if name == "remove":
-            self.removed_in[str(body["path"])] = self.version + 1  # version is set after apply
-        elif name == "tombstone":
-            self.removed_in[str(body["path"])] = None
-            self._tombstones = True
-
-    def removal_version(self, path: str) -> int:
-        """The version whose commit removed ``path`` (or a later one: never an earlier one)."""
-        found = self.removed_in.get(path)
-        return self.version if found is None else found
 
 
 class VersionTimes:
@@ -428,20 +394,12 @@ class LogScan:
 SPARK_PENDING = "spark/pending"  # the Spark sink's write intents (spark_ext/pending.py)
 
 
-def _written_by_running_spark_jobs(storage: Any, partition_directory: str, now: int) -> set[str]:
-    """Segment paths (relative to the partition) that a Spark sink task has written and its
-    driver has not yet committed or cleaned up. A long micro-batch may hold its files for
-    longer than the orphan age; they are not orphans while their intent is recorded (and
-    younger than a week: a crashed driver's stale intents stop protecting after that).
-    Read as plain JSON: the jobs must not import the Spark extension's module to read them."""
-    return {
-        path for directory, path in _spark_intents(storage, now) if directory == partition_directory
-    }
-
-
 def _spark_intents(storage: Any, now: int) -> set[tuple[str, str]]:
     """(partition directory, path as the intent names it) of every write intent that still
-    protects its file (see :func:`_written_by_running_spark_jobs`)."""
+    protects its file. A long micro-batch may hold its files for longer than the orphan age;
+    they are not orphans while their intent is recorded (and younger than a week: a crashed
+    driver's stale intents stop protecting after that). Read as plain JSON: the jobs must not
+    import the Spark extension's module to read them."""
     protected: set[tuple[str, str]] = set()
     for info in storage.list_dir(SPARK_PENDING):
         if not info.name.endswith(".json") or (
@@ -460,126 +418,28 @@ def _spark_intents(storage: Any, now: int) -> set[tuple[str, str]]:
     return protected
 
 
-def layout3_metadata(store: Store, item: WorkItem) -> TopicMetadata | None:
-    """The topic's metadata when ``item``'s incarnation is a layout-3 topic (its partitions
-    share topic logs), else None (layout 2, or the topic deleted or re-created since the
-    job was planned: its old incarnation is then left to the stale-incarnation sweep)."""
-    try:
-        meta = store.topic(item.topic)
-    except UnknownTopicOrPartitionError:
-        return None
-    return meta if meta.layout == 3 and meta.topic_id == item.topic_id else None
-
-
 def vacuum_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> PartitionResult:
-    """The vacuum job's per-partition function (runs on an executor). A partition of layout 3
-    shares its topic logs and data objects with the other partitions of its topic: partition
-    0's task vacuums the whole incarnation, the other partitions' tasks have nothing to do."""
-    meta = layout3_metadata(store, item)
-    if meta is not None:
-        if item.partition != 0:
-            return PartitionResult(
-                item.topic, item.partition, OPERATION, reason="vacuumed with partition 0 (layout 3)"
-            )
-        return vacuum_incarnation(store, item, meta, options)
-    part = item.open(store)
-    storage = part.storage
-    orphan_age = int(options["orphan_age_ms"])
-    check_ages(orphan_age, int(options["log_retention_ms"]))
-    segments_dir, log_dir = f"{part.directory}/segments", f"{part.directory}/_log"
-    fixed = options.get("now_ms")
-    clock = StorageClock(
-        storage,
-        segments_dir,
-        None if fixed is None else int(fixed),
-        dry_run=bool(options.get("dry_run")),
-    )
-    # List first, then read the state: a file committed meanwhile is then seen as live.
-    now, segment_files = clock.list()
-    log_retention = int(options["log_retention_ms"])
-    scan = LogScan(storage, log_dir)
-    scan.scan(now, log_retention)
-    log_files = scan.files
-    removals: Log[RemovalState] = Log(
-        storage, log_dir, RemovalState, checkpoint_interval=part.log.checkpoint_interval
-    )
-    state = removals.load()
-    result = PartitionResult.starting(item, OPERATION, state)
-    if state.version < 0 and not segment_files and not log_files:
-        result.reason = "no data"
-        return result
-    # A smaller value stored before the floor existed is read as the floor (PROTOCOL.md 17.1).
-    delay = max(int(item.config["file.delete.delay.ms"]), MIN_FILE_DELETE_DELAY_MS)
-    by_name = {f.name: f for f in segment_files}
-    doomed: dict[str, int] = {}  # path relative to the partition directory -> size
-    # A file a retained version of the topic's Delta table names stays (PROTOCOL.md 29.5).
-    held = referenced_paths(storage, item.topic, item.topic_id, now).get(item.partition, set())
-    times = scan.removal_times(
-        {state.removal_version(p) for p in state.removed}, part.log.checkpoint_interval
-    )
-    expired = sorted(
-        p
-        for p in state.removed
-        if (at := times.at(state.removal_version(p))) is not None
-        and now - at >= delay
-        and p not in held
-    )
-    for path in expired:
-        info = by_name.get(path.removeprefix("segments/"))
-        if info is not None:
-            doomed[path] = info.size
-    live = {s.path for s in state.segments}
-    intended = _written_by_running_spark_jobs(storage, part.directory, now)
-    for info in segment_files:
-        path = f"segments/{info.name}"
-        if (
-            path in live
-            or path in state.removed
-            or path in intended
-            or info.name in ("", ".", "..")
-        ):
-            continue
-        written = _age_reference(info)
-        if written is not None and now - written > orphan_age:
-            doomed[path] = info.size
-    for info in scan.temporary():
-        written = info.mtime_ms
-        if written is not None and now - written > orphan_age:
-            doomed[f"_log/{info.name}"] = info.size
-    keep_from, old = old_log_files(log_files, now, log_retention)
-    for info in old:
-        doomed[f"_log/{info.name}"] = info.size
-    # Refresh: anything a commit made live since is not ours to delete.
-    newest = removals.update(state)
-    for seg in newest.segments:
-        doomed.pop(seg.path, None)
-    for path in set(newest.removed) - set(expired):
-        doomed.pop(path, None)
-    result.files = [f"{part.directory}/{p}" for p in sorted(doomed)]
-    result.files_deleted = len(doomed)
-    result.bytes_deleted = sum(doomed.values())
-    if not doomed and not expired:
-        result.reason = "nothing to delete"
-        return result
-    if options.get("dry_run"):
-        result.outcome = "dry-run"
-        result.reason = f"would delete {len(doomed)} file(s)"
-        return result
-    if keep_from is not None:
-        _point_hint_at(storage, log_dir, keep_from)
-    storage.delete(result.files)
-    result.outcome = "committed"
-    result.reason = f"deleted {len(doomed)} file(s)"
-    if expired:
-        forget = set(expired)
-
-        def build(s: PartitionState) -> list[Action] | None:
-            paths = sorted(forget & set(s.removed))
-            return [{"vacuumed": {"paths": paths}}] if paths else None
-
-        if part.commit_actions(build, operation="VACUUM") is not None:
-            result.commits = 1
-    return result
+    """The vacuum job's per-partition function (runs on an executor). The partitions of a
+    topic share its topic logs and data objects: partition 0's task vacuums the whole
+    incarnation, the other partitions' tasks have nothing to do. A layout-2 topic is refused
+    (``kstore topics upgrade`` moves it to layout 3)."""
+    try:
+        meta: TopicMetadata | None = store.topic(item.topic)
+    except UnknownTopicOrPartitionError:
+        meta = None
+    if meta is None or meta.topic_id != item.topic_id:
+        return PartitionResult(
+            item.topic,
+            item.partition,
+            OPERATION,
+            reason="deleted or re-created since planned: left to the stale-incarnation sweep",
+        )
+    require_layout3(meta, "vacuum")
+    if item.partition != 0:
+        return PartitionResult(
+            item.topic, item.partition, OPERATION, reason="vacuumed with partition 0"
+        )
+    return vacuum_incarnation(store, item, meta, options)
 
 
 def _point_hint_at(storage: Storage, log_dir: str, keep_from: int) -> None:
@@ -648,7 +508,7 @@ def stale_incarnations(
 
 class TopicRemovalState(TopicLogState):
     """A topic log state that also knows which version removed each partition's removed
-    files (as :class:`RemovalState` does for a partition log)."""
+    files: the storage's modification time of that commit file is when the removal happened."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -64,7 +64,7 @@ from kstore.segments import (
     layout_of,
     new_segment_name,
 )
-from kstore.store import Store, TopicMetadata
+from kstore.store import Store, TopicMetadata, require_layout3
 
 from . import pending
 from .options import InvalidOptionError, WriteOptions
@@ -250,6 +250,7 @@ class TaskSink:
                     f"kstore sink: topic {name!r} does not exist in store {self.store!r}; create it "
                     "first (kstore topics create)"
                 ) from None
+            require_layout3(meta, "the kstore sink")  # before any file is written
         return meta
 
     def _sticky_partitions(self, topic: str, n: int, sizes: np.ndarray) -> np.ndarray:

@@ -37,6 +37,7 @@ from kstore.manifest import segment_location
 from kstore.partition import Partition, Segment
 from kstore.segments import TIMESTAMP_TYPE, write_segment
 from kstore.storage import Storage
+from tests import layout2
 from tests.conftest import StoreTarget
 
 BASE_MS = 1_700_000_000_000  # record i of a test topic has timestamp BASE_MS + i
@@ -88,7 +89,12 @@ def read_values(partition: Partition, from_offset: int = 0) -> list[bytes]:
 def three_segment_topic(target: StoreTarget, layout: int = 3) -> tuple[Store, Partition]:
     """Topic "t", partition 0 with three commits: offsets 0-1, 2-3 and 4-5."""
     store = open_store(target)
-    store.create_topic("t", 1, layout=layout)
+    if layout == 2:  # as an older version wrote it (this one writes layout 3 only)
+        layout2.create_topic(store, "t", 1)
+        for i in range(3):
+            layout2.append(store, "t", 0, records(2, 2 * i))
+        return store, store.partition("t", 0)
+    store.create_topic("t", 1)
     part = store.partition("t", 0)
     for i in range(3):
         part.append(records(2, 2 * i))

@@ -29,6 +29,7 @@ from kstore.log import (
 )
 from kstore.manifest import segment_location
 from kstore.records import OffsetAndMetadata, TopicPartition
+from tests import layout2
 from tests.badinput import open_store, quick_store, refused, snapshot
 from tests.conftest import StoreTarget
 
@@ -45,15 +46,29 @@ def values(store: Store, topic: str = "t") -> list[bytes]:
     return [] if not batches else pa.Table.from_batches(batches).column("value").to_pylist()
 
 
+def topic_with(store: Store, layout: int, config: dict[str, Any], values: list[bytes]) -> None:
+    """Topic "t", one partition, one commit per value by an idempotent producer; layout 2
+    as an older version wrote it (tests/layout2.py: this version writes layout 3 only)."""
+    if layout == 2:
+        layout2.create_topic(store, "t", 1, config)
+        producer = layout2.Idempotent(store)
+        for value in values:
+            producer.send("t", 0, layout2.records([value]))
+        return
+    store.create_topic("t", 1, config)
+    with Producer(store, linger_ms=0) as p:
+        for value in values:
+            p.send("t", value).get(10)
+
+
 def checkpointed_topic(
     target: StoreTarget, layout: int = 3, config: dict[str, Any] | None = None
 ) -> tuple[Store, str]:
     """Topic "t" with a checkpoint every 2 commits and 5 commits: checkpoints at 2 and 4."""
     store = open_store(target)
-    store.create_topic("t", 1, {"checkpoint.interval": 2, **(config or {})}, layout=layout)
-    with Producer(store, linger_ms=0) as p:
-        for i in range(5):
-            p.send("t", b"v%d" % i).get(10)
+    topic_with(
+        store, layout, {"checkpoint.interval": 2, **(config or {})}, [b"v%d" % i for i in range(5)]
+    )
     log_dir = store.partition("t", 0).log.directory
     assert store.storage.read(f"{log_dir}/{LAST_CHECKPOINT}") == b'{"version": 4}'
     return store, log_dir
@@ -140,11 +155,8 @@ def test_a_boolean_checkpoint_version_is_not_version_1(
     of the topic log, with its sidecar; the commit is rewritten as text, so its flush's data
     goes to a data object rather than being carried by it (PROTOCOL.md 11.8)."""
     store = open_store(quick_store)
-    store.create_topic("t", 1, {"commit.inline.bytes": 0}, layout=layout)
+    topic_with(store, layout, {"commit.inline.bytes": 0}, [b"v0", b"v1"])
     part = store.partition("t", 0)
-    with Producer(store, linger_ms=0) as p:
-        for i in range(2):
-            p.send("t", b"v%d" % i).get(10)
     checkpoint = f"{part.log.directory}/{checkpoint_file(1)}"
     part.log.write_checkpoint(part.log.load_version(1))  # a checkpoint as writers write it
     _, actions = decode_commit(store.storage.read(checkpoint), checkpoint)
@@ -246,8 +258,11 @@ def test_unknown_fields_and_actions_are_ignored(quick_store: StoreTarget, layout
     fresh = open_store(quick_store)
     assert fresh.partition("t", 0).state().version == 4
     assert values(fresh) == EXPECTED
-    with Producer(fresh, linger_ms=0) as p:  # and a current writer carries on
-        assert p.send("t", b"v5").get(10).offset == 5
+    if layout == 2:  # an older version's writer carries on
+        assert layout2.append(fresh, "t", 0, layout2.records([b"v5"])).base_offset == 5
+    else:  # a current writer carries on
+        with Producer(fresh, linger_ms=0) as p:
+            assert p.send("t", b"v5").get(10).offset == 5
     assert values(open_store(quick_store)) == [*EXPECTED, b"v5"]
 
 
@@ -290,10 +305,7 @@ def test_truncated_and_swapped_arrow_segments_are_corrupt_records(
     """Layout 2: segment files; layout 3: the data objects the segments are ranges of (not
     data the commits carry, PROTOCOL.md 11.8)."""
     store = open_store(quick_store)
-    store.create_topic("t", 1, {"commit.inline.bytes": 0}, layout=layout)
-    with Producer(store, linger_ms=0) as p:
-        for i in range(3):
-            p.send("t", b"value-%d" % i).get(10)
+    topic_with(store, layout, {"commit.inline.bytes": 0}, [b"value-%d" % i for i in range(3)])
     part = store.partition("t", 0)
     segs = part.state().segments
     assert [s.byte_range is not None for s in segs] == [layout == 3] * 3

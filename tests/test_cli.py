@@ -21,6 +21,8 @@ from typer.testing import CliRunner, Result
 import kstore
 from kstore.consumer import Consumer
 from kstore.producer import Producer
+from kstore.segments import write_segment
+from tests import layout2
 
 BACKENDS = ["memory", "local", pytest.param("seaweed", marks=pytest.mark.s3)]
 runner = CliRunner()
@@ -577,8 +579,8 @@ def _segments(cli: Cli, topic: str) -> Iterator[tuple[kstore.Store, Any, Any]]:
 
 
 def _create(cli: Cli, topic: str, partitions: int, layout: int, config: str = "") -> None:
-    """Create a topic through the command (layout 3, the default) or, for layout 2 (which the
-    command does not create), through the library."""
+    """Create a topic through the command (layout 3) or, for layout 2 (which this version no
+    longer creates), as an older version did (tests/layout2.py)."""
     if layout == 3:
         cli.run(
             "topics", "create", topic, "-p", str(partitions), *(["-c", config] if config else [])
@@ -586,7 +588,25 @@ def _create(cli: Cli, topic: str, partitions: int, layout: int, config: str = ""
         assert cli.store().topic(topic).layout == 3
         return
     settings = dict([config.split("=", 1)]) if config else {}
-    kstore.Store(cli.url, cli.options).create_topic(topic, partitions, settings, layout=2)
+    layout2.create_topic(kstore.Store(cli.url, cli.options), topic, partitions, settings)
+
+
+def _produce(cli: Cli, topic: str, layout: int, records: list[tuple[bytes | None, bytes]]) -> None:
+    """One produce run: the command (layout 3), or a commit per partition as an older version
+    wrote them (layout 2: partition by record index)."""
+    if layout == 3:
+        text = "".join(
+            f"{k.decode()}:{v.decode()}\n" if k else f"{v.decode()}\n" for k, v in records
+        )
+        cli.run("produce", topic, *(["-k", ":"] if records[0][0] else []), input=text)
+        return
+    store = kstore.Store(cli.url, cli.options)
+    partitions = store.topic(topic).partitions
+    for p in range(partitions):
+        mine = records[p::partitions]
+        if mine:
+            keys = [k for k, _ in mine]
+            layout2.append(store, topic, p, layout2.records([v for _, v in mine], keys))
 
 
 def _bytes_of(partition: Any, seg: Any) -> tuple[str, int, int]:
@@ -611,7 +631,7 @@ def test_verify_catches_a_corrupted_segment(cli: Cli, layout: int) -> None:
     _create(cli, "bad", 2, layout, "commit.inline.bytes=0")
     for topic in ("good", "bad"):
         for _ in range(3):
-            cli.run("produce", topic, "-k", ":", input="".join(f"k{i}:v{i}\n" for i in range(10)))
+            _produce(cli, topic, layout, [(b"k%d" % i, b"v%d" % i) for i in range(10)])
     report = cli.json("verify")
     assert report["ok"] is True
     # Three runs, each at least one segment per partition (more if a batch was split).
@@ -693,14 +713,14 @@ def test_verify_checks_checkpoints_and_orphans(local_cli: Cli) -> None:
     # The files a partition log of layout 2 keeps; layout 3's topic log and its sidecars below.
     _create(cli, "t", 1, 2, "checkpoint.interval=3")
     for i in range(7):
-        cli.run("produce", "t", input=f"r{i}\n")
+        _produce(cli, "t", 2, [(None, b"r%d" % i)])
     report = cli.json("verify", "t")
     assert report["ok"] is True
     assert report["topics"][0]["log_files"] >= 8 + 2  # commits 0..6 and checkpoints 3 and 6
     store = cli.store()
     partition = store.partition("t", 0)
     # An orphan segment (written, never committed) is a warning, not a problem.
-    partition.write_segment(_table([b"orphan"]))
+    write_segment(store.storage, partition.directory, _table([b"orphan"]))
     report = cli.json("verify", "t")
     assert report["ok"] is True
     (warning,) = report["topics"][0]["warnings"]

@@ -121,17 +121,16 @@ def kill_writers_mid_flight(
     return acks
 
 
-@pytest.mark.parametrize("layout", [2, 3])
 @pytest.mark.parametrize("backend", ["local", pytest.param("seaweed", marks=pytest.mark.s3)])
 def test_a_writer_killed_mid_commit_leaves_a_clean_log(
-    request: pytest.FixtureRequest, backend: str, layout: int
+    request: pytest.FixtureRequest, backend: str
 ) -> None:
-    """Layout 2: the partition log; layout 3: the topic log, with its checkpoints' sidecars."""
+    """The topic log, with its checkpoints' sidecars."""
     fixture = "seaweed_bucket_url" if backend == "seaweed" else "local_store_url"
     url, options = request.getfixturevalue(fixture)
     target = StoreTarget(backend, url, options)
     store = Store(url, options)
-    store.create_topic(TOPIC, 1, {"checkpoint.interval": 7}, layout=layout)
+    store.create_topic(TOPIC, 1, {"checkpoint.interval": 7})
 
     acks = kill_writers_mid_flight(target, writers=2, run_s=1.0)
     assert sum(len(a) for a in acks.values()) > 0, "the writers never committed anything"

@@ -137,29 +137,6 @@ def test_delete_topic_after_merge_and_retention(
     assert set(table.column("timestampType").to_pylist()) == {0}
 
 
-def test_layout2_topic_and_timestamp_type_change(local_store: Target) -> None:
-    store = open_store(local_store)
-    store.create_topic("old", 2, DELTA, layout=2)
-    _fill(store, "old", 2, 3, now_ms())
-    merge_segments(None, store, topics=["old"], verbose=False)
-    report = publish_table(store, "old")
-    assert delta_rows(store, "old").equals(kstore_rows(store, "old", _covered(report)))
-    snapshot = read_snapshot(store.storage, table_dir(store.topic("old")))
-    meta = store.topic("old")
-    # One application id per partition log, at that log's version.
-    for p in range(2):
-        version = store.partition("old", p).state().version
-        assert snapshot.txns[f"kstore-{meta.topic_id}-partition-{p}"] == version
-    store.alter_topic_config("old", {"message.timestamp.type": "LogAppendTime"})
-    report = publish_table(store, "old")
-    assert report.committed
-    assert report.files_added == 2
-    assert report.files_removed == 0
-    table = open_table(store, "old").to_pyarrow_table()
-    assert set(table.column("timestampType").to_pylist()) == {1}
-    assert table.num_rows == 24
-
-
 @pytest.mark.parametrize("target", BACKENDS)
 def test_compacted_topic_reads_latest_value_per_key(
     target: str, request: pytest.FixtureRequest
@@ -518,7 +495,6 @@ def test_publication_requests_on_seaweedfs(seaweed_store: Target) -> None:
 @pytest.mark.parametrize(
     ("target", "layout"),
     [
-        ("local_store", 2),
         ("local_store", 3),
         pytest.param("seaweed_store", 3, marks=pytest.mark.s3),
     ],
@@ -528,7 +504,7 @@ def test_vacuum_keeps_what_a_retained_version_names(
 ) -> None:
     where: Target = request.getfixturevalue(target)
     store = open_store(where)
-    store.create_topic("t", 1, {**DELTA, "file.delete.delay.ms": 10_000}, layout=layout)
+    store.create_topic("t", 1, {**DELTA, "file.delete.delay.ms": 10_000})
     part = store.partition("t", 0)
     _fill(store, "t", 1, 3, now_ms())
     merge_segments(None, store, topics=["t"], verbose=False)

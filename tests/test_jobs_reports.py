@@ -42,10 +42,9 @@ def test_compact_on_a_delete_topic_says_why(local_store: Target) -> None:
     assert cli.json("compact", "events", "--no-spark")["notes"] == [note]
 
 
-@pytest.mark.parametrize("layout", [2, 3])
-def test_an_empty_partition_is_skipped_as_empty(layout: int, local_store: Target) -> None:
+def test_an_empty_partition_is_skipped_as_empty(local_store: Target) -> None:
     store = open_store(local_store)
-    store.create_topic("quiet", 2, {**COMPACT, "cleanup.policy": "compact,delete"}, layout=layout)
+    store.create_topic("quiet", 2, {**COMPACT, "cleanup.policy": "compact,delete"})
     append(store.partition("quiet", 0), [b"k"], [b"v"], now_ms())
     for job in (run_compaction, merge_segments, run_retention):
         assert reasons(job(None, *local_store, verbose=False))[("quiet", 1)] == "empty"
@@ -53,11 +52,10 @@ def test_an_empty_partition_is_skipped_as_empty(layout: int, local_store: Target
     assert [p["reason"] for p in listed["partitions"] if p["partition"] == 1] == ["empty"]
 
 
-@pytest.mark.parametrize("layout", [2, 3])
-def test_an_open_transaction_is_named_by_its_offset(layout: int, local_store: Target) -> None:
+def test_an_open_transaction_is_named_by_its_offset(local_store: Target) -> None:
     store = open_store(local_store)
     config = {**COMPACT, "cleanup.policy": "compact,delete", "retention.ms": HOUR}
-    store.create_topic("events", 1, config, layout=layout)
+    store.create_topic("events", 1, config)
     part = store.partition("events", 0)
     old = now_ms() - 2 * HOUR
     append(part, [b"a"], [b"1"], old)

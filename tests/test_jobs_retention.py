@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from kstore.compaction import merge_segments, run_compaction
-from kstore.retention import MIN_LOG_RETENTION_MS, MIN_ORPHAN_AGE_MS, run_retention, vacuum
+from kstore.retention import MIN_ORPHAN_AGE_MS, run_retention, vacuum
 from kstore.retention.main import main as retention_main
 
 from kstore import Store
@@ -22,7 +22,7 @@ from kstore import clock as kstore_clock
 from kstore.consumer import Consumer
 from kstore.errors import InvalidConfigurationError, OffsetOutOfRangeError
 from kstore.layout import topic_data_dir
-from kstore.log import checkpoint_file, version_file
+from kstore.log import version_file
 from kstore.records import TopicPartition
 from kstore.storage import Storage
 from tests.commit_logs import commit_logs_fixture
@@ -189,55 +189,6 @@ def test_retention_leaves_compact_only_topics_and_open_transactions_alone(
 # -- vacuum -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("target", BACKENDS)
-def test_vacuum_deletes_removed_files_only_after_the_grace_period(
-    target: str, request: pytest.FixtureRequest
-) -> None:
-    where: Target = request.getfixturevalue(target)
-    store = open_store(where)
-    delay = 60_000
-    store.create_topic(
-        "t",
-        1,
-        {
-            "cleanup.policy": "compact",
-            "min.cleanable.dirty.ratio": 0.0,
-            "file.delete.delay.ms": delay,
-        },
-        layout=2,  # a partition log; layout 3: tests/test_layout3_maintenance.py
-    )
-    part = store.partition("t", 0)
-    append(part, [b"a", b"a"], [b"1", b"2"], now_ms())
-    append(part, [b"b", b"b"], [b"3", b"4"], now_ms())
-    reader_state = part.state()  # a reader holding the manifest before compaction
-    t0 = now_ms()
-    run_compaction(None, *where, verbose=False, now_ms=t0)
-    t1 = now_ms()  # the delay counts from when the storage recorded the removing commit
-    removed = set(part.state().removed)
-    assert len(removed) == 2
-    assert len(segment_files(store, part)) == 3
-    # S3 records times to the second: the removal may look up to 1 s older than it is.
-    early = vacuum(None, *where, verbose=False, now_ms=t0 + delay - 1000)
-    assert early.files_deleted == 0
-    # The reader still reads the old segments, all of them, during the grace period.
-    assert [
-        o for b in part.read(0, state=reader_state) for o in b.column("offset").to_pylist()
-    ] == [0, 1, 2, 3]
-    late = vacuum(None, *where, verbose=False, now_ms=t1 + delay)
-    assert late.files_deleted == 2
-    assert {f"segments/{n}" for n in segment_files(store, part)} == {
-        s.path for s in part.state().segments
-    }
-    # The removed entries are forgotten: the next checkpoint no longer carries them.
-    state = part.state()
-    assert state.removed == {}
-    part.log.write_checkpoint(state)
-    assert b"tombstone" not in store.storage.read(
-        f"{part.directory}/_log/{checkpoint_file(state.version)}"
-    )
-    assert rows(part) == [(1, b"a", b"2"), (3, b"b", b"4")]
-
-
 def orphan_name(named_ms: int) -> str:
     return f"segments/{named_ms:013d}-{uuid.uuid4().hex}.arrow"
 
@@ -275,19 +226,21 @@ def test_vacuum_deletes_old_orphans_and_keeps_young_ones(
 
 def test_vacuum_deletes_old_temporary_files(local_store: Target) -> None:
     store = open_store(local_store)
-    store.create_topic("t", 1, layout=2)  # a partition log (_log/)
+    meta = store.create_topic("t", 1)
     part = store.partition("t", 0)
     append(part, [b"a"], [b"1"], now_ms())
-    for sub in ("segments", "_log"):
+    incarnation = topic_data_dir("t", meta.topic_id)
+    for sub in ("_data", "_log"):
         for name, age in ((".tmp-" + "0" * 32, 2 * HOUR), (".tmp-" + "1" * 32, 0)):
-            path = Path(store.storage.full_path(f"{part.directory}/{sub}/{name}"))
+            path = Path(store.storage.full_path(f"{incarnation}/{sub}/{name}"))
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(b"half")
             stamp = (now_ms() - age) / 1000
             os.utime(path, (stamp, stamp))
     summary = vacuum(None, *local_store, verbose=False)
     assert sorted(f.rsplit("/", 2)[-2] + "/" + f.rsplit("/", 1)[-1] for f in summary.files) == [
+        "_data/.tmp-" + "0" * 32,
         "_log/.tmp-" + "0" * 32,
-        "segments/.tmp-" + "0" * 32,
     ]
 
 
@@ -367,7 +320,7 @@ def test_a_long_idle_writer_and_reader_reload_past_deleted_log_versions(
     local_store: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = open_store(local_store)
-    store.create_topic("t", 1, {"checkpoint.interval": 3}, layout=2)
+    store.create_topic("t", 1, {"checkpoint.interval": 3})
     idle_writer = store.partition("t", 0)
     append(idle_writer, [b"k"], [b"first"], now_ms())
     idle_reader = Store(*local_store).partition("t", 0)
@@ -377,41 +330,13 @@ def test_a_long_idle_writer_and_reader_reload_past_deleted_log_versions(
         append(other, [b"k"], [b"%d" % i], now_ms())
     clock = Clock(monkeypatch)
     summary = vacuum(None, *local_store, verbose=False, now_ms=clock.advance(31 * DAY))
-    assert f"{idle_writer.directory}/_log/{version_file(1)}" in summary.files
+    assert f"{idle_writer.log.directory}/{version_file(1)}" in summary.files
     # The idle writer's cached state is at version 1, whose successor is deleted: it reloads
     # rather than publishing a new version 2 that no reader would ever see.
     offset = append(idle_writer, [b"k"], [b"late"], now_ms())
     assert offset == 11
     assert rows(Store(*local_store).partition("t", 0))[-1] == (11, b"k", b"late")
     assert rows(idle_reader)[-1] == (11, b"k", b"late")
-
-
-def test_vacuum_deletes_log_versions_before_the_newest_old_checkpoint(local_store: Target) -> None:
-    store = open_store(local_store)
-    store.create_topic("t", 1, {"checkpoint.interval": 5}, layout=2)
-    part = store.partition("t", 0)
-    for i in range(23):
-        append(part, [b"k"], [b"%d" % i], now_ms())
-    before = rows(part)
-    log_dir = f"{part.directory}/_log"
-    # Within the log retention nothing goes.
-    assert vacuum(None, *local_store, verbose=False).files_deleted == 0
-    with pytest.raises(InvalidConfigurationError, match="log_retention_ms"):
-        vacuum(None, *local_store, verbose=False, log_retention_ms=MIN_LOG_RETENTION_MS - 1)
-    summary = vacuum(None, *local_store, verbose=False, now_ms=now_ms() + 31 * DAY)
-    names = {i.name for i in store.storage.list_dir(log_dir)}
-    assert summary.files_deleted == 20 + 3  # commits 0..19, checkpoints 5, 10, 15
-    assert checkpoint_file(20) in names
-    assert checkpoint_file(15) not in names
-    assert version_file(19) not in names
-    assert {version_file(v) for v in range(20, 23)} <= names
-    assert store.storage.read(f"{log_dir}/_last_checkpoint") == b'{"version": 20}'
-    # A new reader, with or without the hint, gets the same state.
-    fresh = Store(*local_store).partition("t", 0)
-    assert rows(fresh) == before
-    assert fresh.state().version == 22
-    store.storage.delete([f"{log_dir}/_last_checkpoint"])
-    assert rows(Store(*local_store).partition("t", 0)) == before
 
 
 def test_vacuum_deletes_stale_topic_incarnations(local_store: Target) -> None:

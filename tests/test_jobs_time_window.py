@@ -54,10 +54,10 @@ ORDERS: dict[str, list[Job]] = {
 }
 
 
-def fill(store: Store, layout: int) -> int:
+def fill(store: Store) -> int:
     """The topic with one segment per age (unique keys: compaction drops nothing); returns the
     first offset retention must keep."""
-    store.create_topic("events", 1, CONFIG, layout=layout)
+    store.create_topic("events", 1, CONFIG)
     part = store.partition("events", 0)
     keep_from = 0
     for n, age in enumerate(AGES):
@@ -72,13 +72,12 @@ def survivors(store: Store) -> list[int]:
     return [offset for offset, _, _ in rows(store.partition("events", 0))]
 
 
-@pytest.mark.parametrize("layout", [2, 3])
 @pytest.mark.parametrize("order", list(ORDERS))
 def test_retention_keeps_the_same_records_whatever_order_the_jobs_run_in(
-    order: str, layout: int, local_store: Target
+    order: str, local_store: Target
 ) -> None:
     store = open_store(local_store)
-    keep_from = fill(store, layout)
+    keep_from = fill(store)
     for job in ORDERS[order]:
         summary = job(None, local_store)
         assert not summary.errors, summary.errors
@@ -93,7 +92,7 @@ def test_merged_segments_stay_within_the_window_and_still_merge_within_it(
     memory_store: Target,
 ) -> None:
     store = open_store(memory_store)
-    fill(store, 2)
+    fill(store)
     state = store.partition("events", 0).state()
     config = effective(CONFIG)
     window = time_window_ms(config)
@@ -117,7 +116,7 @@ def test_the_window_is_segment_ms_without_time_retention() -> None:
 @pytest.mark.spark
 def test_retention_after_merge_on_spark(spark: Any, local_store: Target) -> None:
     store = open_store(local_store)
-    keep_from = fill(store, 3)
+    keep_from = fill(store)
     for job in ORDERS["compact-merge-retain"]:
         summary = job(spark, local_store)
         assert not summary.errors, summary.errors

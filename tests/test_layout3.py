@@ -20,6 +20,7 @@ from kstore import (
 from kstore.errors import StorageError
 from kstore.log import decode_commit, version_file
 from kstore.topic_log import TOPIC_LOG_VERSION, TopicLog, TopicLogState
+from tests import layout2
 from tests.commit_logs import (
     ALL_BACKENDS,
     S3_MARKS,
@@ -131,7 +132,7 @@ def test_commit_logs_split_partitions_over_logs(local_store: tuple[str, dict[str
         assert sorted(b["partition"] for b in adds) == [index, index + 2]
     with pytest.raises(InvalidConfigurationError, match=r"commit\.logs"):
         store.alter_topic_config("t", {"commit.logs": 3})
-    with pytest.raises(InvalidConfigurationError, match="layout 3 only"):
+    with pytest.raises(InvalidConfigurationError, match="kstore topics upgrade"):
         store.create_topic("old", 2, config={"commit.logs": 2}, layout=2)
 
 
@@ -273,13 +274,12 @@ def test_a_missing_sidecar_or_a_bad_range_is_a_corrupt_log(
         )
 
 
-def test_a_layout_2_topic_keeps_its_partition_logs(any_store: StoreTarget) -> None:
+def test_a_layout_2_topic_is_read_from_its_partition_logs(any_store: StoreTarget) -> None:
     store = _store(any_store)
-    meta = store.create_topic("old", 2, layout=2)
+    meta = layout2.create_topic(store, "old", 2)
     assert meta.layout == 2
-    with Producer(store) as producer:
-        for i in range(10):
-            producer.send("old", key=b"%d" % i, value=b"v")
+    for i in range(10):
+        layout2.append(store, "old", i % 2, layout2.records([b"v"], [b"%d" % i]))
     incarnation = _incarnation(store, "old")
     assert "_log" not in _files(store, incarnation)
     assert any(_files(store, f"{incarnation}/{p}/_log") for p in (0, 1))

@@ -168,23 +168,21 @@ def test_a_failed_directory_fsync_after_a_commit_landed_loses_no_acknowledged_re
     assert {v: values.index(v) if v in values else None for v in acked} == acked
 
 
-@pytest.mark.parametrize("layout", [2, 3])
 def test_a_commit_whose_directory_fsync_failed_is_not_acknowledged_even_with_retries(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The commit is visible but may not survive a crash: the producer must report the record
     failed, and must not retry into an acknowledgement (a retry finds the commit by its producer
-    entry and would report it written). Layout 2: the partition log's directory; layout 3: the
-    topic log's."""
+    entry and would report it written). The topic log's directory."""
     import errno
 
     from kstore.errors import CommitStateUnknownError
     from kstore.storage import local as storage_module
 
-    Store(tmp_path.as_uri()).create_topic("t", 1, layout=layout)
+    Store(tmp_path.as_uri()).create_topic("t", 1)
     store = Store(tmp_path.as_uri(), create=False)
     log_dir = os.path.normpath(store.storage.full_path(store.partition("t", 0).log.directory))
-    assert log_dir.endswith(os.path.join("0", "_log") if layout == 2 else f"{os.sep}_log")
+    assert log_dir.endswith(f"{os.sep}_log")
     real = storage_module._fsync_dir
     failed: list[str] = []
 

@@ -23,7 +23,7 @@ def test_the_service_on_spark(
     store = Store(*local_store)
     now = now_ms()
     store.create_topic("logs", 2, {"retention.ms": HOUR})
-    store.create_topic("state", 1, {"cleanup.policy": "compact"}, layout=2)
+    store.create_topic("state", 1, {"cleanup.policy": "compact"})
     for p in range(2):
         append(store.partition("logs", p), [b"a"], [b"1"], now - 2 * HOUR)
         append(store.partition("logs", p), [b"b"], [b"2"], now)

@@ -21,11 +21,11 @@ from kstore.errors import (
     InvalidRecordError,
     InvalidTopicError,
     KafkaTimeoutError,
+    LayoutUpgradeRequiredError,
     ProducerFencedError,
     RecordTooLargeError,
     StorageError,
     UnknownTopicOrPartitionError,
-    UnsupportedFormatVersionError,
 )
 from kstore.partitioner import murmur2
 from kstore.producer import Producer
@@ -270,13 +270,13 @@ def test_a_layout_2_topic_is_refused_when_the_producer_first_meets_it(
     store.create_topic("new", partitions=2)
     hint = re.escape("`kstore topics upgrade old`")
     with Producer(store, linger_ms=0) as producer:
-        with pytest.raises(UnsupportedFormatVersionError, match=f"'old' has layout 2.*{hint}"):
+        with pytest.raises(LayoutUpgradeRequiredError, match=f"'old' has layout 2.*{hint}"):
             producer.send("old", b"v")
-        with pytest.raises(UnsupportedFormatVersionError, match=hint):
+        with pytest.raises(LayoutUpgradeRequiredError, match=hint):
             producer.send("old", b"v", key=b"k", headers=[("h", b"1")])
-        with pytest.raises(UnsupportedFormatVersionError, match=hint):
+        with pytest.raises(LayoutUpgradeRequiredError, match=hint):
             producer.send_batch("old", pa.table({"value": [b"a", b"b"]}))
-        with pytest.raises(UnsupportedFormatVersionError, match=hint):
+        with pytest.raises(LayoutUpgradeRequiredError, match=hint):
             producer.partitions_for("old")
         assert producer.send("new", b"v").get(timeout=30).offset == 0
     assert read_all(store, "old") == {0: [], 1: []}

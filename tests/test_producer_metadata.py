@@ -4,41 +4,22 @@ refused."""
 
 from __future__ import annotations
 
-import time
-import uuid
-
 import pytest
 
 import kstore
 from kstore.errors import (
     InvalidTopicError,
+    LayoutUpgradeRequiredError,
     UnknownTopicOrPartitionError,
-    UnsupportedFormatVersionError,
 )
-from kstore.layout import topic_log_dir
-from kstore.log import Action, Log, protocol_action
 from kstore.producer_metadata import Backoff, ProducerMetadata
-from kstore.store import TopicState
+from tests import layout2
 from tests.faults import Fault, FaultyStorage
 
 
 def create_layout2_topic(store: kstore.Store, name: str, partitions: int = 1) -> None:
-    """A topic whose metadata says layout 2, as versions before layout 3 wrote it: a first
-    metadata commit at protocol 1/1 with no ``layout`` field (PROTOCOL.md 3.2). Written by
-    hand because nothing in kstore creates one any more."""
-    metadata = {
-        "name": name,
-        "id": uuid.uuid4().hex,
-        "partitions": partitions,
-        "config": {},
-        "createdTime": int(time.time() * 1000),
-    }
-
-    def build(state: TopicState) -> list[Action]:
-        return [protocol_action(1), {"metaData": metadata}]
-
-    log = Log(store.storage, topic_log_dir(name), TopicState)
-    log.commit(log.load(), build, operation="CREATE TOPIC")
+    """A topic whose metadata says layout 2 (tests/layout2.py: nothing in kstore creates one)."""
+    layout2.create_topic(store, name, partitions)
     assert store.topic(name).layout == 2
 
 
@@ -111,7 +92,7 @@ def test_bad_names_missing_topics_and_layout_2_topics_are_refused(
         metadata.topic("missing")
     create_layout2_topic(store, "old")
     with pytest.raises(
-        UnsupportedFormatVersionError, match=r"'old' has layout 2.*`kstore topics upgrade old`"
+        LayoutUpgradeRequiredError, match=r"'old' has layout 2.*`kstore topics upgrade old`"
     ):
         metadata.topic("old")
     assert "old" not in metadata.cached

@@ -55,9 +55,8 @@ def store(request: pytest.FixtureRequest) -> kstore.Store:
     return kstore.Store(url, options)
 
 
-@pytest.mark.parametrize("layout", [2, 3])
-def test_a_busy_group_log_is_pruned_to_a_few_files(store: kstore.Store, layout: int) -> None:
-    store.create_topic("t", layout=layout)
+def test_a_busy_group_log_is_pruned_to_a_few_files(store: kstore.Store) -> None:
+    store.create_topic("t")
     _commit_offsets(store, 0, 120)  # versions 0..119, a checkpoint at 100
     directory = group_log_dir("g")
     assert _versions(store, directory) == (list(range(120)), [100])
@@ -128,10 +127,9 @@ def test_readers_within_the_retention_keep_reading(local_store: Any) -> None:
     assert Group(store, "g").committed(TP) == OffsetAndMetadata(500)
 
 
-@pytest.mark.parametrize("layout", [2, 3])
-def test_producer_and_topic_metadata_logs(memory_store: Any, layout: int) -> None:
+def test_producer_and_topic_metadata_logs(memory_store: Any) -> None:
     store = kstore.Store(*memory_store)
-    store.create_topic("t", layout=layout)
+    store.create_topic("t")
     for i in range(22):  # the topic metadata log: versions 0..22, a checkpoint at 20
         store.alter_topic_config("t", {"retention.ms": str(60_000 + i)})
     producer = Producer(store, transactional_id="tx")

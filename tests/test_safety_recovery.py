@@ -29,6 +29,8 @@ from kstore.producer import Producer
 from kstore.records import TopicPartition
 from kstore.recovery import RECOVERY_DIR, RecoveryReport, recover_topic
 from kstore.topic_log import shared_log_dir
+from kstore.upgrade import upgrade_topic
+from tests import layout2
 from tests.conftest import StoreTarget
 
 runner = CliRunner()
@@ -464,13 +466,12 @@ def test_a_partition_log_of_layout_2_is_recovered_the_same_way(
 ) -> None:
     target = StoreTarget("memory", *memory_store_url)
     store = _store(target)
-    store.create_topic("t", 2, layout=2)
+    layout2.create_topic(store, "t", 2)  # as an older version wrote it
     written: Records = {}
-    with Producer(store, linger_ms=0) as producer:
-        for r in range(5):
-            for p in range(2):
-                meta = producer.send("t", value=b"r%d-%d" % (r, p), partition=p).get(10)
-                written[(p, meta.offset)] = b"r%d-%d" % (r, p)
+    for r in range(5):
+        for p in range(2):
+            landed = layout2.append(store, "t", p, layout2.records([b"r%d-%d" % (r, p)]))
+            written[(p, landed.base_offset)] = b"r%d-%d" % (r, p)
     topic = store.topic("t")
     directory = f"{partition_dir('t', topic.topic_id, 1)}/_log"
     original = _damage(store, f"{directory}/{version_file(2)}", "deleted")
@@ -483,6 +484,8 @@ def test_a_partition_log_of_layout_2_is_recovered_the_same_way(
     assert (lost.partition, lost.first_offset, lost.end_offset) == (1, first, end)
     kept = {k: v for k, v in written.items() if not (k[0] == 1 and first <= k[1] < end)}
     assert _read_all(target, "t") == kept
+    # Recovered, the log can be upgraded; written to after that.
+    upgrade_topic(_store(target), "t")
     with Producer(_store(target), linger_ms=0) as producer:
         assert producer.send("t", value=b"x", partition=1).get(10).offset == 5
 

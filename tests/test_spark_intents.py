@@ -58,12 +58,11 @@ def kill_at_put(store: Store, monkeypatch: pytest.MonkeyPatch, *, after: bool) -
     monkeypatch.setattr(store.storage, "put_new", put_new)
 
 
-@pytest.mark.parametrize("layout", [2, 3])
 def test_a_worker_killed_right_after_a_segment_write_leaves_a_file_its_intent_names(
-    local_store_url: Any, monkeypatch: pytest.MonkeyPatch, layout: int
+    local_store_url: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = open_store(local_store_url)
-    store.create_topic("t", 1, layout=layout)
+    store.create_topic("t", 1)
     sink = task_sink(store, local_store_url)
     kill_at_put(store, monkeypatch, after=True)
     sink.add(batch())

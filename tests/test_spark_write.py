@@ -21,7 +21,6 @@ from kstore.spark_ext.options import parse_write_options
 from kstore.spark_ext.pending import FileRef
 from kstore.spark_ext.writer import KStoreStreamWriter, delete_uncommitted
 
-from kstore.partition import Partition
 from kstore.partitioner import get_partitioner
 from tests.commit_logs import COMMIT_LOGS, commit_logs_fixture, create_topics_with
 from tests.test_spark_support import (
@@ -202,45 +201,6 @@ def test_cleanup_keeps_a_committed_file_that_retention_removed(
 
 
 # -- exactly-once -----------------------------------------------------------------------------------
-
-
-def test_a_replayed_micro_batch_commits_only_what_is_missing(
-    local_store_url: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The driver dies after committing some partitions of a micro-batch; the replay commits
-    the others, and nothing twice (the sink's commit path, without Spark scheduling)."""
-    store = open_store(local_store_url)
-    store.create_topic("t", 3, layout=2)  # a commit per partition
-    options = parse_write_options(
-        source_options(local_store_url, topic="t", txnAppId="query-1"), streaming=True
-    )
-    writer = KStoreStreamWriter(options, {"key": "key", "value": "value"})
-    keys = [b"k%d" % i for i in range(90)]
-    batch = pa.RecordBatch.from_pydict({"key": keys, "value": [b"v%d" % i for i in range(90)]})
-
-    first = writer.write(iter([batch]))
-    real_commit = Partition.commit_segments
-    calls: list[int] = []
-
-    def crash_after_one(self: Partition, *args: Any, **kwargs: Any) -> Any:
-        if calls:
-            raise RuntimeError("driver died")
-        calls.append(self.partition)
-        return real_commit(self, *args, **kwargs)
-
-    monkeypatch.setattr(Partition, "commit_segments", crash_after_one)
-    with pytest.raises(RuntimeError, match="driver died"):
-        writer.commit([first], 0)
-    monkeypatch.setattr(Partition, "commit_segments", real_commit)
-    assert 0 < len(topic_rows(store, "t")) < 90
-
-    replay = writer.write(iter([batch]))  # the replayed batch writes its records again
-    writer.commit([replay], 0)
-    assert topic_values(store, "t") == sorted(b"v%d" % i for i in range(90))
-    writer.commit([writer.write(iter([batch]))], 0)  # and once more: nothing
-    assert len(topic_rows(store, "t")) == 90
-    present, live = segment_files(store, "t")
-    assert present == live  # no orphan segment files
 
 
 def test_a_replayed_micro_batch_commits_only_the_missing_topic_logs(

@@ -350,16 +350,15 @@ def test_count_requests_is_for_s3_only(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "s3fs"])
-@pytest.mark.parametrize("layout", [2, 3])
 def test_send_succeeds_when_a_segment_put_is_sent_again_after_its_answer_was_lost(
-    s3_store: tuple[str, dict[str, Any]], layout: int, direct: bool
+    s3_store: tuple[str, dict[str, Any]], direct: bool
 ) -> None:
-    """Layout 2: the segment file; layout 3: the data object (written as a segment is; not
-    data the commit carries, PROTOCOL.md 11.8)."""
+    """The data object (written as a segment is; not data the commit carries, PROTOCOL.md
+    11.8)."""
     url, options = s3_store
     options = {**options, "s3_direct_requests": direct}
-    Store(url, options).create_topic("t", 1, {"commit.inline.bytes": 0}, layout=layout)
-    written = "/segments/" if layout == 2 else "/_data/"
+    Store(url, options).create_topic("t", 1, {"commit.inline.bytes": 0})
+    written = "/_data/"
     producer = Producer(url, storage_options=options, acks=1, linger_ms=0, retries=5)
     lost: list[str] = []
 

@@ -68,15 +68,14 @@ def values(store: Store, topic: str) -> list[bytes]:
     return [v for b in part.read(0) for v in b.column("value").to_pylist()]
 
 
-@pytest.mark.parametrize("layout", [2, 3])
 @pytest.mark.parametrize("transactional", [False, True])
 def test_a_producer_paused_between_write_and_commit_never_commits_a_vacuumed_segment(
-    tmp_path: Path, transactional: bool, layout: int
+    tmp_path: Path, transactional: bool
 ) -> None:
-    """Layout 2: a segment file; layout 3: a data object (not data the commit carries,
-    PROTOCOL.md 11.8)."""
+    """The segment is a range of a data object (not data the commit carries, PROTOCOL.md
+    11.8)."""
     url = f"file://{tmp_path}/store"
-    Store(url).create_topic("t", 1, {"commit.inline.bytes": 0}, layout=layout)
+    Store(url).create_topic("t", 1, {"commit.inline.bytes": 0})
     clock = ManualClock()
     vacuumed: list[str] = []
 
@@ -103,7 +102,7 @@ def test_a_producer_paused_between_write_and_commit_never_commits_a_vacuumed_seg
             producer.commit_transaction()
     assert metadata.offset == 0
     assert len(vacuumed) == 1  # the paused write's file went; the record was written again
-    assert ("/segments/" if layout == 2 else "/_data/") in vacuumed[0]
+    assert "/_data/" in vacuumed[0]
     assert values(Store(url), "t") == [b"v"]
     # And a later vacuum by the same storage clock keeps the committed file.
     vacuum(

@@ -128,10 +128,7 @@ def test_torture_on_seaweedfs_with_a_restart(tmp_path: Path) -> None:
     assert stats.time_jumps == 1
 
 
-@pytest.mark.parametrize("layout", [2, 3])
-def test_a_crash_point_ends_the_writer_there_and_leaves_a_readable_log(
-    tmp_path: Path, layout: int
-) -> None:
+def test_a_crash_point_ends_the_writer_there_and_leaves_a_readable_log(tmp_path: Path) -> None:
     """The wrapper's named crash points end the process there (exit code 86), and what is
     left is readable: a landed commit is visible, a segment that was never committed is not.
     Layout 3: the segment is a data object, the commit one of the topic log."""
@@ -143,7 +140,7 @@ def test_a_crash_point_ends_the_writer_there_and_leaves_a_readable_log(
     from kstore import Store
 
     base = (tmp_path / "store").as_uri()
-    Store(base).create_topic("t", 1, layout=layout)
+    Store(base).create_topic("t", 1)
     script = textwrap.dedent(
         """
         import json, sys

@@ -41,11 +41,11 @@ def read(store: kstore.Store, topic: str, isolation: str = "read_committed") -> 
 
 
 def _open_transaction(
-    store: kstore.Store, layout: int, timeout_ms: int = TIMEOUT_MS
+    store: kstore.Store, timeout_ms: int = TIMEOUT_MS
 ) -> tuple[Producer, int, int]:
     """A topic with a record before and after an abandoned transaction's records; returns the
     abandoned producer and the wall-clock window in which its transaction started."""
-    store.create_topic("out", partitions=2, layout=layout)
+    store.create_topic("out", partitions=2)
     with Producer(store) as plain:
         plain.send("out", value=b"before", partition=0).get(timeout=30)
     abandoned = Producer(store, transactional_id="tx", transaction_timeout_ms=timeout_ms)
@@ -60,9 +60,9 @@ def _open_transaction(
     return abandoned, t0, t1
 
 
-def _marker_logs(store: kstore.Store, layout: int) -> list[str]:
+def _marker_logs(store: kstore.Store) -> list[str]:
     data = topic_data_dir("out", store.topic("out").topic_id)
-    return [f"{data}/_log"] if layout == 3 else [f"{data}/{p}/_log" for p in (0, 1)]
+    return [f"{data}/_log"]
 
 
 def _commits(store: kstore.Store, directory: str) -> int:
@@ -82,11 +82,10 @@ def mem(memory_store: Any) -> kstore.Store:
     return kstore.Store(*memory_store)
 
 
-@pytest.mark.parametrize("layout", [2, 3])
 def test_an_abandoned_transaction_is_aborted_after_its_timeout_and_not_before(
-    store: kstore.Store, layout: int
+    store: kstore.Store,
 ) -> None:
-    abandoned, t0, t1 = _open_transaction(store, layout)
+    abandoned, t0, t1 = _open_transaction(store)
     assert read(store, "out") == [b"before"]  # the open transaction holds the LSO
 
     early = abort_expired_transactions(store, now_ms=t0 - SLACK_MS + TIMEOUT_MS)
@@ -97,10 +96,10 @@ def test_an_abandoned_transaction_is_aborted_after_its_timeout_and_not_before(
     assert [e.outcome for e in dry.expired] == ["would abort"]
     assert read(store, "out") == [b"before"]  # a dry run changes nothing
 
-    logs = _marker_logs(store, layout)
+    logs = _marker_logs(store)
     before = {d: _commits(store, d) for d in logs}
     report = abort_expired_transactions(store, now_ms=t1 + TIMEOUT_MS + SLACK_MS)
-    # One marker commit per log: the topic log (layout 3), each partition log (layout 2).
+    # One marker commit: the topic log's, for both partitions.
     assert {d: _commits(store, d) - before[d] for d in logs} == dict.fromkeys(logs, 1)
     [item] = report.expired
     assert (item.transactional_id, item.version, item.outcome) == ("tx", 0, "aborted")
@@ -131,7 +130,7 @@ def test_an_abandoned_transaction_is_aborted_after_its_timeout_and_not_before(
 
 
 def test_only_transactions_of_the_topics_asked_for(mem: kstore.Store) -> None:
-    _, _, t1 = _open_transaction(mem, 3)
+    _, _, t1 = _open_transaction(mem)
     mem.create_topic("other")
     later = t1 + TIMEOUT_MS + SLACK_MS
     assert abort_expired_transactions(mem, ["other"], now_ms=later).expired == []
@@ -144,7 +143,7 @@ def test_only_transactions_of_the_topics_asked_for(mem: kstore.Store) -> None:
 
 @pytest.mark.parametrize("with_offsets", [False, True], ids=["decision", "group-decision"])
 def test_a_decided_transaction_is_rolled_forward(mem: kstore.Store, with_offsets: bool) -> None:
-    mem.create_topic("out", layout=3)
+    mem.create_topic("out")
     dead = Producer(mem, transactional_id="tx", transaction_timeout_ms=TIMEOUT_MS)
     dead.begin_transaction()
     dead.send("out", value=b"decided")
@@ -226,7 +225,7 @@ def test_abort_racing_the_producers_commit_loses_and_duplicates_nothing(
     transaction. The outcome may be either, but it is one: a commit reported as done is
     visible, a transaction refused by the fence is gone, and with consumer offsets the records
     are visible exactly when the offsets were committed."""
-    store.create_topic("out", partitions=2, layout=3)
+    store.create_topic("out", partitions=2)
     store.create_topic("in")
     group = Group(store, "g")
     rounds, outcomes = 8, []
@@ -276,7 +275,7 @@ def test_a_moto_store(moto_store: Any) -> None:
     url, options = moto_store
     store = kstore.Store(url, options)
     timeout = 60_000
-    _, t0, t1 = _open_transaction(store, 3, timeout)
+    _, t0, t1 = _open_transaction(store, timeout)
     # The storage's clock (a probe file): the transaction is seconds old, its timeout a minute.
     report = abort_expired_transactions(store)
     assert (report.open, report.expired) == (1, [])

@@ -36,7 +36,9 @@ from kstore.log import TYPED_TOPICS_VERSION
 from kstore.producer import Producer
 from kstore.records import ConsumerRecord, TopicPartition
 from kstore.schema import IncompatibleSchemaError, SchemaError
+from kstore.segments import layout_of
 from kstore.topic_log import TOPIC_LOG_VERSION, TOPIC_LOG_WRITER_VERSION
+from tests import layout2
 from tests.conftest import StoreTarget
 
 UTC = dt.UTC
@@ -650,10 +652,10 @@ def test_retention_removes_old_typed_segments(local: tuple[Store, Path]) -> None
 def test_typed_topic_logs_need_reader_version_2_and_binary_ones_stay_at_1(
     local: tuple[Store, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Layout 2 (what readers of versions 1 and 2 can read)."""
+    """Layout 2 (what readers of versions 1 and 2 can read), as older versions created it."""
     store, root = local
-    store.create_topic("typed", 1, value_schema="v INT", layout=2)
-    store.create_topic("raw", 1, layout=2)
+    layout2.create_topic(store, "typed", 1, value_schema="v INT")
+    layout2.create_topic(store, "raw", 1)
     assert TYPED_TOPICS_VERSION == 2
     assert store._topic_log("typed").load().min_reader_version == TYPED_TOPICS_VERSION
     assert store._topic_log("raw").load().min_reader_version == 1
@@ -675,11 +677,25 @@ def test_layout_3_topics_need_the_newest_reader_version_typed_or_not(
     store, root = local
     store.create_topic("typed", 1, value_schema="v INT")
     store.create_topic("raw", 1)
-    store.create_topic("typed2", 1, value_schema="v INT", layout=2)
-    store.create_topic("raw2", 1, layout=2)
-    written = {"typed": {"v": 1}, "raw": b"r", "typed2": {"v": 2}, "raw2": b"r2"}
-    for topic, value in written.items():
-        produce(store, topic, [(None, value)])
+    # Layout-2 topics as older versions wrote them.
+    layout2.create_topic(store, "typed2", 1, value_schema="v INT")
+    layout2.create_topic(store, "raw2", 1)
+    produce(store, "typed", [(None, {"v": 1})])
+    produce(store, "raw", [(None, b"r")])
+    typed = layout_of(store.topic("typed2")).record_schema
+    layout2.append(
+        store,
+        "typed2",
+        0,
+        pa.table(
+            {
+                "key": pa.array([None], typed.field("key").type),
+                "value": pa.array([{"v": 2}], typed.field("value").type),
+                "timestamp": pa.array([layout2.BASE_US], typed.field("timestamp").type),
+            }
+        ),
+    )
+    layout2.append(store, "raw2", 0, layout2.records([b"r2"]))
     for topic in ("typed", "raw"):
         metadata_log = store._topic_log(topic).load()
         topic_log = store.partition(topic, 0).log.load()
@@ -740,15 +756,14 @@ def test_malformed_schema_entries_are_corrupt_logs(local: tuple[Store, Path]) ->
         _ = Store(root.as_uri()).topic("t").schema_history
 
 
-@pytest.mark.parametrize("layout", [2, 3])
-def test_a_corrupt_typed_segment_is_refused(local: tuple[Store, Path], layout: int) -> None:
-    """Layout 2: the segment file; layout 3: the data object holding the segment (not data a
+def test_a_corrupt_typed_segment_is_refused(local: tuple[Store, Path]) -> None:
+    """The data object holding the segment (not data a
     commit carries, PROTOCOL.md 11.8)."""
     store, root = local
-    store.create_topic("t", 1, {"commit.inline.bytes": 0}, value_schema=USERS, layout=layout)
+    store.create_topic("t", 1, {"commit.inline.bytes": 0}, value_schema=USERS)
     produce(store, "t", [(None, {"id": i, "name": "x" * 50}) for i in range(20)])
     # Usually one file; more when a slow machine split the records over several flushes.
-    files = sorted(root.rglob("segments/*.arrow" if layout == 2 else "_data/*.kdat"))
+    files = sorted(root.rglob("_data/*.kdat"))
     assert files
     segment = files[0]
     data = bytearray(segment.read_bytes())

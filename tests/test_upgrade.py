@@ -21,8 +21,8 @@ from kstore import upgrade as upgrade_module
 from kstore.consumer import Consumer
 from kstore.errors import (
     IllegalStateError,
+    LayoutUpgradeRequiredError,
     OutOfOrderSequenceError,
-    TopicUpgradedError,
     UnknownTopicOrPartitionError,
 )
 from kstore.groups import Group
@@ -32,7 +32,7 @@ from kstore.manifest import PartitionState
 from kstore.partition import ProducerBatch
 from kstore.producer import Producer
 from kstore.records import OffsetAndMetadata, TopicPartition
-from kstore.segments import TIMESTAMP_TYPE
+from kstore.segments import TIMESTAMP_TYPE, layout_of
 from kstore.store import TopicState
 from kstore.topic_log import TOPIC_LOG_VERSION, TOPIC_LOG_WRITER_VERSION, TopicLogState
 from kstore.upgrade import (
@@ -42,6 +42,7 @@ from kstore.upgrade import (
     switch_layout,
     upgrade_topic,
 )
+from tests import layout2
 
 TOPIC = "t"
 PARTITIONS = 3
@@ -129,34 +130,25 @@ class Before:
 
 
 def build_layout2(store: kstore.Store) -> Before:
-    """A layout-2 topic with keyed records of an idempotent producer, a committed
-    transaction, one left open, one decided but not marked, a batch of a producer that will
-    retry it, and committed group offsets."""
-    store.create_topic(TOPIC, PARTITIONS, layout=2)
-    with Producer(store) as plain:  # idempotent by default
-        for i in range(30):
-            plain.send(TOPIC, key=b"k%d" % (i % 7), value=b"plain-%d" % i)
-    done = Producer(store, transactional_id="tx-done")
-    done.begin_transaction()
+    """A layout-2 topic (tests/layout2.py: what an older version wrote) with keyed records of
+    an idempotent producer, a committed transaction, one left open, one decided but not
+    marked, a batch of a producer that will retry it, and committed group offsets."""
+    layout2.create_topic(store, TOPIC, PARTITIONS)
+    plain = layout2.Idempotent(store)
+    for i in range(30):
+        plain.send(TOPIC, i % PARTITIONS, layout2.records([b"plain-%d" % i], [b"k%d" % (i % 7)]))
+    done = layout2.Transactional(store, "tx-done")
     for i in range(6):
-        done.send(TOPIC, key=b"k%d" % i, value=b"done-%d" % i)
-    done.commit_transaction()
-    done.close()
-    left_open = Producer(store, transactional_id="tx-open")
-    left_open.begin_transaction()
-    for i in range(6):
-        left_open.send(TOPIC, key=b"k%d" % i, value=b"open-%d" % i)
-    left_open.flush()  # written, never decided: then the process dies
-    left_open.close()
-    decided = Producer(store, transactional_id="tx-decided")
-    decided.begin_transaction()
-    for i in range(6):
-        decided.send(TOPIC, key=b"k%d" % i, value=b"decided-%d" % i)
-    decided._end = crash  # type: ignore[method-assign]
-    with pytest.raises(SystemExit):
-        decided.commit_transaction()
-    decided.close()
-    landed = store.partition(TOPIC, 0).append(table([b"r0", b"r1", b"r2"]), producer=RETRY)
+        done.send(TOPIC, i % PARTITIONS, layout2.records([b"done-%d" % i], [b"k%d" % i]))
+    done.commit()
+    left_open = layout2.Transactional(store, "tx-open")
+    for i in range(6):  # written, never decided: then the process died
+        left_open.send(TOPIC, i % PARTITIONS, layout2.records([b"open-%d" % i], [b"k%d" % i]))
+    decided = layout2.Transactional(store, "tx-decided")
+    for i in range(6):  # decided, and the process died before the markers
+        decided.send(TOPIC, i % PARTITIONS, layout2.records([b"decided-%d" % i], [b"k%d" % i]))
+    decided.decide("commit")
+    landed = layout2.append(store, TOPIC, 0, table([b"r0", b"r1", b"r2"]), producer=RETRY)
     Group(store, "g").commit_offsets(
         {TopicPartition(TOPIC, p): OffsetAndMetadata(o) for p, o in GROUP_OFFSETS.items()},
         member_id=None,
@@ -419,7 +411,7 @@ def test_a_run_stopped_after_sealing_is_finished_by_the_next(
     other = fresh(target)
     assert other.topic(TOPIC).layout == 2
     assert read_all(other) == before.rows
-    with pytest.raises(TopicUpgradedError, match="kstore topics upgrade"):
+    with pytest.raises(LayoutUpgradeRequiredError, match="kstore topics upgrade t"):
         other.partition(TOPIC, 1).append(table([b"refused"]))
     with pytest.raises(IllegalStateError, match="not in a topic log"):
         switch_layout(other, TOPIC)  # the steps keep their order
@@ -457,7 +449,8 @@ def test_partitions_added_after_a_stopped_run_are_adopted_too(
     seal_partitions(store, TOPIC)
     adopt_partitions(store, TOPIC)
     store.add_partitions(TOPIC, PARTITIONS + 1)  # still layout 2: a new, unsealed log
-    landed = fresh(target).partition(TOPIC, PARTITIONS).append(table([b"late"]))
+    # An older version's writer starts the new partition's log.
+    landed = layout2.append(fresh(target), TOPIC, PARTITIONS, table([b"late"]))
     report = upgrade_topic(fresh(target), TOPIC)
     assert [(p.partition, p.sealed, p.adopted) for p in report.partitions[-2:]] == [
         (PARTITIONS - 1, Step.already, Step.already),
@@ -491,13 +484,22 @@ def test_dry_run_changes_nothing(target: tuple[str, dict[str, Any]]) -> None:
 
 def test_typed_topic_keeps_its_schemas(target: tuple[str, dict[str, Any]]) -> None:
     store = kstore.Store(*target)
-    store.create_topic(
-        TOPIC, 2, value_schema="id BIGINT NOT NULL, name STRING", key_schema="long", layout=2
+    layout2.create_topic(
+        store, TOPIC, 2, value_schema="id BIGINT NOT NULL, name STRING", key_schema="long"
     )
     store.alter_topic_schema(TOPIC, "id BIGINT NOT NULL, name STRING, email STRING")
-    with Producer(store) as producer:
-        for i in range(8):
-            producer.send(TOPIC, key=i, value={"id": i, "name": f"n{i}", "email": None})
+    record_schema = layout_of(store.topic(TOPIC)).record_schema
+    for i in range(8):
+        typed = pa.table(
+            {
+                "key": pa.array([i], record_schema.field("key").type),
+                "value": pa.array(
+                    [{"id": i, "name": f"n{i}", "email": None}], record_schema.field("value").type
+                ),
+                "timestamp": pa.array([BASE_US + i], TIMESTAMP_TYPE),
+            }
+        )
+        layout2.append(store, TOPIC, i % 2, typed)
     schemas = store.topic(TOPIC).schemas
     rows = read_all(store)
     upgrade_topic(store, TOPIC)
@@ -520,14 +522,14 @@ def test_upgrade_refuses_an_unknown_topic(target: tuple[str, dict[str, Any]]) ->
 # -- layout 2 without an upgrade -------------------------------------------------------------
 
 
-def test_a_layout2_topic_stays_readable_and_at_its_versions(
+def test_a_layout2_topic_stays_readable_and_unchanged_by_reading(
     target: tuple[str, dict[str, Any]],
 ) -> None:
     store = kstore.Store(*target)
-    store.create_topic(TOPIC, 2, layout=2)
-    with Producer(store) as producer:
-        for i in range(10):
-            producer.send(TOPIC, key=b"k%d" % i, value=b"v%d" % i)
+    layout2.create_topic(store, TOPIC, 2)
+    for i in range(10):
+        layout2.append(store, TOPIC, i % 2, layout2.records([b"v%d" % i], [b"k%d" % i]))
+    files = snapshot(store)
     reader = fresh(target)
     rows = read_all(reader)
     assert sorted(v for *_, v in rows if v is not None) == sorted(b"v%d" % i for i in range(10))
@@ -536,8 +538,9 @@ def test_a_layout2_topic_stays_readable_and_at_its_versions(
     assert [p.log_end_offset for p in described.partitions] == [
         len([r for r in rows if r[0] == p]) for p in range(2)
     ]
-    # This version writes layout 2 as the versions before it did: no topic log, no data
-    # object, and no log raised to a version older readers refuse.
+    # Reading writes nothing: no topic log, no data object, no log raised to a version older
+    # readers refuse.
+    assert snapshot(store) == files
     meta = reader.topic(TOPIC)
     incarnation = topic_data_dir(TOPIC, meta.topic_id)
     assert not files_below(store, f"{incarnation}/_log")
@@ -612,7 +615,7 @@ def test_partitions_added_during_a_run_are_moved_before_the_switch(
         if not rounds:  # another client adds a partition and writes to it, before step 3
             other = fresh(target)
             other.add_partitions(TOPIC, PARTITIONS + 1)
-            other.partition(TOPIC, PARTITIONS).append(table([b"late"]))
+            layout2.append(other, TOPIC, PARTITIONS, table([b"late"]))  # an older writer
         rounds.append(len(done[0]))
         return done
 
@@ -628,45 +631,43 @@ def test_partitions_added_during_a_run_are_moved_before_the_switch(
     assert read_all(reader) == sorted([*before.rows, (PARTITIONS, 0, None, b"late")])
 
 
-def test_a_live_idempotent_producer_carries_on_through_the_upgrade(
+def test_an_idempotent_producer_carries_on_after_the_upgrade(
     target: tuple[str, dict[str, Any]],
 ) -> None:
+    """The producer's batches before the upgrade were written by an older version (this one
+    writes no layout 2); its next batches, after the upgrade, go to the topic log and carry on
+    from its sequences there."""
     store = kstore.Store(*target)
-    store.create_topic(TOPIC, PARTITIONS, layout=2)
-    with Producer(fresh(target)) as producer:  # its own store, as another process
-        before = [
-            producer.send(TOPIC, value=b"a%d" % p, partition=p).get(timeout=30)
-            for p in range(PARTITIONS)
-        ]
-        entries = {p: store.partition_state(TOPIC, p).producers for p in range(PARTITIONS)}
-        upgrade_topic(store, TOPIC)
-        after = [
-            producer.send(TOPIC, value=b"b%d" % p, partition=p).get(timeout=30)
-            for p in range(PARTITIONS)
-        ]
-    assert [m.offset for m in after] == [m.offset + 1 for m in before]
+    layout2.create_topic(store, TOPIC, PARTITIONS)
+    old = layout2.Idempotent(store)
+    before = [old.send(TOPIC, p, table([b"a%d" % p])) for p in range(PARTITIONS)]
+    entries = {p: store.partition_state(TOPIC, p).producers for p in range(PARTITIONS)}
+    upgrade_topic(store, TOPIC)
+    writer = fresh(target)  # another process, which opens the topic in layout 3
+    after = [
+        writer.partition(TOPIC, p).append(
+            table([b"b%d" % p]), producer=ProducerBatch(old.producer_id, 0, 1, 1)
+        )
+        for p in range(PARTITIONS)
+    ]
+    assert [m.base_offset for m in after] == [m.base_offset + 1 for m in before]
     reader = fresh(target)
     for p in range(PARTITIONS):
-        ((pid, old),) = entries[p].items()
+        ((pid, entry),) = entries[p].items()
         new = reader.partition_state(TOPIC, p).producers[pid]  # the same producer, in order
-        assert (new.epoch, new.first_sequence) == (old.epoch, old.last_sequence + 1)
+        assert (new.epoch, new.first_sequence) == (entry.epoch, entry.last_sequence + 1)
     assert [(p, o, v) for p, o, _, v in read_all(reader)] == sorted(
         [(p, 0, b"a%d" % p) for p in range(PARTITIONS)]
         + [(p, 1, b"b%d" % p) for p in range(PARTITIONS)]
     )
-    meta = reader.topic(TOPIC)
-    for p in range(PARTITIONS):  # nothing written to the sealed partition logs
-        assert partition_log(reader, p).load().version == 1
-    assert meta.layout == 3
 
 
 def test_a_live_consumer_reads_what_is_written_after_the_upgrade(
     target: tuple[str, dict[str, Any]],
 ) -> None:
     store = kstore.Store(*target)
-    store.create_topic(TOPIC, 1, layout=2)
-    with Producer(store) as producer:
-        producer.send(TOPIC, value=b"old").get(timeout=30)
+    layout2.create_topic(store, TOPIC, 1)
+    layout2.append(store, TOPIC, 0, table([b"old"]))
     got: list[bytes | None] = []
     with Consumer(
         TOPIC, store=fresh(target), auto_offset_reset="earliest", metadata_max_age_ms=100
@@ -683,22 +684,27 @@ def test_a_live_consumer_reads_what_is_written_after_the_upgrade(
     assert got == [b"old", b"new"]
 
 
-def test_a_live_transaction_commits_after_the_upgrade(
+def test_a_transaction_after_the_upgrade_first_ends_the_one_left_before_it(
     target: tuple[str, dict[str, Any]],
 ) -> None:
+    """A transaction an older version's producer left open in the layout-2 topic is aborted
+    by its id's next instance, after the upgrade, which then commits its own through the
+    topic log."""
     store = kstore.Store(*target)
-    store.create_topic(TOPIC, PARTITIONS, layout=2)
+    layout2.create_topic(store, TOPIC, PARTITIONS)
+    old = layout2.Transactional(store, "tx-live")
+    for p in range(PARTITIONS):
+        old.send(TOPIC, p, table([b"old-%d" % p]))
+    upgrade_topic(store, TOPIC)
     producer = Producer(fresh(target), transactional_id="tx-live")
     try:
         producer.begin_transaction()
         for p in range(PARTITIONS):
             producer.send(TOPIC, value=b"t%d" % p, partition=p)
-        producer.flush()
-        upgrade_topic(store, TOPIC)
         producer.commit_transaction()
     finally:
         producer.close()
     reader = fresh(target)
     assert [(p, o, v) for p, o, _, v in read_all(reader, "read_committed")] == [
-        (p, 0, b"t%d" % p) for p in range(PARTITIONS)
+        (p, 1, b"t%d" % p) for p in range(PARTITIONS)
     ]

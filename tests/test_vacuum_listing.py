@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 from kstore.retention import run_retention, vacuum
-from kstore.retention.vacuum import RemovalState, TopicRemovalState
+from kstore.retention.vacuum import TopicRemovalState
 
 from kstore import Store
 from kstore.layout import topic_data_dir
@@ -54,11 +54,10 @@ DAY = 24 * 3_600_000
 RETENTION = 30 * DAY  # the log retention these tests give vacuum (its default is 2 days)
 ORPHAN_AGE = 3_600_000  # vacuum's default orphan age
 BACKENDS = ["memory", "local", pytest.param("moto", marks=pytest.mark.s3)]
-# (backend, layout): both layouts on memory and local disk, layout 3 alone on moto, where each
-# of these runs takes one to two minutes of HTTP round trips (layout 2 is no longer the default
-# and lists the same way).
+# (backend, layout): layout 3, the only one vacuum writes (a layout-2 topic is refused until
+# it is upgraded); on moto each of these runs takes one to two minutes of HTTP round trips.
 KINDS_AND_LAYOUTS = [
-    *[(kind, layout) for kind in ("memory", "local") for layout in (2, 3)],
+    *[(kind, 3) for kind in ("memory", "local")],
     pytest.param("moto", 3, marks=pytest.mark.s3),
 ]
 
@@ -93,16 +92,11 @@ class Fixture:
         return Store(*self.where)
 
     def log(self, storage: Storage) -> Log[Any]:
-        if self.layout == 2:
-            return Log(storage, self.log_dir, RemovalState, checkpoint_interval=100_000)
         return TopicLogFiles(storage, self.log_dir, TopicRemovalState, checkpoint_interval=100_000)
 
 
 def _log_and_dirs(store: Store, layout: int) -> tuple[Log[Any], str, str]:
     meta = store.topic("t")
-    if layout == 2:
-        part = store.partition("t", 0)
-        return part.log, f"{part.directory}/_log", part.directory
     topic_log = store.topic_logs("t", meta)[0]
     return topic_log.log, topic_log.directory, topic_data_dir("t", meta.topic_id)
 
@@ -229,10 +223,7 @@ def reference(fx: Fixture, delay_ms: int) -> tuple[int | None, set[str]]:
         return 0 if version < oldest else None
 
     state = fx.log(storage).load()
-    if fx.layout == 2:
-        removed = {p: state.removal_version(p) for p in state.removed}
-    else:
-        removed = {p: state.removal_version(0, p) for p in state.partitions[0].removed}
+    removed = {p: state.removal_version(0, p) for p in state.partitions[0].removed}
     for path, version in removed.items():
         when = at(version)
         location = f"{fx.data_root}/{path}"
@@ -420,7 +411,7 @@ def test_removal_times_gate_deletion_whether_looked_up_or_listed(
     done = vacuum(None, *fx.where, verbose=False, log_retention_ms=RETENTION, now_ms=fx.now)
     assert set(done.files) == everything
     state = fx.log(store.storage).load()
-    removed = state.removed if layout == 2 else state.partitions[0].removed
+    removed = state.partitions[0].removed
     assert not removed
 
 
@@ -433,7 +424,7 @@ def set_mtime(storage: Storage, rel: str, ms: int) -> None:
     entry.created = entry.modified = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
 
 
-@pytest.mark.parametrize("layout", [2, 3])
+@pytest.mark.parametrize("layout", [3])
 @pytest.mark.parametrize("kind", ["memory", "local"])  # modification times set by hand
 def test_a_checkpoint_past_the_listing_older_than_the_commits_before_it_only_keeps_more(
     kind: str, layout: int, request: pytest.FixtureRequest, tmp_path: Path
@@ -556,7 +547,7 @@ def test_log_pruning_lists_a_log_as_far_as_its_old_versions(
     for retained in retained_sizes(kind):
         where = new_target(kind, request, tmp_path)
         store = Store(*where)
-        store.create_topic("t", 1, layout=2)
+        store.create_topic("t", 1)
         log = store._topic_log("t")
         storage = store.storage
         pad(storage, log, OLD, checkpoints=True)
