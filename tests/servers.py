@@ -41,7 +41,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
-import logging
 import os
 import random
 import shutil

@@ -742,11 +742,7 @@ class Torture:
                 self.find_self_paused()
                 if jump_times and self.jumps_left <= 0:
                     jump_times.clear()
-                if (
-                    jump_times
-                    and time.monotonic() >= jump_times[0]
-                    and self.jump_resume_at is None
-                ):
+                if jump_times and time.monotonic() >= jump_times[0] and self.jump_resume_at is None:
                     jump_times.pop(0)
                     self.time_jump()
                 self.resume_jumped()
