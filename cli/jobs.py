@@ -287,7 +287,9 @@ def _run(ctx: typer.Context, job: Job, args: _Args) -> None:
         _print_submit(job, settings, topics, args, master, out)
         return
 
-    if settings.url.startswith("memory://") and not args.no_spark:
+    from kstore.storage import is_process_local
+
+    if is_process_local(settings.url) and not args.no_spark:
         raise UsageError(
             "a memory:// store exists only in this process, out of Spark's reach: use --no-spark"
         )
@@ -639,7 +641,9 @@ def _print_submit(
     master: str | None,
     out: Output,
 ) -> None:
-    if settings.url.startswith("memory://"):
+    from kstore.storage import is_process_local
+
+    if is_process_local(settings.url):
         raise UsageError("a memory:// store exists only in one process: a cluster cannot reach it")
     command, refs = submit_command(
         job,

@@ -350,3 +350,29 @@ def test_unknown_output_format_is_a_usage_error(stores: tuple[str, str], args: l
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: Invalid value for '--output' / '-o'")
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["compact"], "use --no-spark"),
+        (["compact", "--print-submit"], "a cluster cannot reach it"),
+    ],
+)
+def test_a_job_on_a_store_in_this_process_alone_is_refused_before_spark(
+    args: list[str], message: str
+) -> None:
+    """A memory:// store lives in one process: a Spark job (its executors, spark-submit) could
+    not see it, so the command says so before starting anything."""
+    result = runner.invoke(app, ["--store", "memory://kstore-test-jobs/store", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_only_memory_stores_are_process_local() -> None:
+    from kstore.storage import is_process_local
+
+    assert is_process_local("memory://bucket/store")
+    assert is_process_local("MEMORY://bucket/store")
+    for url in ("s3://bucket/store", "file:///tmp/store", "/tmp/memory://x", "gs://b/s"):
+        assert not is_process_local(url), url

@@ -12,6 +12,7 @@
 
 from kstore.storage.backend import ATOMIC_CREATE_KINDS, Backend, FileInfo, unique_id
 from kstore.storage.facade import COALESCE_GAP, LIST_PAGE_SIZE, Storage
+from kstore.storage.factory import is_process_local
 from kstore.storage.local import LOCAL_RUN_BYTES, WRITE_CALL_BYTES
 from kstore.storage.options import (
     ATTEMPT_TIMEOUT_OPTION,
@@ -42,6 +43,7 @@ __all__ = [
     "FileInfo",
     "Storage",
     "check_store_url",
+    "is_process_local",
     "redact_options",
     "redact_url",
     "set_wait_reporter",

@@ -17,6 +17,16 @@ from kstore.storage.options import (
     redact_url,
 )
 
+# Protocols whose stores live in one process's memory: no other process (a Spark executor, a
+# spark-submit job, a cluster) can reach them.
+PROCESS_LOCAL_PROTOCOLS = frozenset({"memory"})
+
+
+def is_process_local(url: str) -> bool:
+    """Whether the store at ``url`` exists only inside this process (``memory://``)."""
+    protocol, sep, _ = url.partition("://")
+    return bool(sep) and protocol.lower() in PROCESS_LOCAL_PROTOCOLS
+
 
 def open_backend(
     url: str,
