@@ -13,7 +13,7 @@ import difflib
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from kstore.errors import InvalidConfigurationError
 
@@ -27,7 +27,7 @@ class BadSettingError(Exception):
 Validator = Callable[[Any], Any]
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """An integer, and not a bool (``True`` is an ``int`` to Python, never to a setting)."""
     return isinstance(value, int) and not isinstance(value, bool)
 

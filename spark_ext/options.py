@@ -27,6 +27,7 @@ from kstore.settings import (
     choice,
     duration_ms,
     integer,
+    is_int,
     size_bytes,
 )
 
@@ -320,7 +321,7 @@ def parse_offsets_json(
             raise _bad(name, f"topic {topic!r}: expected an object of partition -> offset")
         for key, offset in parts.items():
             p = _partition_number(name, topic, key)
-            if not isinstance(offset, int) or isinstance(offset, bool):
+            if not is_int(offset):
                 raise _bad(name, f"{topic}-{p}: offset {offset!r} is not an integer")
             if offset < 0 and offset not in allow:
                 meaning = {EARLIEST: "-2 (earliest)", LATEST: "-1 (latest)"}.get(
@@ -343,7 +344,7 @@ def parse_timestamps_json(name: str, value: str) -> dict[tuple[str, int], int]:
             raise _bad(name, f"topic {topic!r}: expected an object of partition -> timestamp")
         for key, stamp in parts.items():
             p = _partition_number(name, topic, key)
-            if not isinstance(stamp, int) or isinstance(stamp, bool) or stamp < 0:
+            if not is_int(stamp) or stamp < 0:
                 raise _bad(
                     name, f"{topic}-{p}: timestamp {stamp!r} is not a non-negative integer (ms)"
                 )
@@ -500,7 +501,7 @@ def parse_subscription(options: Mapping[str, str]) -> Subscription:
         if not isinstance(parts, list) or not parts:
             raise _bad(kind, f"topic {topic!r}: expected a non-empty list of partition numbers")
         for p in parts:
-            if not isinstance(p, int) or isinstance(p, bool) or p < 0:
+            if not is_int(p) or p < 0:
                 raise _bad(kind, f"topic {topic!r}: partition {p!r} is not a non-negative integer")
             assigned.append((topic, p))
     return Subscription("assign", assigned=tuple(dict.fromkeys(assigned)))
