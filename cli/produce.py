@@ -27,6 +27,8 @@ from kstore.cli.options import shared
 from kstore.cli.timeparse import parse_datetime_ms
 from kstore.cli.typed import TypedInput, TypedInputError, loads
 
+from kstore.settings import is_int
+
 
 class Acks(enum.StrEnum):
     none = "0"
@@ -184,11 +186,11 @@ def parse_json_record(line: bytes, typed: TypedInput | None = None) -> InputReco
     if "value" not in obj:
         raise InputError('a record needs a "value" (null for a tombstone)')
     partition = obj.get("partition")
-    if partition is not None and (not isinstance(partition, int) or isinstance(partition, bool)):
+    if partition is not None and (not is_int(partition)):
         raise InputError(f"partition must be an integer, got {partition!r}")
     stamp = obj.get("timestamp")
     timestamp_ms: int | None = None
-    if isinstance(stamp, int) and not isinstance(stamp, bool):
+    if is_int(stamp):
         timestamp_ms = stamp
     elif isinstance(stamp, str):
         try:

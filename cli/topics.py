@@ -10,6 +10,8 @@ from kstore.cli.common import UsageError, human_bytes, ms_to_iso
 from kstore.cli.options import shared
 from kstore.cli.output import Column, TextOutput
 
+from kstore.settings import is_int
+
 if TYPE_CHECKING:
     from kstore.store import Store, TopicDescription, TopicMetadata
 
@@ -738,7 +740,7 @@ def _offsets_json(path: str) -> list[tuple[str, int, int]]:
     for item in items:
         ok = isinstance(item, dict) and isinstance(item.get("topic"), str)
         numbers = [item.get(k) for k in ("partition", "offset")] if ok else []
-        if not ok or not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
+        if not ok or not all(is_int(n) for n in numbers):
             raise UsageError(
                 f'--offset-json-file: expected {{"topic": str, "partition": int, '
                 f'"offset": int}}, got {json.dumps(item)}'

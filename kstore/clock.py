@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 import time
 
+from kstore.errors import InvalidArgumentError
+
 _BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
 _offset = 0.0
 _lock = threading.Lock()
@@ -37,6 +39,6 @@ def advance(seconds: float) -> None:
     that length, for tests and fault injection). The clock never goes back."""
     global _offset
     if not seconds >= 0:
-        raise ValueError(f"the clock only moves forward; got {seconds!r} s")
+        raise InvalidArgumentError(f"the clock only moves forward; got {seconds!r} s")
     with _lock:
         _offset += seconds

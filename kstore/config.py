@@ -7,14 +7,20 @@ two apart, as ``kafka-configs --describe`` does).
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from kstore.errors import InvalidConfigurationError
-
-INT64_MAX = 9_223_372_036_854_775_807
+from kstore.settings import (
+    INT64_MAX,
+    BadSettingError,
+    Setting,
+    Settings,
+    at_least,
+    choice,
+    integer,
+    ratio,
+)
 
 CLEANUP_POLICIES = ("delete", "compact")
 # Arrow IPC supports exactly these two codecs; "producer" keeps whatever the producer chose.
@@ -42,218 +48,128 @@ INTENT_PROTECTION_MS = 7 * 24 * 3600 * 1000
 MAX_SINK_UNCOMMITTED_MS = 24 * 3600 * 1000
 
 
-@dataclass(frozen=True)
-class ConfigSpec:
-    name: str
-    default: Any
-    parse: Callable[[str, Any], Any]
-    doc: str
-    # How a stored value is read, when more leniently than a new value is validated.
-    read: Callable[[str, Any], Any] | None = None
+# The declaration of one topic config key (kstore.settings' model).
+ConfigSpec = Setting
 
 
-def _int(
-    minimum: int, maximum: int = INT64_MAX, *, allow_minus_one: bool = False
-) -> Callable[[str, Any], int]:
-    def parse(name: str, value: Any) -> int:
-        if isinstance(value, bool):
-            raise InvalidConfigurationError(f"config {name!r}: expected an integer, got a boolean")
-        if isinstance(value, str):
-            try:
-                value = int(value.strip())
-            except ValueError:
-                raise InvalidConfigurationError(
-                    f"config {name!r}: expected an integer, got {value!r}"
-                ) from None
-        if not isinstance(value, int):
-            raise InvalidConfigurationError(
-                f"config {name!r}: expected an integer, got {type(value).__name__}"
-            )
-        if allow_minus_one and value == -1:
-            return value
-        if not minimum <= value <= maximum:
-            extra = " (or -1 for unlimited)" if allow_minus_one else ""
-            raise InvalidConfigurationError(
-                f"config {name!r}: {value} is out of range [{minimum}, {maximum}]{extra}"
-            )
-        return value
-
-    return parse
-
-
-def _at_least(floor: int) -> Callable[[str, Any], int]:
-    """Reads a stored integer below ``floor`` (written before the floor existed) as ``floor``."""
-    lenient = _int(0)
-
-    def read(name: str, value: Any) -> int:
-        return max(lenient(name, value), floor)
-
-    return read
-
-
-def _ratio(name: str, value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise InvalidConfigurationError(
-            f"config {name!r}: expected a number, got {value!r}"
-        ) from None
-    if isinstance(value, bool) or not 0.0 <= number <= 1.0:
-        raise InvalidConfigurationError(f"config {name!r}: {value!r} is out of range [0, 1]")
-    return number
-
-
-def _choice(
-    choices: tuple[str, ...], aliases: Mapping[str, str] | None = None
-) -> Callable[[str, Any], str]:
-    def parse(name: str, value: Any) -> str:
-        if not isinstance(value, str):
-            raise InvalidConfigurationError(
-                f"config {name!r}: expected a string, got {type(value).__name__}"
-            )
-        text = (aliases or {}).get(value.strip(), value.strip())
-        if text not in choices:
-            raise InvalidConfigurationError(
-                f"config {name!r}: {value!r} is not one of {', '.join(choices)}"
-            )
-        return text
-
-    return parse
-
-
-def _cleanup_policy(name: str, value: Any) -> str:
+def _cleanup_policy(value: Any) -> str:
     items = value if isinstance(value, list | tuple) else str(value).split(",")
     parts = [str(p).strip() for p in items if str(p).strip()]
     if not parts:
-        raise InvalidConfigurationError(
-            f"config {name!r}: must name at least one of delete, compact"
-        )
+        raise BadSettingError("must name at least one of delete, compact")
     for part in parts:
         if part not in CLEANUP_POLICIES:
-            raise InvalidConfigurationError(
-                f"config {name!r}: {part!r} is not a cleanup policy (delete, compact, or both)"
-            )
+            raise BadSettingError(f"{part!r} is not a cleanup policy (delete, compact, or both)")
     # Canonical order so that "delete,compact" and "compact,delete" compare equal.
     return ",".join(p for p in CLEANUP_POLICIES if p in parts)
 
 
 _SPECS = [
-    ConfigSpec(
+    Setting(
         "cleanup.policy",
         "delete",
         _cleanup_policy,
         "delete (retention), compact (latest value per key), or compact,delete",
     ),
-    ConfigSpec(
+    Setting(
         "retention.ms",
         604_800_000,
-        _int(0, allow_minus_one=True),
+        integer(0, allow_minus_one=True),
         "remove segments whose newest record is older than this; -1: keep forever",
     ),
-    ConfigSpec(
+    Setting(
         "retention.bytes",
         -1,
-        _int(0, allow_minus_one=True),
+        integer(0, allow_minus_one=True),
         "remove the oldest segments while a partition is larger; -1: no limit",
     ),
-    ConfigSpec("segment.bytes", 1_073_741_824, _int(14), "target size of merged segments"),
-    ConfigSpec(
+    Setting("segment.bytes", 1_073_741_824, integer(14), "target size of merged segments"),
+    Setting(
         "segment.ms",
         604_800_000,
-        _int(1),
+        integer(1),
         "largest span of record timestamps in a segment that merging or compaction writes "
         "(with time retention, at most a tenth of retention.ms)",
     ),
-    ConfigSpec(
-        "min.compaction.lag.ms", 0, _int(0), "a record stays uncompacted at least this long"
+    Setting(
+        "min.compaction.lag.ms", 0, integer(0), "a record stays uncompacted at least this long"
     ),
-    ConfigSpec(
+    Setting(
         "max.compaction.lag.ms",
         INT64_MAX,
-        _int(1),
+        integer(1),
         "a record is eligible for compaction at most this long after it was written",
     ),
-    ConfigSpec(
-        "delete.retention.ms", 86_400_000, _int(0), "how long tombstones survive compaction"
+    Setting(
+        "delete.retention.ms", 86_400_000, integer(0), "how long tombstones survive compaction"
     ),
-    ConfigSpec(
-        "max.message.bytes", 1_048_588, _int(0), "largest record (key + value + headers) accepted"
+    Setting(
+        "max.message.bytes",
+        1_048_588,
+        integer(0),
+        "largest record (key + value + headers) accepted",
     ),
-    ConfigSpec(
+    Setting(
         "compression.type",
         "producer",
-        _choice(COMPRESSION_TYPES, {"none": "uncompressed"}),
+        choice(COMPRESSION_TYPES, {"none": "uncompressed"}),
         "segment compression: producer, uncompressed, zstd, lz4",
     ),
-    ConfigSpec(
+    Setting(
         "min.cleanable.dirty.ratio",
         0.5,
-        _ratio,
+        ratio,
         "compact only when at least this fraction of the log is uncompacted",
     ),
-    ConfigSpec(
+    Setting(
         "file.delete.delay.ms",
         60_000,
-        _int(MIN_FILE_DELETE_DELAY_MS),
+        integer(MIN_FILE_DELETE_DELAY_MS),
         "grace period between removing a file from the manifest and deleting it, by the "
         f"storage's clock; at least {MIN_FILE_DELETE_DELAY_MS}",
-        _at_least(MIN_FILE_DELETE_DELAY_MS),
+        at_least(MIN_FILE_DELETE_DELAY_MS),
     ),
-    ConfigSpec(
+    Setting(
         "message.timestamp.type",
         "CreateTime",
-        _choice(TIMESTAMP_TYPES),
+        choice(TIMESTAMP_TYPES),
         "CreateTime (the producer's) or LogAppendTime (when the segment is written)",
     ),
-    ConfigSpec(
+    Setting(
         "commit.logs",
         1,
-        _int(1, 100_000),
+        integer(1, 100_000),
         "layout 3: how many commit logs the partitions share, partition p in log p mod this; "
         "fixed at creation (kstore-specific)",
     ),
-    ConfigSpec(
+    Setting(
         "commit.inline.bytes",
         1_048_576,
-        _int(0, 64 << 20),
+        integer(0, 64 << 20),
         "layout 3 at version 5/6 and later: a producer flush whose data for one commit log encodes to at "
         "most this many bytes is carried in the commit itself, with no data object (one PUT "
         "instead of two); 0 turns it off (kstore-specific)",
     ),
-    ConfigSpec(
+    Setting(
         "table.format",
         "none",
-        _choice(TABLE_FORMATS),
+        choice(TABLE_FORMATS),
         "none, or delta: the maintenance jobs publish the merged Parquet segments as a Delta "
         "table in the topic's directory, by reference (kstore-specific)",
     ),
-    ConfigSpec(
+    Setting(
         "checkpoint.interval",
         100,
-        _int(1, 100_000),
+        integer(1, 100_000),
         "write a partition checkpoint every this many commits (kstore-specific)",
     ),
 ]
-SPECS: dict[str, ConfigSpec] = {spec.name: spec for spec in _SPECS}
-
-
-def _unknown(name: str) -> InvalidConfigurationError:
-    close = difflib.get_close_matches(name, list(SPECS), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return InvalidConfigurationError(f"unknown topic config {name!r}{hint}")
+SPECS = Settings("topic config", _SPECS)
 
 
 def validate_config(values: Mapping[str, Any]) -> dict[str, Any]:
     """Validate explicitly set values; return them parsed into canonical types."""
-    if not isinstance(values, Mapping):
-        raise InvalidConfigurationError(
-            f"topic config must be a mapping, got {type(values).__name__}"
-        )
-    parsed: dict[str, Any] = {}
-    for name, value in values.items():
-        if not isinstance(name, str) or name not in SPECS:
-            raise _unknown(str(name))
-        parsed[name] = SPECS[name].parse(name, value)
+    parsed = SPECS.validate(values)
     _check_relations({**defaults(), **parsed})
     return parsed
 
@@ -271,25 +187,22 @@ def read_config(stored: Mapping[str, Any]) -> dict[str, Any]:
     default rather than making the topic unreadable."""
     out: dict[str, Any] = {}
     for name, value in stored.items():
-        spec = SPECS.get(name)
-        if spec is None:
+        if name not in SPECS:
             out[name] = value
             continue
         try:
-            out[name] = (spec.read or spec.parse)(name, value)
+            out[name] = SPECS.read(name, value)
         except InvalidConfigurationError:
             continue
     return out
 
 
 def validate_names(names: list[str]) -> None:
-    for name in names:
-        if not isinstance(name, str) or name not in SPECS:
-            raise _unknown(str(name))
+    SPECS.check_names(names)
 
 
 def defaults() -> dict[str, Any]:
-    return {name: spec.default for name, spec in SPECS.items()}
+    return SPECS.defaults()
 
 
 def effective(explicit: Mapping[str, Any]) -> dict[str, Any]:
@@ -298,6 +211,4 @@ def effective(explicit: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def parse_config_value(name: str, value: Any) -> Any:
-    if name not in SPECS:
-        raise _unknown(name)
-    return SPECS[name].parse(name, value)
+    return SPECS.parse(name, value)

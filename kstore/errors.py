@@ -28,6 +28,10 @@ class InvalidConfigurationError(KStoreError, ValueError):
     """A config name is unknown or its value is out of range."""
 
 
+class InvalidArgumentError(KStoreError, ValueError):
+    """An argument of a call is outside what it allows; the message names the argument."""
+
+
 class InvalidPartitionsError(KStoreError, ValueError):
     """A partition count is invalid (zero, negative, or not an increase)."""
 

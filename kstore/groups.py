@@ -37,6 +37,7 @@ from kstore.assignors import ASSIGNORS, Assignment
 from kstore.errors import (
     CommitFailedError,
     IllegalStateError,
+    InvalidArgumentError,
     KStoreError,
     ProducerFencedError,
     UnknownTopicOrPartitionError,
@@ -53,6 +54,7 @@ from kstore.log import (
 )
 from kstore.names import validate_group_id, validate_topic_name
 from kstore.records import OffsetAndMetadata, TopicPartition
+from kstore.settings import is_int
 
 if TYPE_CHECKING:
     from kstore.store import Store
@@ -305,37 +307,35 @@ def _assignment_body(
     }
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _checked_offsets(
     offsets: Mapping[TopicPartition, OffsetAndMetadata],
 ) -> dict[TopicPartition, OffsetAndMetadata]:
     """``offsets`` with every key and value checked (names, partition numbers, offsets,
     metadata); None metadata becomes "" as in Kafka. Raises ValueError naming the culprit."""
     if not isinstance(offsets, Mapping):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"offsets must be a mapping of TopicPartition to OffsetAndMetadata, got "
             f"{type(offsets).__name__}"
         )
     out: dict[TopicPartition, OffsetAndMetadata] = {}
     for tp, om in offsets.items():
         if not isinstance(tp, tuple) or len(tp) != 2:
-            raise ValueError(f"offsets: key {tp!r} is not a TopicPartition")
+            raise InvalidArgumentError(f"offsets: key {tp!r} is not a TopicPartition")
         topic = validate_topic_name(tp[0])
-        if not _is_int(tp[1]) or tp[1] < 0:
-            raise ValueError(
+        if not is_int(tp[1]) or tp[1] < 0:
+            raise InvalidArgumentError(
                 f"offsets: partition of {topic!r} must be a non-negative integer, got {tp[1]!r}"
             )
         if not isinstance(om, OffsetAndMetadata):
-            raise ValueError(f"offsets: value for {topic}-{tp[1]} is not an OffsetAndMetadata")
-        if not _is_int(om.offset) or om.offset < 0:
-            raise ValueError(
+            raise InvalidArgumentError(
+                f"offsets: value for {topic}-{tp[1]} is not an OffsetAndMetadata"
+            )
+        if not is_int(om.offset) or om.offset < 0:
+            raise InvalidArgumentError(
                 f"offset for {topic}-{tp[1]} must be a non-negative integer, got {om.offset!r}"
             )
         if om.metadata is not None and not isinstance(om.metadata, str):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"offsets: metadata for {topic}-{tp[1]} must be a string, got "
                 f"{type(om.metadata).__name__}"
             )
@@ -352,7 +352,7 @@ def normalized_offsets(
     partition), every key and value checked as :meth:`Group.commit_offsets` checks them.
     Raises ValueError naming the partition and the value, before anything is written."""
     if not isinstance(offsets, Mapping):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"offsets must be a mapping of TopicPartition to OffsetAndMetadata or int, got "
             f"{type(offsets).__name__}"
         )
@@ -973,7 +973,7 @@ def reset_offsets(
         by_duration_ms is not None,
     ]
     if sum(chosen) != 1:
-        raise ValueError(
+        raise InvalidArgumentError(
             "choose exactly one of to_earliest, to_latest, to_offset, to_datetime, shift_by, by_duration"
         )
     for name, value in (
@@ -982,10 +982,10 @@ def reset_offsets(
         ("shift_by", shift_by),
         ("by_duration_ms", by_duration_ms),
     ):
-        if value is not None and not _is_int(value):
-            raise ValueError(f"{name} must be an integer, got {value!r}")
+        if value is not None and not is_int(value):
+            raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
         if value is not None and name != "shift_by" and value < 0:
-            raise ValueError(f"{name} must not be negative, got {value!r}")
+            raise InvalidArgumentError(f"{name} must not be negative, got {value!r}")
     # One topic name given as a string is that topic, not its characters.
     topic_list = [topics] if isinstance(topics, str) else list(topics)
     for topic in topic_list:
@@ -993,8 +993,8 @@ def reset_offsets(
     wanted = set(partitions) if partitions is not None else None
     if wanted is not None:
         for p in wanted:
-            if not _is_int(p) or p < 0:
-                raise ValueError(f"partition must be a non-negative integer, got {p!r}")
+            if not is_int(p) or p < 0:
+                raise InvalidArgumentError(f"partition must be a non-negative integer, got {p!r}")
     group = Group(store, group_id)
     state = group.state()
     live = group.live_members(state)

@@ -44,6 +44,7 @@ from kstore.errors import (
     WithdrawnCommitError,
 )
 from kstore.rhythm import WriterRhythms
+from kstore.settings import is_int
 from kstore.storage import Storage, unique_id
 
 log = logging.getLogger(__name__)
@@ -455,7 +456,7 @@ def _checked_commit(
         raise CorruptLogError(f"{where}: first line must be commitInfo")
     info = actions[0][1]
     expected = info.get("actions")
-    if not isinstance(expected, int) or isinstance(expected, bool) or expected != len(actions) - 1:
+    if not is_int(expected) or expected != len(actions) - 1:
         raise CorruptLogError(
             f"{where}: commitInfo announces {expected!r} actions but {len(actions) - 1} follow "
             "(truncated or altered file)"
@@ -477,7 +478,7 @@ def _collector_paused() -> Iterator[None]:
 
 def _int_field(body: dict[str, Any], field: str, action: str) -> int:
     value = body.get(field)
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not is_int(value):
         raise CorruptLogError(
             f"action {action!r}: field {field!r} must be an integer, got {value!r}"
         )
@@ -871,7 +872,7 @@ class Log(Generic[S]):
             version = json.loads(hint)["version"]
         except (ValueError, KeyError, TypeError):
             version = None
-        if isinstance(version, int) and not isinstance(version, bool):
+        if is_int(version):
             return version
         log.warning("ignoring malformed %s in %s", LAST_CHECKPOINT, self.directory)
         return None
@@ -917,7 +918,7 @@ class Log(Generic[S]):
             return None
         info, actions = decode_commit(data, where)
         header = info.get("checkpointVersion")
-        if not isinstance(header, int) or isinstance(header, bool) or header != version:
+        if not is_int(header) or header != version:
             raise CorruptLogError(
                 f"{where}: checkpoint header names version {info.get('checkpointVersion')!r}"
             )

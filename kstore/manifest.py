@@ -20,6 +20,7 @@ from kstore.errors import (
     ProducerFencedError,
 )
 from kstore.log import Action, LogState, compact_json
+from kstore.settings import is_int
 
 # Layout 3's data objects live in the topic incarnation directory, beside the partitions.
 DATA_PREFIX = "_data/"
@@ -837,13 +838,13 @@ def _optional_int(body: dict[str, Any], name: str) -> int | None:
     value = body.get(name)
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not is_int(value):
         raise CorruptLogError(f"field {name!r} must be an integer, got {value!r}")
     return value
 
 
 def _int(body: dict[str, Any], name: str) -> int:
     value = body.get(name)
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not is_int(value):
         raise CorruptLogError(f"field {name!r} must be an integer, got {value!r}")
     return value

@@ -16,6 +16,7 @@ from kstore import clock
 from kstore.errors import (
     ConcurrentModificationError,
     CorruptLogError,
+    InvalidArgumentError,
     InvalidRecordError,
     KStoreError,
     LayoutUpgradeRequiredError,
@@ -45,6 +46,7 @@ from kstore.segments import (
     read_segments,
     write_segment,
 )
+from kstore.settings import is_int
 
 if TYPE_CHECKING:
     from kstore.storage import Storage
@@ -329,10 +331,10 @@ class Partition:
         """Kafka's DeleteRecords: records below ``before_offset`` are gone for every reader
         (``logStart``, 8.7); retention then removes the segments wholly below it. -1 means
         the end offset. Returns the log start offset after the commit (never lowered)."""
-        if not isinstance(before_offset, int) or isinstance(before_offset, bool):
-            raise ValueError(f"offset must be an integer, got {before_offset!r}")
+        if not is_int(before_offset):
+            raise InvalidArgumentError(f"offset must be an integer, got {before_offset!r}")
         if before_offset < -1:
-            raise ValueError(f"offset must be -1 (the end) or >= 0, got {before_offset}")
+            raise InvalidArgumentError(f"offset must be -1 (the end) or >= 0, got {before_offset}")
 
         def build(state: PartitionState) -> list[Action] | None:
             target = state.end_offset if before_offset == -1 else before_offset

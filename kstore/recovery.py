@@ -67,6 +67,7 @@ from kstore.log import (
     version_file,
 )
 from kstore.manifest import PartitionState, Segment
+from kstore.settings import is_int
 from kstore.storage import unique_id
 from kstore.topic_log import TopicLogFiles, TopicLogState, shared_log_dir
 
@@ -217,7 +218,7 @@ class _Kind:
         if self.partition is not None:
             return self.partition
         value = body.get("partition")
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return value if is_int(value) else None
 
     def part(self, state: LogState, partition: int) -> PartitionState:
         if isinstance(state, TopicLogState):
@@ -315,7 +316,7 @@ class _Planner:
             if partition is None:
                 continue
             base = body.get("baseOffset")
-            if name == "add" and isinstance(base, int) and not isinstance(base, bool):
+            if name == "add" and is_int(base):
                 end = self.kind.part(before, partition).end_offset
                 if base > end:
                     cause = self._cause(partition, version)
@@ -377,7 +378,7 @@ class _Planner:
             named = json.loads(hint or b"")["version"]
         except (ValueError, KeyError, TypeError):
             return None
-        return named if isinstance(named, int) and not isinstance(named, bool) else None
+        return named if is_int(named) else None
 
     def _settle(self, state: LogState) -> None:
         """Lost offsets that a kept segment covers after all (a merge, written before the
@@ -586,7 +587,7 @@ class _Planner:
             if partition is None:
                 continue
             last = body.get("lastOffset")
-            if name == "add" and isinstance(last, int) and not isinstance(last, bool):
+            if name == "add" and is_int(last):
                 known = self.seen_ends.get(partition)
                 if known is None or last + 1 > known[0]:
                     self.seen_ends[partition] = (
@@ -746,7 +747,7 @@ class _Planner:
             named = json.loads(hint)["version"]
         except (ValueError, KeyError, TypeError):
             named = None
-        if not isinstance(named, int) or isinstance(named, bool):
+        if not is_int(named):
             return  # ignored by readers (7.3)
         moved = {version for version, _ in bad}
         if start is not None:

@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kstore.errors import InvalidRecordError, KStoreError, UnsupportedFormatVersionError
+from kstore.settings import is_int
 
 
 class SchemaError(KStoreError, ValueError):
@@ -602,9 +603,9 @@ class TopicSchema:
             raise SchemaError(f"{where}: a schema entry must be an object")
         sid = entry.get("id")
         created = entry.get("createdTime", 0)
-        if not isinstance(sid, int) or isinstance(sid, bool) or sid < 1:
+        if not is_int(sid) or sid < 1:
             raise SchemaError(f"{where}: schema id {sid!r} is not a positive integer")
-        if not isinstance(created, int) or isinstance(created, bool):
+        if not is_int(created):
             raise SchemaError(f"{where}: createdTime {created!r} is not an integer")
         value, nulls = from_json(entry.get("value"), f"{where} value")
         if not pa.types.is_struct(value):

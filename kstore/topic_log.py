@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kstore import clock
-from kstore.errors import CorruptLogError, UnsupportedFormatVersionError
+from kstore.errors import CorruptLogError, InvalidArgumentError, UnsupportedFormatVersionError
 from kstore.log import (
     MAX_LOG_FILE_BYTES,
     Action,
@@ -33,6 +33,7 @@ from kstore.log import (
     protocol_action,
 )
 from kstore.manifest import PartitionState
+from kstore.settings import is_int
 from kstore.storage import unique_id
 
 LAYOUT_V2 = 2
@@ -110,8 +111,8 @@ def within_horizon(chain: list[Action], version: int) -> bool:
 
 def shared_log_dir(incarnation_dir: str, index: int) -> str:
     """Topic log ``index`` of an incarnation: ``_log`` for log 0, ``_log.<k>`` after it."""
-    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-        raise ValueError(f"illegal topic log index {index!r}")
+    if not is_int(index) or index < 0:
+        raise InvalidArgumentError(f"illegal topic log index {index!r}")
     return f"{incarnation_dir}/_log" if index == 0 else f"{incarnation_dir}/_log.{index}"
 
 
@@ -568,7 +569,7 @@ class TopicLogFiles(Log[TopicLogState]):
             return None
         info, actions = decode_commit(data, where)
         header = info.get("checkpointVersion")
-        if not isinstance(header, int) or isinstance(header, bool) or header != version:
+        if not is_int(header) or header != version:
             raise CorruptLogError(
                 f"{where}: checkpoint header names version {info.get('checkpointVersion')!r}"
             )

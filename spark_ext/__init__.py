@@ -38,6 +38,7 @@ from kstore.errors import UnknownTopicOrPartitionError
 from .options import (
     InvalidOptionError,
     ReadOptions,
+    given,
     normalize,
     parse_bool,
     parse_read_options,
@@ -78,8 +79,8 @@ class KStoreDataSource(DataSource):
         """Whether headers are read, and how keys and values look: binary, or the declared
         types of the subscribed typed topics (read from their topic logs)."""
         raw = normalize(self.options)
-        include_headers = parse_bool("includeheaders", raw.get("includeheaders", "false"))
-        flatten = parse_bool("flattenvalue", raw.get("flattenvalue", "false"))
+        include_headers = parse_bool("includeheaders", given(raw, "includeheaders"))
+        flatten = parse_bool("flattenvalue", given(raw, "flattenvalue"))
         if "store" not in raw or not any(
             k in raw for k in ("subscribe", "subscribepattern", "assign")
         ):

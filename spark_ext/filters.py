@@ -33,6 +33,7 @@ from pyspark.sql.datasource import (
 )
 
 from kstore.segments import TIMESTAMP_TYPE
+from kstore.settings import is_int
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _INT_COLUMNS = ("partition", "offset", "timestampType")
@@ -76,7 +77,7 @@ def _literal(column: str, value: object) -> Any:
         return value if isinstance(value, str) else None
     if column == "timestamp":
         return _micros(value)
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_int(value):
         return value
     return None
 

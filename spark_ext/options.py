@@ -18,13 +18,24 @@ from typing import Any
 from kstore.errors import InvalidConfigurationError, InvalidGroupIdError
 from kstore.names import validate_group_id, validate_topic_name
 from kstore.partitioner import PARTITIONER_NAMES
+from kstore.settings import (
+    MAX_BYTES,
+    BadSettingError,
+    Setting,
+    Validator,
+    boolean_text,
+    choice,
+    duration_ms,
+    integer,
+    is_int,
+    size_bytes,
+)
 
 log = logging.getLogger(__name__)
 
 EARLIEST = -2  # Kafka's sentinels in the JSON offset form
 LATEST = -1
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000  # Kafka's default "15m"
-DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 MAX_MIN_PARTITIONS = 100_000  # a limit on everything
 
 # Options Spark itself may add to a data source's options (paths, streaming, and the table
@@ -80,80 +91,92 @@ KAFKA_IGNORED_OPTIONS = frozenset(
     }
 )
 
-STORE_OPTIONS = ("store", "storageoptions")
-READ_OPTIONS = (
-    "subscribe",
-    "subscribepattern",
-    "assign",
-    "startingoffsets",
-    "endingoffsets",
-    "startingtimestamp",
-    "startingoffsetsbytimestamp",
-    "startingoffsetsbytimestampstrategy",
-    "endingtimestamp",
-    "endingoffsetsbytimestamp",
-    "maxoffsetspertrigger",
-    "minoffsetspertrigger",
-    "maxtriggerdelay",
-    "maxbytespertrigger",
-    "minpartitions",
-    "maxrecordsperpartition",
-    "failondataloss",
-    "includeheaders",
-    "isolationlevel",
-    "groupid",
-    "flattenvalue",
+
+def _text(value: Any) -> str:
+    return str(value)
+
+
+def _option(name: str, doc: str, default: str | None = None, parse: Validator = _text) -> Setting:
+    """An option as Spark hands it over (a string); ``parse`` is its typed validator where
+    one applies, else its own parser below reads it."""
+    return Setting(name, default, parse, doc)
+
+
+_POSITIVE = integer(1)
+STORE_SETTINGS = (
+    _option("store", "the store's URL"),
+    _option("storageOptions", "fsspec storage options, a JSON object", "{}"),
 )
-WRITE_OPTIONS = (
-    "topic",
-    "partitioner",
-    "txnappid",
-    "txnversion",
-    "segmentbytes",
-    "compression",
-    "acks",
-    "keeptimestamp",
-)
-# The spelling shown in messages (Spark lower-cases the keys it hands over).
-CANONICAL = {
-    name.lower(): name
-    for name in (
-        "store",
-        "storageOptions",
-        "subscribe",
-        "subscribePattern",
-        "assign",
-        "startingOffsets",
-        "endingOffsets",
-        "startingTimestamp",
-        "startingOffsetsByTimestamp",
+READ_SETTINGS = (
+    _option("subscribe", "comma-separated topics"),
+    _option("subscribePattern", "a regular expression over whole topic names"),
+    _option("assign", 'JSON {"topicA":[0,1]}'),
+    _option("startingOffsets", "earliest, latest, group or JSON offsets"),
+    _option("endingOffsets", "batch only: latest or JSON offsets", "latest"),
+    _option("startingTimestamp", "ms: start at the first offset at or after it", None, integer(0)),
+    _option("startingOffsetsByTimestamp", "JSON timestamps per partition"),
+    _option(
         "startingOffsetsByTimestampStrategy",
-        "endingTimestamp",
-        "endingOffsetsByTimestamp",
-        "maxOffsetsPerTrigger",
-        "minOffsetsPerTrigger",
-        "maxTriggerDelay",
-        "maxBytesPerTrigger",
+        "error or latest, when no record is that new",
+        "error",
+        choice(("error", "latest"), lower=True),
+    ),
+    _option("endingTimestamp", "batch only: ms, the end", None, integer(0)),
+    _option("endingOffsetsByTimestamp", "batch only: JSON timestamps per partition"),
+    _option("maxOffsetsPerTrigger", "streaming: offsets per micro-batch", None, _POSITIVE),
+    _option("minOffsetsPerTrigger", "streaming: wait for this many new offsets", None, _POSITIVE),
+    _option("maxTriggerDelay", "...but no longer than this", "15m", duration_ms),
+    _option("maxBytesPerTrigger", "streaming: stored bytes per micro-batch", None, size_bytes),
+    _option(
         "minPartitions",
-        "maxRecordsPerPartition",
-        "failOnDataLoss",
-        "includeHeaders",
+        "at least this many Spark partitions",
+        None,
+        integer(1, MAX_MIN_PARTITIONS),
+    ),
+    _option("maxRecordsPerPartition", "at most about this many offsets per task", None, _POSITIVE),
+    _option("failOnDataLoss", "fail when offsets to read are gone", "true", boolean_text),
+    _option("includeHeaders", "add the headers column", "false", boolean_text),
+    _option(
         "isolationLevel",
-        "groupId",
-        "topic",
-        "partitioner",
-        "txnAppId",
-        "txnVersion",
+        "read_committed or read_uncommitted",
+        "read_committed",
+        choice(("read_committed", "read_uncommitted"), lower=True),
+    ),
+    _option("groupId", "record each micro-batch's offsets in this consumer group"),
+    _option("flattenValue", "typed topics: value fields as columns", "false", boolean_text),
+)
+WRITE_SETTINGS = (
+    _option("topic", "the topic (overrides a topic column)"),
+    _option("partitioner", ", ".join(PARTITIONER_NAMES), "murmur2"),
+    _option("txnAppId", "transaction app id"),
+    _option("txnVersion", "batch writes: with txnAppId, the job's version", None, integer(0)),
+    _option(
         "segmentBytes",
-        "compression",
-        "acks",
-        "keepTimestamp",
-    )
-}
+        "buffered bytes per partition before a new segment",
+        "64m",
+        size_bytes,
+    ),
+    _option("compression", "none, zstd or lz4"),
+    _option("acks", "all or 1", "all"),
+    _option("keepTimestamp", "write the timestamp column as CreateTime", "false", boolean_text),
+)
+STORE_OPTIONS = tuple(s.name.lower() for s in STORE_SETTINGS)
+READ_OPTIONS = tuple(s.name.lower() for s in READ_SETTINGS)
+WRITE_OPTIONS = tuple(s.name.lower() for s in WRITE_SETTINGS)
+_DEFAULTS = {s.name.lower(): s.default for s in (*STORE_SETTINGS, *READ_SETTINGS, *WRITE_SETTINGS)}
+# The spelling shown in messages (Spark lower-cases the keys it hands over).
+CANONICAL = {s.name.lower(): s.name for s in (*STORE_SETTINGS, *READ_SETTINGS, *WRITE_SETTINGS)}
 
 
 class InvalidOptionError(InvalidConfigurationError):
     """A data source option is unknown, missing, malformed or conflicts with another."""
+
+
+def given(options: Mapping[str, str], name: str) -> str:
+    """The option's value as given, else its declared default."""
+    value: str | None = options.get(name, _DEFAULTS[name])
+    assert value is not None, f"option {name!r} has no default"
+    return value
 
 
 def shown(name: str) -> str:
@@ -240,79 +263,33 @@ def _kafka_option(raw_key: str, key: str, value: str, out: dict[str, str]) -> No
 # -- value parsers --------------------------------------------------------------------------------
 
 
-def parse_bool(name: str, value: str) -> bool:
-    text = value.strip().lower()
-    if text == "true":
-        return True
-    if text == "false":
-        return False
-    raise _bad(name, f"expected true or false, got {value!r}")
-
-
-def parse_int(name: str, value: str, *, minimum: int = 0, maximum: int = (1 << 63) - 1) -> int:
+def _checked(name: str, validator: Validator, value: str) -> Any:
     try:
-        number = int(value.strip())
-    except ValueError:
-        raise _bad(name, f"expected an integer, got {value!r}") from None
-    if not minimum <= number <= maximum:
-        raise _bad(name, f"{number} is out of range [{minimum}, {maximum}]")
-    return number
+        return validator(value)
+    except BadSettingError as problem:
+        raise _bad(name, str(problem)) from None
 
 
-_DURATION = re.compile(r"\s*(\d+)\s*([a-z]*)\s*")
-_DURATION_UNITS_MS = {
-    "": 1.0,
-    "us": 0.001,
-    "ms": 1.0,
-    "s": 1000.0,
-    "sec": 1000.0,
-    "m": 60_000.0,
-    "min": 60_000.0,
-    "h": 3_600_000.0,
-    "d": 86_400_000.0,
-}
+def parse_bool(name: str, value: str) -> bool:
+    parsed: bool = _checked(name, boolean_text, value)
+    return parsed
+
+
+def parse_int(name: str, value: str, *, minimum: int = 0, maximum: int = MAX_BYTES) -> int:
+    parsed: int = _checked(name, integer(minimum, maximum), value)
+    return parsed
 
 
 def parse_duration_ms(name: str, value: str) -> int:
     """Spark's time strings (``Utils.timeStringAsMs``): ``15m``, ``10s``, ``500ms``, ``100``."""
-    match = _DURATION.fullmatch(value.lower())
-    if match is None or match.group(2) not in _DURATION_UNITS_MS:
-        raise _bad(name, f"expected a duration such as '15m', '30s' or '500ms', got {value!r}")
-    return int(int(match.group(1)) * _DURATION_UNITS_MS[match.group(2)])
-
-
-MAX_BYTES = (1 << 63) - 1  # the largest size option: a signed 64-bit length
-_SIZE = re.compile(r"\s*(\d+)\s*([a-z]*)\s*")
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kb": 1 << 10,
-    "m": 1 << 20,
-    "mb": 1 << 20,
-    "g": 1 << 30,
-    "gb": 1 << 30,
-    "t": 1 << 40,
-    "tb": 1 << 40,
-}
+    parsed: int = _checked(name, duration_ms, value)
+    return parsed
 
 
 def parse_bytes(name: str, value: str) -> int:
     """Byte sizes as Spark writes them: ``1048576``, ``512k``, ``64m``, ``1g``."""
-    match = _SIZE.fullmatch(value.lower())
-    if match is None or match.group(2) not in _SIZE_UNITS:
-        raise _bad(name, f"expected a size such as '1048576', '512k' or '64m', got {value!r}")
-    digits = match.group(1).lstrip("0") or "0"
-    # Bounded like the integer options (a length Spark and Arrow hold in a long); the digit
-    # count is checked first so that a huge literal never reaches int().
-    number = int(digits) * _SIZE_UNITS[match.group(2)] if len(digits) <= 20 else MAX_BYTES + 1
-    if number <= 0:
-        raise _bad(name, "must be positive")
-    if number > MAX_BYTES:
-        raise _bad(
-            name, f"{value.strip()!r} is too large; the limit is {MAX_BYTES} bytes (2**63 - 1)"
-        )
-    return number
+    parsed: int = _checked(name, size_bytes, value)
+    return parsed
 
 
 def parse_json(name: str, value: str) -> Any:
@@ -344,7 +321,7 @@ def parse_offsets_json(
             raise _bad(name, f"topic {topic!r}: expected an object of partition -> offset")
         for key, offset in parts.items():
             p = _partition_number(name, topic, key)
-            if not isinstance(offset, int) or isinstance(offset, bool):
+            if not is_int(offset):
                 raise _bad(name, f"{topic}-{p}: offset {offset!r} is not an integer")
             if offset < 0 and offset not in allow:
                 meaning = {EARLIEST: "-2 (earliest)", LATEST: "-1 (latest)"}.get(
@@ -367,7 +344,7 @@ def parse_timestamps_json(name: str, value: str) -> dict[tuple[str, int], int]:
             raise _bad(name, f"topic {topic!r}: expected an object of partition -> timestamp")
         for key, stamp in parts.items():
             p = _partition_number(name, topic, key)
-            if not isinstance(stamp, int) or isinstance(stamp, bool) or stamp < 0:
+            if not is_int(stamp) or stamp < 0:
                 raise _bad(
                     name, f"{topic}-{p}: timestamp {stamp!r} is not a non-negative integer (ms)"
                 )
@@ -524,7 +501,7 @@ def parse_subscription(options: Mapping[str, str]) -> Subscription:
         if not isinstance(parts, list) or not parts:
             raise _bad(kind, f"topic {topic!r}: expected a non-empty list of partition numbers")
         for p in parts:
-            if not isinstance(p, int) or isinstance(p, bool) or p < 0:
+            if not is_int(p) or p < 0:
                 raise _bad(kind, f"topic {topic!r}: partition {p!r} is not a non-negative integer")
             assigned.append((topic, p))
     return Subscription("assign", assigned=tuple(dict.fromkeys(assigned)))
@@ -601,7 +578,7 @@ def parse_read_options(raw: Mapping[str, Any], *, streaming: bool) -> ReadOption
     subscription = parse_subscription(options)
     starting = _starting(options, streaming)
     ending = _ending(options, streaming)
-    strategy = options.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+    strategy = given(options, "startingoffsetsbytimestampstrategy").strip().lower()
     if strategy not in ("error", "latest"):
         raise _bad(
             "startingoffsetsbytimestampstrategy", f"expected error or latest, got {strategy!r}"
@@ -632,7 +609,7 @@ def parse_read_options(raw: Mapping[str, Any], *, streaming: bool) -> ReadOption
     max_records = optional_int("maxrecordsperpartition", 1)
     if min_partitions is not None and min_partitions > MAX_MIN_PARTITIONS:
         raise _bad("minpartitions", f"{min_partitions} exceeds the limit {MAX_MIN_PARTITIONS}")
-    isolation = options.get("isolationlevel", "read_committed").strip().lower()
+    isolation = given(options, "isolationlevel").strip().lower()
     if isolation not in ("read_committed", "read_uncommitted"):
         raise _bad(
             "isolationlevel", f"expected read_committed or read_uncommitted, got {isolation!r}"
@@ -657,9 +634,9 @@ def parse_read_options(raw: Mapping[str, Any], *, streaming: bool) -> ReadOption
         max_bytes_per_trigger=max_bytes,
         min_partitions=min_partitions,
         max_records_per_partition=max_records,
-        fail_on_data_loss=parse_bool("failondataloss", options.get("failondataloss", "true")),
-        include_headers=parse_bool("includeheaders", options.get("includeheaders", "false")),
-        flatten_value=parse_bool("flattenvalue", options.get("flattenvalue", "false")),
+        fail_on_data_loss=parse_bool("failondataloss", given(options, "failondataloss")),
+        include_headers=parse_bool("includeheaders", given(options, "includeheaders")),
+        flatten_value=parse_bool("flattenvalue", given(options, "flattenvalue")),
         read_committed=isolation == "read_committed",
         group_id=group_id,
         streaming=streaming,
@@ -692,7 +669,7 @@ def parse_write_options(raw: Mapping[str, Any], *, streaming: bool) -> WriteOpti
     topic = options.get("topic")
     if topic is not None:
         topic = _topic_name("topic", topic.strip())
-    partitioner = options.get("partitioner", "murmur2").strip()
+    partitioner = given(options, "partitioner").strip()
     if partitioner not in PARTITIONER_NAMES:
         raise _bad(
             "partitioner",
@@ -711,16 +688,14 @@ def parse_write_options(raw: Mapping[str, Any], *, streaming: bool) -> WriteOpti
         raise InvalidOptionError(
             f"kstore batch write: options 'txnAppId' and 'txnVersion' go together; {missing!r} is missing"
         )
-    segment_bytes = parse_bytes(
-        "segmentbytes", options.get("segmentbytes", str(DEFAULT_SEGMENT_BYTES))
-    )
+    segment_bytes = parse_bytes("segmentbytes", given(options, "segmentbytes"))
     compression = options.get("compression")
     if compression is not None:
         compression = compression.strip().lower()
         compression = {"none": "uncompressed"}.get(compression, compression)
         if compression not in ("uncompressed", "zstd", "lz4"):
             raise _bad("compression", f"expected none, zstd or lz4, got {options['compression']!r}")
-    acks = options.get("acks", "all").strip().lower()
+    acks = given(options, "acks").strip().lower()
     if acks not in ("all", "-1", "1"):
         raise _bad("acks", f"expected all or 1, got {options['acks']!r}")
     return WriteOptions(
@@ -734,5 +709,5 @@ def parse_write_options(raw: Mapping[str, Any], *, streaming: bool) -> WriteOpti
         durable=acks in ("all", "-1"),
         checkpoint_location=options.get("checkpointlocation"),
         streaming=streaming,
-        keep_timestamp=parse_bool("keeptimestamp", options.get("keeptimestamp", "false")),
+        keep_timestamp=parse_bool("keeptimestamp", given(options, "keeptimestamp")),
     )

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from kstore.errors import InvalidArgumentError
 from kstore.layout import partition_dir
 from kstore.store import Store
 
@@ -70,7 +71,7 @@ def stream_job(app_id: str, batch_id: int) -> str:
 
 def batch_job(job_id: str) -> str:
     if not job_id.isalnum():
-        raise ValueError(f"illegal job id {job_id!r}")
+        raise InvalidArgumentError(f"illegal job id {job_id!r}")
     return f"job-{job_id}"
 
 

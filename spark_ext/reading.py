@@ -28,6 +28,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from kstore.errors import (
+    InvalidArgumentError,
     InvalidTopicError,
     KStoreError,
     MissingSegmentError,
@@ -97,11 +98,13 @@ def to_json_offsets(offsets: Mapping[TopicPartition, int]) -> dict[str, dict[str
 
 def from_json_offsets(data: object) -> Offsets:
     if not isinstance(data, dict):
-        raise ValueError(f"kstore source: offsets must be a JSON object, got {data!r}")
+        raise InvalidArgumentError(f"kstore source: offsets must be a JSON object, got {data!r}")
     out: Offsets = {}
     for topic, parts in data.items():
         if not isinstance(parts, dict):
-            raise ValueError(f"kstore source: offsets for topic {topic!r} must be an object")
+            raise InvalidArgumentError(
+                f"kstore source: offsets for topic {topic!r} must be an object"
+            )
         for p, offset in parts.items():
             out[TopicPartition(str(topic), int(p))] = int(offset)
     return out
