@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from kstore import config as topic_config
 from kstore.layout import partition_dir, producer_log_dir, topic_log_dir
-from kstore.log import TYPED_TOPICS_VERSION, Action, Log, protocol_action
+from kstore.log import TYPED_TOPICS_VERSION, Action, CommitResult, Log, protocol_action
 from kstore.manifest import AppendResult, PartitionState, ProducerBatch
 from kstore.partition import Partition
 from kstore.records import TopicPartition
@@ -258,3 +258,24 @@ class Idempotent:
         self._sequences[(topic, partition)] = first + table.num_rows
         batch = ProducerBatch(self.producer_id, self.epoch, first, first + table.num_rows - 1)
         return append(self.store, topic, partition, table, producer=batch)
+
+
+class WritablePartition(Partition):
+    """A partition with a log of its own (layout 2) whose commits go to that log, as versions
+    before layout 3 wrote them: for the property tests of a partition log's replay rules
+    (tests/test_properties.py), which drive every kind of partition commit."""
+
+    def _commit(
+        self, build: Any, *, operation: str, durable: bool, written_at: float | None = None
+    ) -> CommitResult[PartitionState] | None:
+        result = self.log.commit(
+            self.state(),
+            build,
+            operation=operation,
+            durable=durable,
+            info={"topic": self.topic, "partition": self.partition},
+            written_at=written_at,
+        )
+        if result is not None:
+            self._remember(result.state, confirmed=True)
+        return result

@@ -18,6 +18,7 @@ from kstore.errors import OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from kstore.groups import Group
 from kstore.producer import Producer
 from kstore.records import OffsetAndMetadata, TopicPartition
+from tests import layout2
 
 T0, T1 = TopicPartition("t", 0), TopicPartition("t", 1)
 
@@ -60,20 +61,32 @@ def produce(store: kstore.Store, partition: int, values: list[bytes]) -> None:
             producer.send("t", value, partition=partition)
 
 
+def write(store: kstore.Store, partition: int, values: list[bytes]) -> None:
+    """Records into a topic of either layout: a producer writes layout 3, the test builder
+    layout 2 (no producer writes it any more)."""
+    if store.topic("t").layout == 2:
+        layout2.append(store, "t", partition, layout2.records(list(values)))
+    else:
+        produce(store, partition, values)
+
+
 @pytest.mark.parametrize("layout", [2, 3])
 def test_a_fetch_reads_every_assigned_partition_from_its_position(
     store: kstore.Store, layout: int
 ) -> None:
-    store.create_topic("t", partitions=2, layout=layout)
-    produce(store, 0, [b"a", b"b", b"c"])
-    produce(store, 1, [b"x"])
+    if layout == 2:
+        layout2.create_topic(store, "t", partitions=2)
+    else:
+        store.create_topic("t", partitions=2)
+    write(store, 0, [b"a", b"b", b"c"])
+    write(store, 1, [b"x"])
     reader = Reader(store)
     reader.subscription.assign([T0, T1])
     reader.subscription.seek(T0, 1)
     assert reader.values() == {T0: [b"b", b"c"], T1: [b"x"]}
     assert dict(reader.subscription.positions) == {T0: 3, T1: 1}
     assert reader.values() == {}  # caught up
-    produce(store, 1, [b"y"])
+    write(store, 1, [b"y"])
     assert reader.values() == {T1: [b"y"]}
     assert reader.fetcher.metrics()["records-consumed-total"] == 4
 

@@ -39,6 +39,7 @@ from kstore.segments import SegmentFile
 from kstore.storage import Storage
 from kstore.store import TopicState
 from kstore.transactions import TransactionLogState
+from tests.layout2 import WritablePartition
 
 # Hypothesis keeps caches (and, by default, its example database) under ./.hypothesis: send
 # them to a temporary directory so that running this file writes nothing into the repository.
@@ -345,7 +346,7 @@ def test_partition_replay_from_zero_and_from_checkpoints_agree(
 ) -> None:
     storage = Storage(f"memory://kstore-prop-{uuid.uuid4().hex}/s")
     try:
-        part = Partition(storage, "t", 0, "topics/t/p/0", checkpoint_interval=interval)
+        part = WritablePartition(storage, "t", 0, "topics/t/p/0", checkpoint_interval=interval)
         model = Model(part, [ProducerModel(uuid.uuid4().hex) for _ in range(3)])
         for op in ops:
             run_op(model, op)
@@ -384,14 +385,14 @@ def test_an_abort_marker_of_a_newer_epoch_keeps_a_committed_transaction() -> Non
     transactions: an abort marker from a newer epoch (a successor finishing the same version)
     removed records that were already committed, unlike on a state loaded from a checkpoint."""
     storage = Storage(f"memory://kstore-prop-{uuid.uuid4().hex}/s")
-    part = Partition(storage, "t", 0, "topics/t/p/0")
+    part = WritablePartition(storage, "t", 0, "topics/t/p/0")
     pid = uuid.uuid4().hex
     part.commit_segments(
         [fake_file(2)], producer=ProducerBatch(pid, 0, 0, 1), transaction=f"{pid}:0"
     )
     assert part.end_transaction(pid, 0, 0, commit=True)
     committed = [s.path for s in part.state().segments]
-    fresh = Partition(storage, "t", 0, "topics/t/p/0")  # replays from version 0
+    fresh = WritablePartition(storage, "t", 0, "topics/t/p/0")  # replays from version 0
     fresh.end_transaction(pid, 1, 0, commit=False)  # fences epoch 0; must not undo the commit
     assert [s.path for s in fresh.state().segments] == committed
     assert fresh.state().end_offset == 2
@@ -689,7 +690,7 @@ def test_partition_state_checkpoint_round_trip(
 def test_a_checkpoint_file_is_what_replay_reads() -> None:
     """The checkpoint written by the log (not just its actions) loads to the same state."""
     storage = Storage(f"memory://kstore-prop-{uuid.uuid4().hex}/s")
-    part = Partition(storage, "t", 0, "topics/t/p/0", checkpoint_interval=2)
+    part = WritablePartition(storage, "t", 0, "topics/t/p/0", checkpoint_interval=2)
     pid = uuid.uuid4().hex
     for i in range(5):
         part.commit_segments([fake_file(2)], producer=ProducerBatch(pid, 0, 2 * i, 2 * i + 1))
