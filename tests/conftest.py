@@ -28,6 +28,19 @@ os.environ.pop("COLUMNS", None)
 
 # The longest tests (a minute or more each), started first so that no worker is left running
 # one of them alone at the end.
+# The Spark tests' files that share the first of the two Spark sessions (the rest share the
+# other): about five minutes of tests on each side on a quiet 2-core machine.
+SPARK_GROUP_A = frozenset(
+    {
+        "test_spark_write.py",
+        "test_demo.py",
+        "test_spark_typed.py",
+        "test_spark_examples.py",
+        "test_layout3_spark.py",
+        "test_safety_readers_spark.py",
+        "test_bad_input_spark.py",
+    }
+)
 LONGEST_FIRST = (
     "tests/test_torture.py::test_torture_",
     "tests/test_demo.py::",
@@ -36,16 +49,18 @@ LONGEST_FIRST = (
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """With pytest-xdist (``make test`` runs two workers, ``--dist loadgroup``), every test of
-    the shared Spark session runs on one worker: one JVM, started once, while the other
-    worker takes the rest; the torture runs go one after another; the longest tests first."""
+    """With pytest-xdist (``make test`` runs three workers, ``--dist loadgroup``), the Spark
+    tests run in two groups, each on one worker with a session (a JVM) of its own, while the
+    other workers take the rest; the torture runs go one after another; the longest first."""
     for item in items:
         if item.nodeid.startswith("tests/test_torture.py::test_torture_"):
             # One torture run at a time: each starts a dozen client processes, and two at once
             # load the machine past the runs' own liveness checks.
             item.add_marker(pytest.mark.xdist_group("torture"))
         elif "spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark"):
-            item.add_marker(pytest.mark.xdist_group("spark"))
+            # Two groups of about equal length (measured): two workers, a JVM each.
+            group = "spark-a" if item.path.name in SPARK_GROUP_A else "spark-b"
+            item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))
 
 
