@@ -245,7 +245,7 @@ def compare(args: argparse.Namespace) -> None:
             result = json.loads(proc.stdout.strip().splitlines()[-1])
             assert Path(result["kstore"]).parent == trees[side], result["kstore"]
             runs[side].append({"round": rnd, "load1": loads[-1], **result})
-            print(side, rnd, {k: round(v, 2) for k, v in result.items() if k != "kstore"})
+            print(side, rnd, {k: round(v, 2) for k, v in result.items() if isinstance(v, float)})
     loads.append(os.getloadavg()[0])
     summary: dict[str, Any] = {}
     for case in (*RATES, *LATENCIES):
