@@ -181,23 +181,8 @@ def measure_once(args: argparse.Namespace) -> dict[str, Any]:
     work = tempfile.mkdtemp(prefix="kstore-hot-")
     out: dict[str, Any] = {"kstore": os.path.dirname(kstore.__file__)}
     try:
-        bench_send(os.path.join(work, "warm"), min(args.send_records, 200_000))
-        out["send"] = bench_send(os.path.join(work, "send"), args.send_records)
-        data = records_table(args.batch_records)
-        out["send_batch"] = bench_send_batch(os.path.join(work, "batch"), data)
-        url = fill(os.path.join(work, "read"), data)
-        del data
-        # The shortest case (under a second): the median of three reads, with their minor page
-        # faults (a read into fresh pages runs at about half the speed of one into reused
-        # memory: consume.py).
-        reads, faults = [], []
-        for _ in range(3):
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            reads.append(consume(url, args.batch_records, batches=True))
-            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-        out["poll_batches"] = statistics.median(reads)
-        out["poll_batches_reads"], out["poll_batches_faults"] = reads, faults
-        out["poll"] = consume(url, args.batch_records, batches=False)
+        if args.throughput:
+            throughput(args, work, out)
         for partitions in (1, 64):
             p50, p99 = ack_latency(
                 os.path.join(work, f"lat{partitions}"), partitions, args.rate, args.seconds
@@ -206,6 +191,27 @@ def measure_once(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+def throughput(args: argparse.Namespace, work: str, out: dict[str, Any]) -> None:
+    """The four throughput cases into ``out``."""
+    bench_send(os.path.join(work, "warm"), min(args.send_records, 200_000))
+    out["send"] = bench_send(os.path.join(work, "send"), args.send_records)
+    data = records_table(args.batch_records)
+    out["send_batch"] = bench_send_batch(os.path.join(work, "batch"), data)
+    url = fill(os.path.join(work, "read"), data)
+    del data
+    # The shortest case (under a second): the median of three reads, with their minor page
+    # faults (a read into fresh pages runs at about half the speed of one into reused
+    # memory: consume.py).
+    reads, faults = [], []
+    for _ in range(3):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        reads.append(consume(url, args.batch_records, batches=True))
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    out["poll_batches"] = statistics.median(reads)
+    out["poll_batches_reads"], out["poll_batches_faults"] = reads, faults
+    out["poll"] = consume(url, args.batch_records, batches=False)
 
 
 def git_head(tree: Path) -> str:
@@ -225,6 +231,7 @@ def compare(args: argparse.Namespace) -> None:
         f"--batch-records={args.batch_records}",
         f"--rate={args.rate}",
         f"--seconds={args.seconds}",
+        *([] if args.throughput else ["--latency-only"]),
     ]
     sides = {"old": args.old, "new": args.new}
     # The venv python is a symlink: its tree is three levels up from the link, not its target.
@@ -248,7 +255,7 @@ def compare(args: argparse.Namespace) -> None:
             print(side, rnd, {k: round(v, 2) for k, v in result.items() if isinstance(v, float)})
     loads.append(os.getloadavg()[0])
     summary: dict[str, Any] = {}
-    for case in (*RATES, *LATENCIES):
+    for case in (*RATES, *LATENCIES) if args.throughput else LATENCIES:
         old = [r[case] for r in runs["old"]]
         new = [r[case] for r in runs["new"]]
         ratios = [b / a for a, b in zip(old, new, strict=True)]
@@ -297,6 +304,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=5000.0, help="latency: records per second")
     parser.add_argument("--seconds", type=float, default=4.0, help="latency: per case")
     parser.add_argument("--once", action="store_true", help="one round here, JSON on stdout")
+    parser.add_argument(
+        "--latency-only", dest="throughput", action="store_false", help="only the latencies"
+    )
     args = parser.parse_args()
     if args.once:
         print(json.dumps(measure_once(args)))
