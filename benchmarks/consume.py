@@ -2,12 +2,10 @@
 
 1. ``poll()`` (Python records) and ``poll_batches()`` (Arrow) over N records (10M by default)
    in 8 partitions on local disk, against pyarrow reading the same segments directly (the
-   floor: no manifest, no checksums, no positions), and against the same reads of a layout-2
-   topic (segment files and a log per partition) in the same run, the layouts taking turns
-   ``--repeat`` times; the layout ratio is the median of each round's ratio, and each
+   floor: no manifest, no checksums, no positions), each read ``--repeat`` times; each
    ``poll_batches()`` run's minor page faults are recorded (a read into fresh pages runs at
-   about half the speed of one into reused memory, in either layout). Kafka's single
-   consumer, 940,521/s, is printed as a reference: a published figure, not a baseline.
+   about half the speed of one into reused memory). Kafka's single consumer, 940,521/s, is
+   printed as a reference: a published figure, not a baseline.
 2. End-to-end latency: a producer process sends 5,000 records/s (linger 0); this process
    polls and measures send-to-receive time from the timestamp in each value; p50 and p99 on
    local disk and on SeaweedFS (started here on loopback).
@@ -47,9 +45,9 @@ from kstore.segments import HEADERS_TYPE, RECORD_SCHEMA, TIMESTAMP_TYPE
 VALUE = b"v" * 100
 
 
-def fill(root: str, n: int, layout: int = 3) -> Store:
+def fill(root: str, n: int) -> Store:
     store = Store(root)
-    store.create_topic("t", partitions=8, layout=layout)
+    store.create_topic("t", partitions=8)
     chunk = 500_000
     with Producer(store, acks=1) as producer:
         for start in range(0, n, chunk):
@@ -112,7 +110,7 @@ def consume_records(store: Store, n: int) -> float:
 
 def pyarrow_floor(store: Store) -> float:
     """Read every segment of the topic with pyarrow alone: the segment's bytes (its file, or
-    its range of a data object in layout 3), then the IPC reader over them (what kstore does,
+    its range of a data object), then the IPC reader over them (what kstore does,
     less the manifest, checksum and positions)."""
     meta = store.topic("t")
     pieces: list[tuple[str, tuple[int, int] | None]] = []
@@ -199,54 +197,27 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=10_000_000)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
-    parser.add_argument("--repeat", type=int, default=1, help="reads of each layout, in turn")
+    parser.add_argument("--repeat", type=int, default=1, help="reads of each kind, in turn")
     args = parser.parse_args()
     n = args.records
     work = tempfile.mkdtemp(prefix="kstore-bench-")
     results: dict[str, Any] = {"records": n}
     rows = []
     try:
-        # Layout 3 (the default) and layout 2 (a log and segment files per partition) side by
-        # side: each read in turn, ``--repeat`` times, medians.
-        stores = {
-            layout: fill(os.path.join(work, f"store{layout}"), n, layout) for layout in (3, 2)
-        }
-        runs: dict[str, list[float]] = {}
-        for attempt in range(args.repeat):
-            # The layouts swap places every round, so neither always reads second.
-            order = list(stores) if attempt % 2 == 0 else list(reversed(stores))
-            for layout in order:
-                store = stores[layout]
-                runs.setdefault(f"floor{layout}", []).append(pyarrow_floor(store))
-                # Minor page faults of the read: a read whose buffers come from fresh pages
-                # (the allocator gave memory back in between) runs at about half the speed of
-                # one that reuses them, whatever the layout. Kept to tell the two apart.
-                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-                runs.setdefault(f"batches{layout}", []).append(consume_batches(Store(store.url), n))
-                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-                runs.setdefault(f"faults{layout}", []).append(faults)
-                runs.setdefault(f"records{layout}", []).append(consume_records(Store(store.url), n))
+        store = fill(os.path.join(work, "store"), n)
+        runs: dict[str, list[float]] = {"floor": [], "batches": [], "faults": [], "records": []}
+        for _ in range(args.repeat):  # each kind in turn: a slow spell falls on all
+            runs["floor"].append(pyarrow_floor(store))
+            # Minor page faults of the read: a read whose buffers come from fresh pages (the
+            # allocator gave memory back in between) runs at about half the speed of one that
+            # reuses them. Kept to tell the two apart.
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            runs["batches"].append(consume_batches(Store(store.url), n))
+            runs["faults"].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+            runs["records"].append(consume_records(Store(store.url), n))
         med = {name: statistics.median(values) for name, values in runs.items()}
-        # Ratios pair the two reads of one round (same minute, same machine state).
-        pairs = {
-            kind: statistics.median(
-                a / b for a, b in zip(runs[f"{kind}3"], runs[f"{kind}2"], strict=True)
-            )
-            for kind in ("batches", "records")
-        }
-        floor, batches, records = med["floor3"], med["batches3"], med["records3"]
-        results.update(
-            pyarrow_floor=floor,
-            poll_batches=batches,
-            poll=records,
-            layout2={
-                "pyarrow_floor": med["floor2"],
-                "poll_batches": med["batches2"],
-                "poll": med["records2"],
-            },
-            runs=runs,
-            ratio_layout3_over_layout2_by_round=pairs,
-        )
+        floor, batches, records = med["floor"], med["batches"], med["records"]
+        results.update(pyarrow_floor=floor, poll_batches=batches, poll=records, runs=runs)
 
         def spread(name: str) -> str:
             values = runs[name]
@@ -256,32 +227,21 @@ def main() -> None:
             {
                 "case": "poll_batches()",
                 "records/s": batches,
-                "baseline": f"{spread('batches3')}pyarrow {floor:,.0f}/s",
+                "baseline": f"{spread('batches')}pyarrow {floor:,.0f}/s",
                 "ratio": batches / floor,
-            }
-        )
-        rows.append(
-            {
-                "case": "poll_batches(), layout 3 / 2",
-                "records/s": batches,
-                "baseline": f"{spread('batches2')}layout 2 {med['batches2']:,.0f}/s; "
-                "ratio: median of the rounds' ratios",
-                "ratio": pairs["batches"],
             }
         )
         rows.append(
             {
                 "case": "poll()",
                 "records/s": records,
-                "baseline": f"{spread('records2')}layout 2 {med['records2']:,.0f}/s; "
-                "ratio: median of the rounds' ratios",
-                "ratio": pairs["records"],
+                "baseline": f"{spread('records')}pyarrow {floor:,.0f}/s",
+                "ratio": records / floor,
                 # A published figure, not measured here: printed beside, never divided into.
                 "reference": "Kafka 2014: 940,521/s",
             }
         )
-        for layout in stores:
-            shutil.rmtree(os.path.join(work, f"store{layout}"), ignore_errors=True)
+        shutil.rmtree(os.path.join(work, "store"), ignore_errors=True)
         local = latency(Path(work, "lat").as_uri(), {}, 5_000, args.latency_seconds)
         results["latency_local"] = local
         rows.append(

@@ -8,7 +8,7 @@ All on the wall clock, as a maintainer runs. Every request is counted
 (``Storage.count_requests``). Requests per hour at the default intervals = (passes per hour - 1)
 x an idle pass + one vacuum pass::
 
-    .venv/bin/python -m benchmarks.maintenance_requests --topics 100 [--layout 2]
+    .venv/bin/python -m benchmarks.maintenance_requests --topics 100
 
 (as a module: this folder's requests.py would otherwise shadow the library moto imports)
 
@@ -23,7 +23,7 @@ after the boundary::
 
     .venv/bin/python -m benchmarks.maintenance_requests --vacuum-lengths 1000,4000,16000 --old 1000
 
-(``--layout 2``, or 3, the default; with ``--young-sidecars`` the sidecars are rewritten after
+(With ``--young-sidecars`` the sidecars are rewritten after
 building, so that the sidecar step does not run: no sidecar is older than the log retention.
 In a topic log of writer version 5 that step lists the log only for the 10,000 versions past
 the oldest kept checkpoint; below it, the whole log.)
@@ -61,7 +61,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topics", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=1)
-    parser.add_argument("--layout", type=int, default=3, choices=[2, 3])
     parser.add_argument("--idle-passes", type=int, default=3)
     parser.add_argument(
         "--vacuum-lengths",
@@ -72,14 +71,14 @@ def main() -> None:
     parser.add_argument(
         "--young-sidecars",
         action="store_true",
-        help="layout 3: rewrite the checkpoint sidecars after building, so that none is older "
+        help="rewrite the checkpoint sidecars after building, so that none is older "
         "than the log retention (a run that finds one lists the rest of the log for the "
         "sidecar step, 22.5 step 2.4)",
     )
     args = parser.parse_args()
     if args.vacuum_lengths:
         lengths = [int(n) for n in args.vacuum_lengths.split(",")]
-        vacuum_lengths(lengths, args.old, args.layout, young_sidecars=args.young_sidecars)
+        vacuum_lengths(lengths, args.old, young_sidecars=args.young_sidecars)
         return
 
     server = MotoServer()
@@ -90,7 +89,7 @@ def main() -> None:
         producer = Producer(setup)
         for i in range(args.topics):
             name = f"t{i:04d}"
-            setup.create_topic(name, args.partitions, layout=args.layout)
+            setup.create_topic(name, args.partitions)
             producer.send(name, b"v", key=b"k")
         producer.close()
 
@@ -118,7 +117,7 @@ def main() -> None:
             )
 
         print(
-            f"{args.topics} topics x {args.partitions} partition(s), layout {args.layout}, "
+            f"{args.topics} topics x {args.partitions} partition(s), "
             f"interval {settings.interval_ms // 1000} s, vacuum every "
             f"{settings.vacuum_interval_ms // 60_000} min"
         )
@@ -178,9 +177,7 @@ def _whole_listing() -> Iterator[None]:
         vacuum_module.LogScan.scan = scan
 
 
-def vacuum_lengths(
-    lengths: list[int], old: int, layout: int, *, young_sidecars: bool = False
-) -> None:
+def vacuum_lengths(lengths: list[int], old: int, *, young_sidecars: bool = False) -> None:
     server = MotoServer()
     server.start()
     rows = []
@@ -188,22 +185,18 @@ def vacuum_lengths(
         for retained in lengths:
             url, options = server.new_store_url()
             store = Store(url, options)
-            store.create_topic("t", 1, {"checkpoint.interval": 100_000}, layout=layout)
+            store.create_topic("t", 1, {"checkpoint.interval": 100_000})
             with Producer(store) as producer:
                 producer.send("t", b"v", key=b"k", partition=0)
             fresh = Store(url, options)
-            log = (
-                fresh.partition("t", 0).log
-                if layout == 2
-                else fresh.topic_logs("t", fresh.topic("t"))[0].log
-            )
+            log = fresh.topic_logs("t", fresh.topic("t"))[0].log
             began = time.monotonic()
             _pad(store.storage, log, old)
             time.sleep(1.2)  # S3 records times to the second
             boundary = int(time.time() * 1000)
             time.sleep(1.2)
             _pad(store.storage, log, retained)
-            if young_sidecars and layout == 3:
+            if young_sidecars:
                 meta = store.topic("t")
                 sidecars = f"{topic_data_dir('t', meta.topic_id)}/{SIDECARS}"
                 for info in store.storage.list_dir(sidecars):
@@ -257,8 +250,8 @@ def vacuum_lengths(
             )
     finally:
         server.stop()
-    young = ", sidecars rewritten young" if young_sidecars and layout == 3 else ""
-    print(f"layout {layout}{young}, moto, dry runs, page 1,000 names (one LIST each):")
+    young = ", sidecars rewritten young" if young_sidecars else ""
+    print(f"layout 3{young}, moto, dry runs, page 1,000 names (one LIST each):")
     print(
         "| log files | would delete | LIST of the log: start / whole | "
         "LIST in all: start / whole | all requests: start / whole |"

@@ -2,22 +2,17 @@
 
 Checkpoints (every ``checkpoint.interval`` commits, 100 by default) hold the whole partition
 state, so opening a partition should read one checkpoint plus fewer than 100 commits, whatever
-the number of commits before it. This benchmark builds, on the local disk, in layout 2 (a log
-per partition, PROTOCOL.md 26):
+the number of commits before it. This benchmark builds, on the local disk, one-partition
+topics (one topic log; each append a range of a data object in ``_data/``, as a producer flush
+writes it), partition 0 of each opened from the topic log's checkpoint (a top file and the
+partition's sidecar in ``_sidecars/``):
 
 - ``small``: a partition with 100 commits (100 appends, so 100 live segments);
 - ``large``: a partition with 10,000 commits (10,000 appends, so 10,000 live segments);
 - ``large-history``: 10,000 commits of which 100 are appends and the rest only record a
   transaction identifier: a long history, but the same state size as ``small``;
 - ``large-replay`` (the baseline): the ``large`` log with its checkpoints removed, so opening
-  it replays every commit, which is what checkpoints are there to avoid;
-
-and in layout 3 (one topic log; each append a range of a data object in ``_data/``, as a
-producer flush writes it):
-
-- ``small-l3`` and ``large-l3``: partition 0 of a one-partition layout-3 topic with 100 and
-  10,000 appends, opened from the topic log's checkpoint (a top file and the partition's
-  sidecar in ``_sidecars/``).
+  it replays every commit, which is what checkpoints are there to avoid.
 
 A checkpoint holds the whole state, so ``large`` costs more than ``small`` in proportion to its
 live segments (its checkpoint lists 10,000 of them; merging and retention keep that number
@@ -55,16 +50,15 @@ from kstore.segments import TIMESTAMP_TYPE, write_data_object
 TOPIC = "bench"
 
 
-def build(root: str, commits: int, appends: int | None = None, layout: int = 2) -> str:
-    """A store at ``root`` whose partition 0 of TOPIC (of the given layout) has ``commits``
-    commits, the first ``appends`` of them (all by default) appends of one small segment each
-    and the rest commits that only record a transaction identifier (as an empty streaming
-    micro-batch does), so that the history is long but the state small. In layout 3 each
-    append is a range of a data object, as a producer flush writes it. Returns the log
-    directory (the partition's in layout 2, the topic log's in layout 3)."""
+def build(root: str, commits: int, appends: int | None = None) -> str:
+    """A store at ``root`` whose partition 0 of TOPIC has ``commits`` commits, the first
+    ``appends`` of them (all by default) appends of one small segment each (a range of a data
+    object, as a producer flush writes it) and the rest commits that only record a transaction
+    identifier (as an empty streaming micro-batch does), so that the history is long but the
+    state small. Returns the topic log's directory."""
     appends = commits if appends is None else appends
     store = Store(root)
-    meta = store.create_topic(TOPIC, 1, layout=layout)
+    meta = store.create_topic(TOPIC, 1)
     partition = store.partition(TOPIC, 0)
     incarnation = topic_data_dir(TOPIC, meta.topic_id)
     for i in range(commits):
@@ -77,13 +71,10 @@ def build(root: str, commits: int, appends: int | None = None, layout: int = 2) 
                     "timestamp": pa.array([1_700_000_000_000_000 + i * 1000], TIMESTAMP_TYPE),
                 }
             )
-            if layout == 3:
-                files = write_data_object(
-                    store.storage, incarnation, [(0, table, partition.layout)], durable=False
-                )
-                partition.commit_segments([files[0]], durable=False)
-            else:
-                partition.append(table, durable=False)
+            files = write_data_object(
+                store.storage, incarnation, [(0, table, partition.layout)], durable=False
+            )
+            partition.commit_segments([files[0]], durable=False)
         else:
             txn = {"txn": {"appId": "bench-query", "version": i}}
             partition.commit_actions(lambda state, a=txn: [a], operation="TXN", durable=False)
@@ -91,10 +82,8 @@ def build(root: str, commits: int, appends: int | None = None, layout: int = 2) 
     assert state.version == commits - 1, (state.version, commits)
     assert state.end_offset == appends
     assert len(state.segments) == appends
-    if layout == 3:
-        assert all(s.byte_range is not None for s in state.segments)
-        return os.path.join(root, incarnation, "_log")
-    return os.path.join(root, incarnation, "0", "_log")
+    assert all(s.byte_range is not None for s in state.segments)
+    return os.path.join(root, incarnation, "_log")
 
 
 def open_once(root: str, expect_version: int) -> float:
@@ -134,14 +123,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         roots = {
             name: os.path.join(work, name)
-            for name in ("small", "large", "large-history", "large-replay", "small-l3", "large-l3")
+            for name in ("small", "large", "large-history", "large-replay")
         }
         t0 = time.perf_counter()
         build(roots["small"], args.small)
         large_log = build(roots["large"], args.large)
         build(roots["large-history"], args.large, appends=args.small)
-        build(roots["small-l3"], args.small, layout=3)
-        large_l3_log = build(roots["large-l3"], args.large, layout=3)
         build_s = time.perf_counter() - t0
         # The baseline: the same log without checkpoints, so opening replays every commit.
         shutil.copytree(roots["large"], roots["large-replay"])
@@ -151,23 +138,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 os.unlink(os.path.join(replay_log, name))
 
         cases = [
-            ("small", 2, args.small, args.small),
-            ("large", 2, args.large, args.large),
-            ("large-history", 2, args.large, args.small),
-            ("large-replay", 2, args.large, args.large),
-            ("small-l3", 3, args.small, args.small),
-            ("large-l3", 3, args.large, args.large),
+            ("small", args.small, args.small),
+            ("large", args.large, args.large),
+            ("large-history", args.large, args.small),
+            ("large-replay", args.large, args.large),
         ]
         times: dict[str, list[float]] = {name: [] for name, *_ in cases}
-        for name, _, commits, _ in cases:
+        for name, commits, _ in cases:
             open_once(roots[name], commits - 1)  # warm the page cache and imports
         for _ in range(args.repeat):  # the cases take turns: a slow spell falls on all
-            for name, _, commits, _ in cases:
+            for name, commits, _ in cases:
                 times[name].append(open_once(roots[name], commits - 1))
         rows: dict[str, dict[str, Any]] = {}
-        for name, layout, commits, segments in cases:
+        for name, commits, segments in cases:
             rows[name] = {
-                "layout": layout,
                 "commits": commits,
                 "live_segments": segments,
                 "median_ms": statistics.median(times[name]) * 1000,
@@ -177,7 +161,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             }
         checkpoints = {
             "large": dict(zip(("files", "bytes"), files_under(large_log), strict=True)),
-            "large-l3": dict(zip(("files", "bytes"), files_under(large_l3_log), strict=True)),
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -195,8 +178,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ratio_large_over_small": med("large") / med("small"),
         "ratio_large_history_over_small": med("large-history") / med("small"),
         "ratio_replay_over_large": med("large-replay") / med("large"),
-        "ratio_large_l3_over_small_l3": med("large-l3") / med("small-l3"),
-        "ratio_large_l3_over_large": med("large-l3") / med("large"),
         "load_before": load_before,
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "pyarrow": pa.__version__,
@@ -204,19 +185,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
 
     print(
-        f"{'case':<15}{'layout':>7}{'commits':>9}{'segments':>10}{'median ms':>12}"
-        f"{'min ms':>10}{'max ms':>10}"
+        f"{'case':<15}{'commits':>9}{'segments':>10}{'median ms':>12}{'min ms':>10}{'max ms':>10}"
     )
     for name, row in rows.items():
         print(
-            f"{name:<15}{row['layout']:>7}{row['commits']:>9}{row['live_segments']:>10}"
+            f"{name:<15}{row['commits']:>9}{row['live_segments']:>10}"
             f"{row['median_ms']:>12.2f}{row['min_ms']:>10.2f}{row['max_ms']:>10.2f}"
         )
     print(f"ratio large / small:          {result['ratio_large_over_small']:6.2f}x")
     print(f"ratio large-history / small:  {result['ratio_large_history_over_small']:6.2f}x")
     print(f"ratio large-replay / large:   {result['ratio_replay_over_large']:6.2f}x")
-    print(f"ratio large-l3 / small-l3:    {result['ratio_large_l3_over_small_l3']:6.2f}x")
-    print(f"ratio large-l3 / large:       {result['ratio_large_l3_over_large']:6.2f}x")
     print(f"checkpoint files: {checkpoints}")
     print(f"load average before {load_before}, after {result['load_after']}")
     print(f"wrote {write_results('open_partition', result)}")

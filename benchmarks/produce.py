@@ -4,8 +4,7 @@
    acks=1, acks=all and acks=0, each run several times in turn (Kafka's classic single producer,
    821,557 records/s, is printed as a reference: a published figure, not a baseline);
 2. ``send_batch()`` of the same records, against pyarrow's IPC writer alone writing the same
-   records partitioned the same way (the floor), and against a layout-2 topic (a file per
-   partition), the three in turn ``--repeat`` times;
+   records partitioned the same way (the floor), the two in turn ``--repeat`` times;
 3. small appends of 1,000 records: a kstore commit per batch against ``deltalake.write_deltalake``
    of the same batch (the peer a Spark user would otherwise pick): commits/s and records/s;
 4. produce latency (send, then wait for the acknowledgement; linger 0): p50 and p99 on local
@@ -62,9 +61,9 @@ def warm_up(root: str, n: int) -> None:
             producer.send("warm", VALUE, key)
 
 
-def bench_send(root: str, n: int, acks: Any, layout: int = 3) -> float:
+def bench_send(root: str, n: int, acks: Any) -> float:
     store = Store(root)
-    store.create_topic("t", partitions=8, layout=layout)
+    store.create_topic("t", partitions=8)
     keys = keys_for(n)
     with Producer(store, acks=acks, linger_ms=5) as producer:
         send = producer.send
@@ -92,9 +91,9 @@ def records_table(n: int) -> pa.Table:
     )
 
 
-def bench_send_batch(root: str, data: pa.Table, chunk: int, layout: int = 3) -> float:
+def bench_send_batch(root: str, data: pa.Table, chunk: int) -> float:
     store = Store(root)
-    store.create_topic("t", partitions=8, layout=layout)
+    store.create_topic("t", partitions=8)
     with Producer(store, acks=1) as producer:
         started = time.perf_counter()
         futures = [
@@ -223,30 +222,21 @@ def main() -> None:
         warm_up(os.path.join(work, "warm"), min(n, 500_000))
         # The acks levels take turns, run after run, so that a slow spell of this shared
         # machine falls on all of them alike; each reports its median and its range.
-        # Layout 2 (a segment and a commit per partition per delivery) runs beside layout 3
-        # (one data object and one commit per delivery) as its baseline, in the same run.
-        runs: dict[tuple[Any, int], list[float]] = {
-            (acks, layout): [] for acks in (1, "all", 0) for layout in (3, 2)
-        }
+        runs: dict[Any, list[float]] = {acks: [] for acks in (1, "all", 0)}
         for attempt in range(args.repeat):
-            for (acks, layout), rates in runs.items():
-                directory = os.path.join(work, f"send-{acks}-{layout}-{attempt}")
-                rates.append(bench_send(directory, n, acks, layout))
+            for acks, rates in runs.items():
+                directory = os.path.join(work, f"send-{acks}-{attempt}")
+                rates.append(bench_send(directory, n, acks))
                 shutil.rmtree(directory, ignore_errors=True)  # keep the page cache small
-        for acks in (1, "all", 0):
-            rates, old = runs[(acks, 3)], runs[(acks, 2)]
-            rate, old_rate = statistics.median(rates), statistics.median(old)
+        for acks, rates in runs.items():
+            rate = statistics.median(rates)
             results[f"send_acks_{acks}"] = rate
             results[f"send_acks_{acks}_runs"] = rates
-            results[f"send_acks_{acks}_layout2"] = old_rate
-            results[f"send_acks_{acks}_layout2_runs"] = old
             rows.append(
                 {
                     "case": f"send() acks={acks}",
                     "records/s": rate,
-                    "baseline": f"layout 2 {old_rate:,.0f}/s; layout 3 runs "
-                    f"{min(rates):,.0f}-{max(rates):,.0f}",
-                    "ratio": rate / old_rate,
+                    "baseline": f"runs {min(rates):,.0f}-{max(rates):,.0f}",
                     # A published figure, not measured here: printed beside, never divided into.
                     "reference": "Kafka 2014: 821,557/s",
                 }
@@ -256,21 +246,19 @@ def main() -> None:
             return
         data = records_table(n)
         chunk = 100_000
-        batch_runs: dict[str, list[float]] = {"floor": [], "layout3": [], "layout2": []}
-        for attempt in range(args.repeat):  # the three in turn: a slow spell falls on all
+        batch_runs: dict[str, list[float]] = {"floor": [], "kstore": []}
+        for attempt in range(args.repeat):  # the two in turn: a slow spell falls on both
             for side, rates in batch_runs.items():
                 directory = os.path.join(work, f"batch-{side}-{attempt}")
                 if side == "floor":
                     rates.append(bench_ipc_floor(directory, data, chunk))
                 else:
-                    rates.append(bench_send_batch(directory, data, chunk, int(side[-1])))
+                    rates.append(bench_send_batch(directory, data, chunk))
                 shutil.rmtree(directory, ignore_errors=True)
-        floor, batch_rate, batch_l2 = (statistics.median(r) for r in batch_runs.values())
+        floor, batch_rate = (statistics.median(r) for r in batch_runs.values())
         results.update(
             send_batch=batch_rate,
-            send_batch_runs=batch_runs["layout3"],
-            send_batch_layout2=batch_l2,
-            send_batch_layout2_runs=batch_runs["layout2"],
+            send_batch_runs=batch_runs["kstore"],
             ipc_floor=floor,
             ipc_floor_runs=batch_runs["floor"],
         )
@@ -278,17 +266,9 @@ def main() -> None:
             {
                 "case": "send_batch()",
                 "records/s": batch_rate,
-                "baseline": f"pyarrow IPC {floor:,.0f}/s; layout 3 runs "
-                f"{min(batch_runs['layout3']):,.0f}-{max(batch_runs['layout3']):,.0f}",
+                "baseline": f"pyarrow IPC {floor:,.0f}/s; runs "
+                f"{min(batch_runs['kstore']):,.0f}-{max(batch_runs['kstore']):,.0f}",
                 "ratio": batch_rate / floor,
-            }
-        )
-        rows.append(
-            {
-                "case": "send_batch() layout 2",
-                "records/s": batch_l2,
-                "baseline": f"layout 3 {batch_rate:,.0f}/s (ratio: layout 3 / layout 2)",
-                "ratio": batch_rate / batch_l2,
             }
         )
         small = bench_small_appends(os.path.join(work, "small"), 200, 1_000)

@@ -10,9 +10,10 @@ checkpoints, ``_last_checkpoint``: everything under ``_log*/``, plus ``_sidecars
 data (``_data/`` objects and ``segments/``).
 
 The same record rate at every partition count, so what grows is what the format costs per
-partition. Layout 2 (a log and a segment per partition) and layout 3 (one topic log, one data
-object per flush) run side by side: the cases take turns over ``--rounds`` rounds, the two
-layouts alternating, and each figure is reported as the median with its range over the rounds.
+partition. Variants of the layout (``--layouts``: a flush's data carried in its commit, or a
+data object per flush, or the topic log at format 5/6) run side by side: the cases take turns
+over ``--rounds`` rounds, the variants alternating, and each figure is reported as the median
+with its range over the rounds.
 ``--backend local`` measures latency on the local disk instead (no requests to count).
 
 Each run replaces its own section (backend and rate) in benchmarks/results/requests.json and
@@ -25,8 +26,8 @@ keeps the others, so the 500 and 5,000 records/s runs sit side by side:
 ``--cost-example`` measures instead the shape of the cost example in docs/OPERATIONS.md: two
 producer processes (linger 100 ms, ``--rate`` records/s between them) writing all 8 partitions
 of one topic, and one consumer-group member's share (2 of the 8 partitions) read with the
-consumer's defaults; its requests per producer delivery and per member, by kind. In layout 3,
-then, one group of 4 members (the consumer's defaults) shares the topic while a producer writes
+consumer's defaults; its requests per producer delivery and per member, by kind. Then one
+group of 4 members (the consumer's defaults) shares the topic while a producer writes
 200 records/s: their requests to the group's files per member and second. Between the two,
 the merge job (in this process) over what the two producers wrote: its requests per delivery:
 
@@ -188,14 +189,14 @@ def counting(store: Store) -> Iterator[collections.Counter[str]]:
 
 
 def create_topic(store: Store, partitions: int, layout: str) -> None:
-    """``layout``: "2"; "3", layout 3 as configured by default (a flush's data carried in its
+    """``layout``: "3", layout 3 as configured by default (a flush's data carried in its
     commit, PROTOCOL.md 11.8; a checkpoint's new sidecars in one file, 7.4); "3d", layout 3
     with a data object per flush (``commit.inline.bytes`` 0), the layout-3 format before
     version 5/6; "3v5", layout 3 with its topic log at 5/6 (a sidecar file per changed
     partition at each checkpoint), the format before 6/7."""
     config = {"commit.inline.bytes": 0} if layout == "3d" else None
     if layout != "3v5":
-        store.create_topic(TOPIC, partitions=partitions, layout=int(layout[0]), config=config)
+        store.create_topic(TOPIC, partitions=partitions, config=config)
         return
     # A topic log is created at the versions of the writer of its first commit: the topic
     # and that commit (one record, before the measured run) made as a writer of version 6.
@@ -433,7 +434,7 @@ def run_cost_case(url: str, options: dict[str, Any], layout: str, args: Any) -> 
     # Before the group's phase, whose producer writes more: only the two producers' data.
     merge, merge_by_file = run_merge_phase(url, options)
     vacuumed, vacuum_by_file = run_vacuum_phase(url, options)
-    group = run_group_phase(url, options, args) if layout.startswith("3") else {}
+    group = run_group_phase(url, options, args)
     flushes = sum(p["flushes"] for p in produced)
     producer_requests: collections.Counter[str] = collections.Counter()
     for p in produced:
@@ -634,8 +635,7 @@ def summarise_cost(runs: list[dict[str, Any]], layouts: list[str]) -> list[dict[
             row[f"merge {kind}/flush"] = statistics.median(
                 r.get("merge_requests_per_flush", {}).get(kind, 0) for r in mine
             )
-        kinds = ("data object", "commit log") if layout.startswith("3") else ("segment",)
-        for files in kinds:
+        for files in ("data object", "commit log"):
             row[f"merge {files}s/flush"] = statistics.median(
                 r.get("merge_requests_by_file_per_flush", {}).get(files, 0) for r in mine
             )
@@ -681,8 +681,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--layouts",
-        default="2,3d,3",
-        help="layouts to run side by side: 2; 3 (data carried in commits, the default); 3d "
+        default="3d,3",
+        help="layout variants to run side by side: 3 (data carried in commits, the default); 3d "
         "(layout 3 with a data object per flush, commit.inline.bytes=0); 3v5 (layout 3 at "
         "format 5/6: a sidecar file per changed partition at each checkpoint)",
     )
@@ -708,8 +708,8 @@ def main() -> None:
     args = parser.parse_args()
     counts = parse_ints(args.partitions, "--partitions")
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
-    if not layouts or any(layout not in ("2", "3", "3d", "3v5") for layout in layouts):
-        raise SystemExit(f"--layouts must name layouts 2, 3, 3d and/or 3v5, got {args.layouts!r}")
+    if not layouts or any(layout not in ("3", "3d", "3v5") for layout in layouts):
+        raise SystemExit(f"--layouts must name 3, 3d and/or 3v5, got {args.layouts!r}")
     if args.rate <= 0 or args.seconds <= 0 or args.rounds < 1 or args.max_poll_records < 1:
         raise SystemExit(
             "--rate and --seconds must be positive, --rounds and --max-poll-records at least 1"
@@ -772,7 +772,7 @@ def main() -> None:
     rows = summarise_cost(runs, layouts) if args.cost_example else summarise(runs, counts, layouts)
     shown = ["layout", "partitions", *(c for c, _ in COLUMNS), "total req/s vs first"]
     if args.cost_example:
-        shown = list(dict.fromkeys(k for row in rows for k in row))  # layout 2 has no group
+        shown = list(dict.fromkeys(k for row in rows for k in row))
     elif args.backend == "local":
         shown = [
             "layout",

@@ -113,16 +113,6 @@ def summary() -> list[dict[str, Any]]:
                     target="ratio >= 0.5",
                 )
             )
-        if produce.get("send_batch_layout2"):
-            rows.append(
-                _row(
-                    "send_batch() layout 3",
-                    f"{produce['send_batch']:,.0f} records/s",
-                    baseline="the same into a layout-2 topic",
-                    ratio=produce["send_batch"] / produce["send_batch_layout2"],
-                    target="ratio >= 1",
-                )
-            )
         small = produce.get("small_appends") or {}
         if small:
             rows.append(

@@ -14,13 +14,12 @@ and the ratio (kstore speed / Parquet speed; the target is at least 0.7) are pri
 written to benchmarks/results/spark_read.json, with a streaming figure: records/s of a
 kstore-to-kstore copy query (availableNow, ``--trigger-records`` offsets per micro-batch).
 
-``--layout 2|3`` (default 3) chooses the topic layout; ``--write producer`` writes each round
-of segments through the producer (layout 3: one data object per round with a range per
-partition) and ``--merge`` runs the merge job before reading (ranges become per-partition
+``--write producer`` writes each round of segments through the producer (one data object per
+round with a range per partition) and ``--merge`` runs the merge job before reading (ranges become per-partition
 Parquet segments).
 
 Run: ``.venv/bin/python benchmarks/spark_read.py [--records 2000000] [--repeat 5]
-[--layout 3 --write producer --merge] [--out PATH]``
+[--write producer --merge] [--out PATH]``
 """
 
 from __future__ import annotations
@@ -91,16 +90,15 @@ def build(
     partitions: int,
     segment_records: int,
     *,
-    layout: int = 3,
     write: str = "append",
 ) -> None:
     """The topic and its Parquet twin. ``write``: ``append`` writes each segment with
     Partition.append (a per-partition file); ``producer`` sends one table per round through
-    the producer, so that in layout 3 every flush is one data object holding a range of every
+    the producer, so that every flush is one data object holding a range of every
     partition (what producers write)."""
     store = Store(Path(root).as_uri())
-    store.create_topic(TOPIC, partitions, layout=layout)
-    store.create_topic(SINK, partitions, layout=layout)
+    store.create_topic(TOPIC, partitions)
+    store.create_topic(SINK, partitions)
     rng = np.random.default_rng(7)
     per_partition = total // partitions
     os.makedirs(parquet_dir, exist_ok=True)
@@ -175,13 +173,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--trigger-records", type=int, default=500_000)
     parser.add_argument("--master", default="local[*]")
-    parser.add_argument("--layout", type=int, choices=(2, 3), default=3)
     parser.add_argument(
         "--write",
         choices=("append", "producer"),
         default="append",
         help="append: one file per segment; producer: one producer flush per round "
-        "(layout 3: a data object with a range per partition)",
+        "(a data object with a range per partition)",
     )
     parser.add_argument(
         "--merge", action="store_true", help="run the merge job (in process) before reading"
@@ -206,7 +203,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.records,
             args.partitions,
             args.segment_records,
-            layout=args.layout,
             write=args.write,
         )
         build_s = time.perf_counter() - t0
@@ -291,7 +287,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "value_bytes": 100,
         "repeat": args.repeat,
         "build_seconds": build_s,
-        "layout": args.layout,
         "write": args.write,
         "merged": args.merge,
         "merge_seconds": merge_s,
