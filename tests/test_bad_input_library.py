@@ -528,7 +528,11 @@ def test_send_offsets_to_transaction_checks_before_writing(
 # --- consumer configuration and calls ----------------------------------------------------------
 
 CONSUMER_CONFIGS: list[tuple[str, Any, str]] = [
-    ("auto_offset_reset", "first", "'auto_offset_reset': 'first' is not one of earliest, latest, none"),
+    (
+        "auto_offset_reset",
+        "first",
+        "'auto_offset_reset': 'first' is not one of earliest, latest, none",
+    ),
     ("max_poll_records", 0, "'max_poll_records': must be an integer >= 1, got 0"),
     ("max_poll_records", "10", "'max_poll_records'"),
     ("fetch_max_bytes", -1, "'fetch_max_bytes'"),

@@ -30,6 +30,7 @@ from kstore.consumer.pacing import Pacer
 from kstore.consumer.subscription import ConsumerRebalanceListener, SubscriptionState
 from kstore.errors import (
     IllegalStateError,
+    InvalidArgumentError,
     UnknownTopicOrPartitionError,
 )
 from kstore.groups import Group
@@ -189,7 +190,7 @@ class Consumer:
         out: dict[TopicPartition, OffsetAndTimestamp | None] = {}
         for tp, ts in timestamps.items():
             if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"timestamp for {tp} must be a non-negative integer (ms), got {ts!r}"
                 )
             out[tp] = self._fetcher.offset_for_time(tp, ts)
@@ -260,7 +261,9 @@ class Consumer:
     def _limit(self, max_records: int | None) -> int:
         limit = self.config["max_poll_records"] if max_records is None else max_records
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ValueError(f"max_records must be a positive integer, got {max_records!r}")
+            raise InvalidArgumentError(
+                f"max_records must be a positive integer, got {max_records!r}"
+            )
         return int(limit)
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
