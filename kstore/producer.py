@@ -12,7 +12,8 @@ that partition. A retry after an error that left the outcome unknown commits the
 sequences again, and the log recognises its own batch instead of writing it twice.
 
 The producer is composed as Kafka's client is: it holds its parts as objects, each built
-here and given what it needs. :mod:`kstore.producer_metadata` (what it knows of each topic),
+here and given what it needs. :mod:`kstore.producer_config` (its configuration, validated
+once, when it is built), :mod:`kstore.producer_metadata` (what it knows of each topic),
 :mod:`kstore.accumulator` (the batches, their futures and the buffer),
 :mod:`kstore.transaction_manager` (the producer id, epoch, sequences and Kafka's transaction
 calls) and :mod:`kstore.sender` (the sender thread's writes and commits). ``send()`` stays here, on attributes bound once to the

@@ -60,3 +60,9 @@ def test_a_wrong_row_is_caught(tmp_path: Path) -> None:
     table = config_table(doc)
     assert table == {"linger_ms": 50, "key_serializer": None, "value_serializer": None}
     assert table["linger_ms"] != PRODUCER_SETTINGS["linger_ms"].default
+
+
+@pytest.mark.parametrize("settings", [PRODUCER_SETTINGS, CONSUMER_SETTINGS])
+def test_every_declared_default_passes_its_own_validator(settings: Settings) -> None:
+    for name, setting in settings.items():
+        assert settings.parse(name, setting.default) == setting.default, name
