@@ -6,6 +6,8 @@ import re
 import time
 from datetime import UTC, datetime, timedelta
 
+from kstore.errors import InvalidArgumentError
+
 _UNITS_MS = {
     "ms": 1,
     "s": 1000,
@@ -27,10 +29,10 @@ _ISO = re.compile(
 
 def parse_duration_ms(text: str) -> int:
     """``90s``, ``15m``, ``1h30m``, ``2d``, ``500ms``, or ISO 8601 ``PT1H30M`` / ``P1DT2H``
-    (Kafka's ``--by-duration`` format). Raises ValueError."""
+    (Kafka's ``--by-duration`` format). Raises InvalidArgumentError (a ValueError)."""
     raw = text.strip()
     if not raw:
-        raise ValueError("empty duration")
+        raise InvalidArgumentError("empty duration")
     iso = _ISO.fullmatch(raw)
     if iso and raw.upper() not in ("P", "PT") and any(iso.groupdict().values()):
         parts = iso.groupdict()
@@ -44,7 +46,9 @@ def parse_duration_ms(text: str) -> int:
     while position < len(compact):
         match = _SIMPLE.match(compact, position)
         if match is None:
-            raise ValueError(f"{text!r} is not a duration (use e.g. 90s, 15m, 1h30m, 2d or PT1H)")
+            raise InvalidArgumentError(
+                f"{text!r} is not a duration (use e.g. 90s, 15m, 1h30m, 2d or PT1H)"
+            )
         total_ms += float(match.group(1)) * _UNITS_MS[match.group(2)]
         position = match.end()
     return round(total_ms)
@@ -78,7 +82,7 @@ def parse_datetime_ms(text: str, *, now_ms: int | None = None) -> int:
     try:
         parsed = datetime.fromisoformat(iso)
     except ValueError:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"{text!r} is not a time: use ISO 8601 (2026-11-21T10:00:00Z), epoch milliseconds, "
             "or a duration ago (15m, 2h)"
         ) from None

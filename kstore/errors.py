@@ -32,6 +32,10 @@ class InvalidArgumentError(KStoreError, ValueError):
     """An argument of a call is outside what it allows; the message names the argument."""
 
 
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of a call is of the wrong type (a ``TypeError`` too, as Python's own are)."""
+
+
 class InvalidPartitionsError(KStoreError, ValueError):
     """A partition count is invalid (zero, negative, or not an increase)."""
 

@@ -35,6 +35,7 @@ from kstore.errors import (
     ConcurrentModificationError,
     CorruptLogError,
     DurabilityUnknownError,
+    InvalidArgumentError,
     InvalidConfigurationError,
     KStoreError,
     StaleWriteError,
@@ -785,7 +786,7 @@ class Log(Generic[S]):
             commit = self.read_commit(state.version + 1)
             if commit is None:
                 if self.read_commit(state.version + 2) is None:
-                    raise ValueError(
+                    raise InvalidArgumentError(
                         f"{self.storage.display_url}/{self.directory}: version {version} does not exist "
                         f"(the newest is {state.version})"
                     )

@@ -12,7 +12,8 @@ that partition. A retry after an error that left the outcome unknown commits the
 sequences again, and the log recognises its own batch instead of writing it twice.
 
 The producer is composed as Kafka's client is: it holds its parts as objects, each built
-here and given what it needs. :mod:`kstore.producer_metadata` (what it knows of each topic),
+here and given what it needs. :mod:`kstore.producer_config` (its configuration, validated
+once, when it is built), :mod:`kstore.producer_metadata` (what it knows of each topic),
 :mod:`kstore.accumulator` (the batches, their futures and the buffer),
 :mod:`kstore.transaction_manager` (the producer id, epoch, sequences and Kafka's transaction
 calls) and :mod:`kstore.sender` (the sender thread's writes and commits). ``send()`` stays here, on attributes bound once to the
@@ -41,10 +42,8 @@ from kstore.accumulator import (
     conform_batch,
     to_table,
 )
-from kstore.config import MAX_UNCOMMITTED_MS, MIN_ORPHAN_AGE_MS
 from kstore.errors import (
     IllegalStateError,
-    InvalidConfigurationError,
     InvalidRecordError,
     KafkaTimeoutError,
     RecordTooLargeError,
@@ -52,6 +51,7 @@ from kstore.errors import (
 )
 from kstore.log import wait_for_checkpoints
 from kstore.partitioner import NO_PARTITION, get_partitioner
+from kstore.producer_config import DEFAULT_CONFIG, producer_config
 from kstore.producer_metadata import Backoff, ProducerMetadata
 from kstore.records import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
 from kstore.sender import Sender, default_in_flight
@@ -60,30 +60,6 @@ from kstore.transaction_manager import TransactionManager
 
 _now = time.time
 
-
-DEFAULT_CONFIG: dict[str, Any] = {
-    "acks": 1,
-    "linger_ms": 5,
-    "batch_size": 16 * 1024 * 1024,  # bytes per topic batch before it is sent without lingering
-    "buffer_memory": 64 * 1024 * 1024,
-    "max_block_ms": 60_000,
-    "max_request_size": 1_048_576,
-    "compression_type": None,  # None: the topic's compression.type
-    "retries": 2_147_483_647,
-    "retry_backoff_ms": 100,
-    "retry_backoff_max_ms": 1_000,
-    "delivery_timeout_ms": 120_000,
-    "enable_idempotence": True,
-    "transactional_id": None,
-    "transaction_timeout_ms": 60_000,
-    "partitioner": "murmur2",
-    "key_serializer": None,
-    "value_serializer": None,
-    "client_id": None,
-    "metadata_max_age_ms": 300_000,
-    "max_in_flight_partitions": None,  # topic logs written at once; None: see default_in_flight
-    "storage_options": None,
-}
 
 _LIVE_PRODUCERS: weakref.WeakSet[Producer] = weakref.WeakSet()
 
@@ -104,78 +80,11 @@ class Producer:
     """
 
     def __init__(self, store: Store | str, **configs: Any) -> None:
-        unknown = sorted(set(configs) - set(DEFAULT_CONFIG))
-        if unknown:
-            raise InvalidConfigurationError(
-                f"unknown producer config {unknown[0]!r}; known: {', '.join(sorted(DEFAULT_CONFIG))}"
-            )
-        cfg = {**DEFAULT_CONFIG, **configs}
-        if cfg["transactional_id"] is not None:
-            # As in Kafka: transactions need durable appends, or a machine crash could lose
-            # an append of a transaction whose (durable) decision says it committed.
-            if "acks" in configs and _parse_acks(configs["acks"]) != "all":
-                raise InvalidConfigurationError("a transactional producer needs acks='all'")
-            cfg["acks"] = "all"
+        # Validated here, once (kstore.producer_config); send() reads only what is bound below.
+        cfg = producer_config(configs)
         self.config = cfg
-        acks = _parse_acks(cfg["acks"])
-        for name in (
-            "linger_ms",
-            "batch_size",
-            "buffer_memory",
-            "max_block_ms",
-            "max_request_size",
-            "retries",
-            "retry_backoff_ms",
-            "retry_backoff_max_ms",
-            "delivery_timeout_ms",
-            "metadata_max_age_ms",
-            "max_in_flight_partitions",
-        ):
-            value = cfg[name]
-            if value is None and name == "max_in_flight_partitions":
-                continue  # chosen for the store below
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise InvalidConfigurationError(
-                    f"producer config {name!r} must be a non-negative integer, got {value!r}"
-                )
-        if cfg["delivery_timeout_ms"] > MAX_UNCOMMITTED_MS:
-            # PROTOCOL.md 23.1: no writer holds a written segment longer than this.
-            raise InvalidConfigurationError(
-                f"producer config 'delivery_timeout_ms' {cfg['delivery_timeout_ms']} exceeds "
-                f"{MAX_UNCOMMITTED_MS}, the longest a written segment may wait for its commit "
-                f"(half the minimum orphan age, {MIN_ORPHAN_AGE_MS} ms, after which vacuum may "
-                "delete it)"
-            )
-        timeout = cfg["transaction_timeout_ms"]
-        if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 1:
-            # Checked here, before the value is recorded in the producer log (INIT PRODUCER).
-            raise InvalidConfigurationError(
-                f"producer config 'transaction_timeout_ms' must be a positive integer, got {timeout!r}"
-            )
-        if (
-            cfg["max_in_flight_partitions"] == 0
-            or cfg["batch_size"] < 1
-            or cfg["buffer_memory"] < 1
-        ):
-            raise InvalidConfigurationError(
-                "batch_size, buffer_memory and max_in_flight_partitions must be positive"
-            )
+        acks = cfg["acks"]
         compression = cfg["compression_type"]
-        if compression is not None:
-            compression = {
-                "none": "uncompressed",
-                "uncompressed": "uncompressed",
-                "zstd": "zstd",
-                "lz4": "lz4",
-            }.get(str(compression).lower())
-            if compression is None:
-                raise InvalidConfigurationError(
-                    f"compression_type {cfg['compression_type']!r} is not supported; use zstd, lz4 "
-                    "or none (segments are Arrow IPC, whose codecs are zstd and lz4)"
-                )
-        for name in ("key_serializer", "value_serializer"):
-            if cfg[name] is not None and not callable(cfg[name]):
-                raise InvalidConfigurationError(f"producer config {name!r} must be callable")
         self._key_serializer: Callable[[Any], bytes] | None = cfg["key_serializer"]
         self._value_serializer: Callable[[Any], bytes] | None = cfg["value_serializer"]
         self._serializing = self._key_serializer is not None or self._value_serializer is not None
@@ -207,7 +116,7 @@ class Producer:
             self.store,
             transactional_id=cfg["transactional_id"],
             idempotent=bool(cfg["enable_idempotence"]),
-            transaction_timeout_ms=timeout,
+            transaction_timeout_ms=cfg["transaction_timeout_ms"],
             on_fenced=self._accumulator.fail,
         )
         self._sender = Sender(
@@ -486,19 +395,6 @@ class Producer:
             raise IllegalStateError("transactions need a producer created with transactional_id")
         self._accumulator.check_usable()
         return self._transactions
-
-
-# -- helpers ---------------------------------------------------------------------------------------
-
-
-def _parse_acks(value: Any) -> int | str:
-    if value in (0, "0"):
-        return 0
-    if value in (1, "1"):
-        return 1
-    if value in ("all", -1, "-1"):
-        return "all"
-    raise InvalidConfigurationError(f"acks must be 0, 1 or 'all', got {value!r}")
 
 
 __all__ = ["DEFAULT_CONFIG", "FutureBatchMetadata", "FutureRecordMetadata", "Producer"]

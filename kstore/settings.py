@@ -65,6 +65,40 @@ def integer(
     return parse
 
 
+def whole(minimum: int = 0) -> Validator:
+    """A Python ``int`` of at least ``minimum``, as a client's keyword argument is given (no
+    strings, no booleans, no floats)."""
+    wanted = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
+
+    def parse(value: Any) -> int:
+        if not is_int(value) or value < minimum:
+            raise BadSettingError(f"must be {wanted}, got {value!r}")
+        return value
+
+    return parse
+
+
+def optional(validator: Validator) -> Validator:
+    """``None`` (the setting left to its default behaviour), or a value ``validator`` takes."""
+
+    def parse(value: Any) -> Any:
+        return None if value is None else validator(value)
+
+    return parse
+
+
+def as_given(value: Any) -> Any:
+    """Any value, kept as given: one checked where it is used (a store's storage options)."""
+    return value
+
+
+def a_callable(value: Any) -> Any:
+    """A function (a serializer, a deserializer)."""
+    if not callable(value):
+        raise BadSettingError(f"must be callable, got {type(value).__name__}")
+    return value
+
+
 def at_least(floor: int) -> Validator:
     """A lenient reader: a non-negative integer, one below ``floor`` read as ``floor``."""
     lenient = integer(0)

@@ -29,6 +29,7 @@ from kstore.retention import (
 )
 from kstore.retention.deletion import plan_retention
 
+from kstore.errors import InvalidConfigurationError
 from kstore.partition import PartitionState
 from kstore.store import Store, TopicMetadata
 
@@ -62,7 +63,9 @@ class Settings:
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+                raise InvalidConfigurationError(
+                    f"{name} must be an integer >= {minimum}, got {value!r}"
+                )
 
 
 @dataclass

@@ -18,6 +18,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from kstore.errors import InvalidConfigurationError
 from kstore.records import TopicPartition
 
 from . import hooks
@@ -87,7 +88,7 @@ class KStoreBatchReader(DataSourceReader):
                 continue
             start, end = starts[tp], ends[tp]
             if start > end:
-                raise ValueError(
+                raise InvalidConfigurationError(
                     f"kstore source: for {tp.topic}-{tp.partition} the starting offset {start} "
                     f"({opts.starting.option}) is after the ending offset {end} ({opts.ending.option})"
                 )

@@ -280,7 +280,7 @@ def test_unusable_transactional_ids_are_refused(store: Store, tid: Any) -> None:
 # --- producer configuration --------------------------------------------------------------------
 
 PRODUCER_CONFIGS: list[tuple[str, Any, str]] = [
-    ("linger_ms", -1, "'linger_ms' must be a non-negative integer"),
+    ("linger_ms", -1, "'linger_ms': must be a non-negative integer, got -1"),
     ("linger_ms", 1.5, "'linger_ms'"),
     ("linger_ms", "5", "'linger_ms'"),
     ("linger_ms", True, "'linger_ms'"),
@@ -291,13 +291,13 @@ PRODUCER_CONFIGS: list[tuple[str, Any, str]] = [
     ("retries", math.inf, "'retries'"),
     ("delivery_timeout_ms", -1, "'delivery_timeout_ms'"),
     ("max_in_flight_partitions", 0, "max_in_flight_partitions"),
-    ("acks", 2, "acks must be 0, 1 or 'all'"),
-    ("acks", "everyone", "acks must be 0, 1 or 'all'"),
-    ("compression_type", "gzip", "compression_type 'gzip' is not supported"),
-    ("compression_type", "snappy", "compression_type 'snappy'"),
+    ("acks", 2, "'acks': must be 0, 1 or 'all'"),
+    ("acks", "everyone", "'acks': must be 0, 1 or 'all'"),
+    ("compression_type", "gzip", "'compression_type': 'gzip' is not supported"),
+    ("compression_type", "snappy", "'compression_type': 'snappy'"),
     ("partitioner", "nope", "unknown partitioner 'nope'"),
-    ("key_serializer", "str", "'key_serializer' must be callable"),
-    ("value_serializer", 5, "'value_serializer' must be callable"),
+    ("key_serializer", "str", "'key_serializer': must be callable"),
+    ("value_serializer", 5, "'value_serializer': must be callable"),
     ("bootstrap_servers", "localhost:9092", "unknown producer config 'bootstrap_servers'"),
     ("lingerms", 5, "unknown producer config 'lingerms'"),
 ]
@@ -528,8 +528,12 @@ def test_send_offsets_to_transaction_checks_before_writing(
 # --- consumer configuration and calls ----------------------------------------------------------
 
 CONSUMER_CONFIGS: list[tuple[str, Any, str]] = [
-    ("auto_offset_reset", "first", "auto_offset_reset must be earliest, latest or none"),
-    ("max_poll_records", 0, "'max_poll_records' must be an integer >= 1"),
+    (
+        "auto_offset_reset",
+        "first",
+        "'auto_offset_reset': 'first' is not one of earliest, latest, none",
+    ),
+    ("max_poll_records", 0, "'max_poll_records': must be an integer >= 1, got 0"),
     ("max_poll_records", "10", "'max_poll_records'"),
     ("fetch_max_bytes", -1, "'fetch_max_bytes'"),
     ("session_timeout_ms", 0, "'session_timeout_ms'"),
@@ -541,9 +545,9 @@ CONSUMER_CONFIGS: list[tuple[str, Any, str]] = [
     ("auto_commit_interval_ms", 1.5, "'auto_commit_interval_ms'"),
     ("max_poll_interval_ms", True, "'max_poll_interval_ms'"),
     ("partition_assignment_strategy", ("magic",), "unknown partition assignment strategy"),
-    ("isolation_level", "serializable", "isolation_level must be"),
-    ("value_deserializer", "utf-8", "'value_deserializer' must be callable"),
-    ("client_id", "../x", "client_id '../x'"),
+    ("isolation_level", "serializable", "'isolation_level': 'serializable' is not one of"),
+    ("value_deserializer", "utf-8", "'value_deserializer': must be callable"),
+    ("client_id", "../x", "'client_id': '../x' must be 1-200"),
     ("client_id", "x" * 201, "client_id"),
     ("client_id", "caf\u00e9", "client_id"),
     ("group_id_", "g", "unknown consumer config 'group_id_'"),

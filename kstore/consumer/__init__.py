@@ -1,6 +1,7 @@
 """The consumer (kafka-python's ``KafkaConsumer`` API), split as Kafka's client is:
 
-- ``consumer``: the ``Consumer`` facade (configuration, poll, commits, close);
+- ``consumer``: the ``Consumer`` facade (poll, commits, close);
+- ``config``: its configuration, declared on the settings model (``kstore.settings``);
 - ``subscription``: what it reads: subscription, assignment, positions, pauses;
 - ``fetcher``: reading the assigned partitions into a fetch buffer;
 - ``pacing``: when a poll looks for new records, and how long it waits;

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import math
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -24,15 +22,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from kstore.assignors import check_assignors
 from kstore.consumer.builder import RecordBuilder
+from kstore.consumer.config import DEFAULT_CONFIG, consumer_config
 from kstore.consumer.fetcher import Fetcher, NoGroup
 from kstore.consumer.membership import GroupMembership
 from kstore.consumer.pacing import Pacer
 from kstore.consumer.subscription import ConsumerRebalanceListener, SubscriptionState
 from kstore.errors import (
     IllegalStateError,
-    InvalidConfigurationError,
+    InvalidArgumentError,
     UnknownTopicOrPartitionError,
 )
 from kstore.groups import Group
@@ -48,37 +46,6 @@ from kstore.store import Store
 
 log = logging.getLogger("kstore.consumer")
 
-DEFAULT_CONFIG: dict[str, Any] = {
-    "client_id": None,
-    "group_instance_id": None,
-    "key_deserializer": None,
-    "value_deserializer": None,
-    "auto_offset_reset": "latest",
-    "enable_auto_commit": True,
-    "auto_commit_interval_ms": 5_000,
-    "max_poll_records": 500,
-    "fetch_max_bytes": 52_428_800,
-    "max_partition_fetch_bytes": 1_048_576,
-    "fetch_max_wait_ms": 100,  # an idle poll looks for new commits at most this far apart
-    "session_timeout_ms": 45_000,
-    "heartbeat_interval_ms": 3_000,
-    "max_poll_interval_ms": 300_000,
-    "partition_assignment_strategy": ("sticky", "range", "roundrobin"),
-    "consumer_timeout_ms": float("inf"),
-    "metadata_max_age_ms": 300_000,
-    "isolation_level": "read_uncommitted",  # or read_committed: hide open/aborted transactions
-    "storage_options": None,
-}
-
-
-def _ms_config(cfg: dict[str, Any], name: str, minimum: int = 0) -> int:
-    value = cfg[name]
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise InvalidConfigurationError(
-            f"consumer config {name!r} must be an integer >= {minimum}, got {value!r}"
-        )
-    return value
-
 
 class Consumer:
     """Reads records from a store's topics, with kafka-python's ``KafkaConsumer`` API.
@@ -90,52 +57,9 @@ class Consumer:
     def __init__(
         self, *topics: str, store: Store | str, group_id: str | None = None, **configs: Any
     ) -> None:
-        unknown = sorted(set(configs) - set(DEFAULT_CONFIG))
-        if unknown:
-            raise InvalidConfigurationError(
-                f"unknown consumer config {unknown[0]!r}; known: {', '.join(sorted(DEFAULT_CONFIG))}"
-            )
-        cfg = {**DEFAULT_CONFIG, **configs}
+        # Validated here, once (kstore.consumer.config); poll() reads only what is bound below.
+        cfg = consumer_config(configs)
         self.config = cfg
-        if cfg["auto_offset_reset"] not in ("earliest", "latest", "none"):
-            raise InvalidConfigurationError(
-                f"auto_offset_reset must be earliest, latest or none, got {cfg['auto_offset_reset']!r}"
-            )
-        for name in (
-            "auto_commit_interval_ms",
-            "fetch_max_bytes",
-            "max_partition_fetch_bytes",
-            "fetch_max_wait_ms",
-            "max_poll_interval_ms",
-            "metadata_max_age_ms",
-        ):
-            _ms_config(cfg, name)
-        _ms_config(cfg, "max_poll_records", 1)
-        timeout = cfg["consumer_timeout_ms"]
-        if (
-            not isinstance(timeout, (int, float))
-            or isinstance(timeout, bool)
-            or math.isnan(timeout)
-            or timeout < 0
-        ):
-            raise InvalidConfigurationError(
-                "consumer config 'consumer_timeout_ms' must be a non-negative number of "
-                f"milliseconds (float('inf') to wait forever), got {timeout!r}"
-            )
-        session = _ms_config(cfg, "session_timeout_ms", 1)
-        heartbeat = _ms_config(cfg, "heartbeat_interval_ms", 1)
-        if heartbeat >= session:
-            raise InvalidConfigurationError(
-                "heartbeat_interval_ms must be lower than session_timeout_ms"
-            )
-        assignors = check_assignors(cfg["partition_assignment_strategy"])
-        if cfg["isolation_level"] not in ("read_uncommitted", "read_committed"):
-            raise InvalidConfigurationError(
-                f"isolation_level must be read_uncommitted or read_committed, got {cfg['isolation_level']!r}"
-            )
-        for name in ("key_deserializer", "value_deserializer"):
-            if cfg[name] is not None and not callable(cfg[name]):
-                raise InvalidConfigurationError(f"consumer config {name!r} must be callable")
         self.store = (
             store
             if isinstance(store, Store)
@@ -143,12 +67,6 @@ class Consumer:
         )
         self.group_id = validate_group_id(group_id) if group_id is not None else None
         self.client_id = cfg["client_id"] or f"consumer-{uuid.uuid4().hex[:8]}"
-        if not isinstance(self.client_id, str) or not re.fullmatch(
-            r"[a-zA-Z0-9._-]{1,200}", self.client_id
-        ):
-            raise InvalidConfigurationError(
-                f"client_id {self.client_id!r} must be 1-200 ASCII letters, digits, '.', '_' or '-'"
-            )
 
         self._closed = False
         self._polls = 0
@@ -162,9 +80,9 @@ class Consumer:
                 self._subscription,
                 client_id=self.client_id,
                 instance_id=cfg["group_instance_id"],
-                assignors=assignors,
-                session_timeout_ms=session,
-                heartbeat_interval_ms=heartbeat,
+                assignors=list(cfg["partition_assignment_strategy"]),
+                session_timeout_ms=cfg["session_timeout_ms"],
+                heartbeat_interval_ms=cfg["heartbeat_interval_ms"],
                 max_poll_interval_ms=cfg["max_poll_interval_ms"],
                 metadata_max_age_ms=cfg["metadata_max_age_ms"],
                 auto_commit=bool(cfg["enable_auto_commit"]),
@@ -272,7 +190,7 @@ class Consumer:
         out: dict[TopicPartition, OffsetAndTimestamp | None] = {}
         for tp, ts in timestamps.items():
             if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"timestamp for {tp} must be a non-negative integer (ms), got {ts!r}"
                 )
             out[tp] = self._fetcher.offset_for_time(tp, ts)
@@ -343,7 +261,9 @@ class Consumer:
     def _limit(self, max_records: int | None) -> int:
         limit = self.config["max_poll_records"] if max_records is None else max_records
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ValueError(f"max_records must be a positive integer, got {max_records!r}")
+            raise InvalidArgumentError(
+                f"max_records must be a positive integer, got {max_records!r}"
+            )
         return int(limit)
 
     def __iter__(self) -> Iterator[ConsumerRecord]:

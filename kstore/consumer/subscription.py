@@ -13,7 +13,11 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Set
 from typing import Protocol
 
-from kstore.errors import IllegalStateError
+from kstore.errors import (
+    IllegalStateError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+)
 from kstore.names import validate_topic_name
 from kstore.records import OffsetAndMetadata, TopicPartition
 from kstore.store import Store
@@ -72,7 +76,7 @@ class SubscriptionState:
         parts = []
         for tp in partitions:
             if not isinstance(tp, tuple) or len(tp) != 2:
-                raise TypeError(f"assign() takes TopicPartition values, got {tp!r}")
+                raise InvalidArgumentTypeError(f"assign() takes TopicPartition values, got {tp!r}")
             tp = TopicPartition(validate_topic_name(tp[0]), tp[1])
             self._store.partition(tp.topic, tp.partition)  # exists?
             parts.append(tp)
@@ -172,7 +176,9 @@ class SubscriptionState:
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self._check_assigned(tp)
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-            raise ValueError(f"seek offset must be a non-negative integer, got {offset!r}")
+            raise InvalidArgumentError(
+                f"seek offset must be a non-negative integer, got {offset!r}"
+            )
         self._positions[tp] = offset
         self._on_change()
 

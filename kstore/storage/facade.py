@@ -35,7 +35,12 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from kstore.errors import InvalidStoreError, StorageError, UnsafeStorageError
+from kstore.errors import (
+    InvalidArgumentError,
+    InvalidStoreError,
+    StorageError,
+    UnsafeStorageError,
+)
 from kstore.storage.backend import FileInfo, reason, require_body
 from kstore.storage.options import (
     ATTEMPT_TIMEOUT_OPTION,
@@ -340,7 +345,7 @@ class Storage:
         Elsewhere the whole listing, sorted and filtered the same way, is handed out in
         pages."""
         if page_size < 1:
-            raise ValueError(f"page_size must be at least 1, got {page_size}")
+            raise InvalidArgumentError(f"page_size must be at least 1, got {page_size}")
         yield from self.backend.list_pages(rel, start_after, page_size)
 
     def stat_many(self, rels: list[str]) -> dict[str, FileInfo]:
@@ -440,12 +445,12 @@ def _coalesce(
     overlap or lie within ``gap`` bytes of each other share a run, while the run stays within
     ``limit`` bytes (None: any size)."""
     if isinstance(gap, bool) or not isinstance(gap, int) or gap < 0:
-        raise ValueError(f"read_ranges: gap must be a non-negative integer, got {gap!r}")
+        raise InvalidArgumentError(f"read_ranges: gap must be a non-negative integer, got {gap!r}")
     for index, item in enumerate(ranges):
         ok = isinstance(item, tuple) and len(item) == 2
         ok = ok and all(isinstance(v, int) and not isinstance(v, bool) for v in item)
         if not ok or not 0 <= item[0] <= item[1]:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"read_ranges: range {index} is {item!r}; expected (start, end) with "
                 "0 <= start <= end"
             )
