@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from kstore.errors import InvalidConfigurationError
+from kstore.errors import InvalidConfigurationError, KStoreError
 
 INT64_MAX = 9_223_372_036_854_775_807
 
@@ -239,7 +239,7 @@ class Settings(Mapping[str, Setting]):
         settings: Iterable[Setting],
         *,
         label: Callable[[str], str] = lambda name: f"config {name!r}",
-        error: type[InvalidConfigurationError] = InvalidConfigurationError,
+        error: type[KStoreError] = InvalidConfigurationError,
     ) -> None:
         self.kind = kind
         self._by_name = {s.name: s for s in settings}
@@ -258,7 +258,7 @@ class Settings(Mapping[str, Setting]):
     def defaults(self) -> dict[str, Any]:
         return {name: s.default for name, s in self._by_name.items()}
 
-    def unknown(self, name: str) -> InvalidConfigurationError:
+    def unknown(self, name: str) -> KStoreError:
         close = difflib.get_close_matches(name, list(self._by_name), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return self.error(f"unknown {self.kind} {name!r}{hint}")

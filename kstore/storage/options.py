@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kstore.errors import InvalidStoreError
+from kstore.settings import Setting, Settings, boolean_text, integer
 
 LOCAL_PROTOCOLS = ("file", "local")
 S3_PROTOCOLS = ("s3", "s3a")
@@ -68,31 +69,45 @@ def redact_url(url: str) -> str:
     return f"{scheme}{sep}{authority}{slash}{path}"
 
 
+# kstore's own storage options on the settings model (their messages name "storage option").
+STORAGE_SETTINGS = Settings(
+    "storage option",
+    [
+        Setting(
+            TIMEOUT_OPTION,
+            DEFAULT_TIMEOUT_MS,
+            integer(1, _MAX_TIMEOUT_MS),
+            "How long one storage call may wait for the server, its retries included (ms).",
+        ),
+        Setting(
+            ATTEMPT_TIMEOUT_OPTION,
+            DEFAULT_ATTEMPT_TIMEOUT_MS,
+            integer(1, _MAX_TIMEOUT_MS),
+            "How long one attempt may wait to connect or for the next bytes (ms).",
+        ),
+        Setting(
+            DIRECT_OPTION,
+            True,
+            boolean_text,
+            "Whether the data path's S3 GETs and PUTs go straight over HTTP (else via s3fs).",
+        ),
+    ],
+    label=lambda name: f"storage option {name!r}",
+    error=InvalidStoreError,
+)
+
+
 def timeout_option(options: Mapping[str, Any], name: str, default: int) -> int:
     """A timeout option in milliseconds: an integer (or a string of digits, as Spark and the
     environment give them) from 1 to one day."""
-    value = options.get(name, default)
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidStoreError(
-            f"storage option {name!r} must be a whole number of milliseconds, got {value!r}"
-        )
-    if not 1 <= value <= _MAX_TIMEOUT_MS:
-        raise InvalidStoreError(
-            f"storage option {name!r} must be from 1 to {_MAX_TIMEOUT_MS} ms, got {value}"
-        )
+    value: int = STORAGE_SETTINGS.parse(name, options.get(name, default))
     return value
 
 
 def flag_option(options: Mapping[str, Any], name: str, *, default: bool) -> bool:
     """A yes/no option: a boolean, or the strings true/false (as Spark and the environment
     give them)."""
-    value = options.get(name, default)
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        value = value.strip().lower() == "true"
-    if not isinstance(value, bool):
-        raise InvalidStoreError(f"storage option {name!r} must be true or false, got {value!r}")
+    value: bool = STORAGE_SETTINGS.parse(name, options.get(name, default))
     return value
 
 
