@@ -290,7 +290,7 @@ class _Cleaner:
                     layout=self.part.layout,
                 )
             new_c = self.plan.new_cleaned_offset if last else None
-            if not _replace(
+            if not replace_segments(
                 self.part, group, written, horizon, self.now, OPERATION, new_c, written_at
             ):
                 result.outcome = "conflict"
@@ -522,7 +522,7 @@ def _codec(config: Mapping[str, Any]) -> str:
     return "uncompressed" if codec == "producer" else codec
 
 
-def _replace(
+def replace_segments(
     part: Partition,
     group: list[Segment],
     written: SegmentFile | None,
@@ -569,7 +569,7 @@ def replacement_actions(
     cleaned: int | None = None,
     written_at: float | None = None,
 ) -> list[Action] | None:
-    """The actions that replace ``group`` with ``written`` in ``state`` (:func:`_replace`), or
+    """The actions that replace ``group`` with ``written`` in ``state`` (:func:`replace_segments`), or
     None when a segment of the group is no longer live or ``written`` is too old to commit."""
     live = {s.path for s in state.segments}
     if not {s.path for s in group} <= live or (

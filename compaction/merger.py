@@ -59,10 +59,10 @@ from kstore.topic_log import TopicLog, TopicLogState
 from .cleaner import (
     _codec,
     _discard,
-    _replace,
     _Span,
     compatible,
     delete_horizon,
+    replace_segments,
     replacement_actions,
     time_window_ms,
 )
@@ -160,7 +160,7 @@ def _horizon(
     return max(horizons) if horizons else None
 
 
-def _write_merged(
+def write_merged(
     part: Partition,
     state: PartitionState,
     group: list[Segment],
@@ -184,7 +184,7 @@ def _write_merged(
     return written, _horizon(group, tables, state.cleaned_offset, first_seen), written_at
 
 
-def _read_group(part: Partition, group: list[Segment]) -> list[pa.Table]:
+def read_group(part: Partition, group: list[Segment]) -> list[pa.Table]:
     """The group's records. On an object store its files are fetched together (the ranges of
     one data object in one coalesced request, objects and files concurrently) rather than one
     round trip per segment."""
@@ -303,7 +303,7 @@ def _rewrite_windows(
                 part, state = parts[p], shared.partition(p)
                 for run in runs:
                     tables = [part.read_segment(seg, data=data.get((p, seg.path))) for seg in run]
-                    new, horizon, written_at = _write_merged(part, state, run, tables, config, now)
+                    new, horizon, written_at = write_merged(part, state, run, tables, config, now)
                     written.setdefault(p, []).append((run, new, horizon, written_at))
         except SegmentReplacedError as exc:
             # A range was rewritten and vacuumed since the plan (PROTOCOL.md 24 item 8): a
@@ -478,14 +478,16 @@ def merge_partition(store: Store, item: WorkItem, options: dict[str, Any]) -> Pa
         return result
     for number, group in enumerate(groups):
         try:
-            tables = _read_group(part, group)
+            tables = read_group(part, group)
         except SegmentReplacedError as exc:
             # Replaced and vacuumed since the plan (PROTOCOL.md 24 item 8): a lost race.
             result.outcome = "conflict"
             result.reason = f"{exc}; the next run starts over"
             return result
-        written, horizon, written_at = _write_merged(part, state, group, tables, item.config, now)
-        if not _replace(part, group, written, horizon, now, OPERATION, written_at=written_at):
+        written, horizon, written_at = write_merged(part, state, group, tables, item.config, now)
+        if not replace_segments(
+            part, group, written, horizon, now, OPERATION, written_at=written_at
+        ):
             result.outcome = "conflict"
             result.reason = (
                 f"a concurrent commit changed segments of group {number + 1} of "

@@ -437,7 +437,7 @@ class Partition:
         missing = [
             s
             for s in segments
-            if self.cache.get(f"{self.directory}/{_cache_key(s, columns, self.layout)}") is None
+            if self.cache.get(f"{self.directory}/{cache_key(s, columns, self.layout)}") is None
         ]
         if len(missing) < 2:
             return
@@ -451,7 +451,7 @@ class Partition:
         self, seg: Segment, columns: list[str] | None = None, *, data: bytes | None = None
     ) -> pa.Table:
         """A live segment's records (READ_SCHEMA), verified against its checksum."""
-        key = f"{self.directory}/{_cache_key(seg, columns, self.layout)}"
+        key = f"{self.directory}/{cache_key(seg, columns, self.layout)}"
         cached = self.cache.get(key)
         if cached is not None:
             return cached
@@ -745,7 +745,7 @@ def prefetch(
                 break
             if not remote and seg.byte_range is None:
                 continue  # a local file costs no round trip; local ranges share one open
-            key = f"{partition.directory}/{_cache_key(seg, columns, partition.layout)}"
+            key = f"{partition.directory}/{cache_key(seg, columns, partition.layout)}"
             if partition.cache.get(key) is None:
                 wanted.append((partition, seg, key))
             # Cached or not, the reads below spend the segment's bytes of their budget.
@@ -841,7 +841,7 @@ def _segments_from(state: PartitionState, offset: int) -> Iterator[Segment]:
         i += len(window)
 
 
-def _cache_key(seg: Segment, columns: list[str] | None, layout: Layout) -> str:
+def cache_key(seg: Segment, columns: list[str] | None, layout: Layout) -> str:
     # Decoded tables depend on the schema version they were projected onto.
     key = seg.path if not layout.typed else f"{seg.path}@{layout.schema_id}"
     return key if columns is None else f"{key}|{','.join(columns)}"

@@ -59,9 +59,9 @@ def merge_tail(store: Store, meta: TopicMetadata, now_ms: int | None = None) -> 
     to the next publication."""
     import time
 
-    from kstore.compaction.cleaner import _replace
+    from kstore.compaction.cleaner import replace_segments
     from kstore.compaction.jobs import WorkItem
-    from kstore.compaction.merger import _read_group, _write_merged
+    from kstore.compaction.merger import read_group, write_merged
 
     from kstore.partition import SegmentReplacedError
     from kstore.segments import layout_of
@@ -78,7 +78,7 @@ def merge_tail(store: Store, meta: TopicMetadata, now_ms: int | None = None) -> 
         while groups:
             group = groups.pop(0)
             try:
-                tables = _read_group(part, group)
+                tables = read_group(part, group)
             except SegmentReplacedError as exc:
                 # Rewritten and vacuumed since this state (another merge, then a vacuum past
                 # file.delete.delay.ms): planned again, once, from the newest state's live
@@ -89,9 +89,9 @@ def merge_tail(store: Store, meta: TopicMetadata, now_ms: int | None = None) -> 
                 state = exc.state
                 groups = tail_groups(state, config)
                 continue
-            written, horizon, written_at = _write_merged(part, state, group, tables, config, now)
+            written, horizon, written_at = write_merged(part, state, group, tables, config, now)
             try:
-                landed = _replace(
+                landed = replace_segments(
                     part, group, written, horizon, now, "merge", written_at=written_at
                 )
             except (ConcurrentModificationError, CommitConflictError):

@@ -37,7 +37,7 @@ from kstore.errors import (
 )
 from kstore.layout import TOPICS
 from kstore.manifest import segment_location
-from kstore.partition import Partition, PartitionState, Segment, _cache_key
+from kstore.partition import Partition, PartitionState, Segment, cache_key
 from kstore.records import TopicPartition
 from kstore.store import Store, TopicMetadata
 
@@ -333,7 +333,7 @@ def _fetch_ahead(
             size += seg.size_bytes
             continue
         # The partition's own cache key (decoded tables are cached per columns and schema).
-        key = f"{partition.directory}/{_cache_key(seg, columns, partition.layout)}"
+        key = f"{partition.directory}/{cache_key(seg, columns, partition.layout)}"
         if partition.cache.get(key) is None:
             window.append(seg)
             size += seg.size_bytes
