@@ -51,7 +51,7 @@ from kstore.storage import Storage, unique_id
 log = logging.getLogger(__name__)
 
 READER_VERSION = 6  # highest minReaderVersion this code can read
-WRITER_VERSION = 7  # highest minWriterVersion this code can write
+WRITER_VERSION = 8  # highest minWriterVersion this code can write
 # Version 2 adds typed topics (PROTOCOL.md 25); only the logs of typed topics require it, so
 # every other log stays readable by version-1 readers.
 TYPED_TOPICS_VERSION = 2
@@ -129,6 +129,10 @@ class LogState:
         self.last_commit_ms: int | None = None
         # Set by a ``topicDeleted`` action: the log's topic incarnation was deleted (17.3).
         self.topic_deleted: dict[str, Any] | None = None
+        # The writer id in ``commitInfo.committer`` of the newest commit that names one, and
+        # that commit's version (PROTOCOL.md 30.3: the holder of a shared topic log).
+        self.committer: str | None = None
+        self.committer_version = -1
         # When (kstore.clock) this state was last known to be the newest of its log.
         self.confirmed_at = clock.monotonic()
 
@@ -819,6 +823,9 @@ class Log(Generic[S]):
         ts = info.get("timestamp")
         if isinstance(ts, int):
             state.last_commit_ms = ts
+        committer = info.get("committer")
+        if isinstance(committer, str):
+            state.committer, state.committer_version = committer, version
 
     def _check_carried(
         self, version: int, info: dict[str, Any], actions: list[tuple[str, dict[str, Any]]]
@@ -951,7 +958,7 @@ class Log(Generic[S]):
         info: dict[str, Any] | None = None,
         written_at: float | None = None,
         background_checkpoint: bool = False,
-        data: bytes | memoryview | None = None,
+        data: bytes | memoryview | Callable[[], bytes | memoryview] | None = None,
     ) -> CommitResult[S] | None:
         """Build a commit from the newest state and publish it as the next version.
 
@@ -971,7 +978,9 @@ class Log(Generic[S]):
 
         ``data``: bytes the commit carries (PROTOCOL.md 11.8), named by ranged adds whose path
         is :data:`CARRIED`; each attempt names its own version's file. Only a log at reader
-        version 5 and writer version 6 takes them.
+        version 5 and writer version 6 takes them. A callable gives each attempt's data after
+        its build (a shared commit's data depends on which flushes the state leaves to take,
+        PROTOCOL.md 30.5).
         """
         self.storage.check_writable()
         if state.stale():
@@ -992,6 +1001,7 @@ class Log(Generic[S]):
             actions = build(state)
             if actions is None:
                 return None
+            carried = data() if callable(data) else data
             version = state.version + 1
             meta = {
                 **(info or {}),  # first: a caller's field never replaces one the protocol relies on
@@ -1004,12 +1014,12 @@ class Log(Generic[S]):
             # add overlapping a live segment, a remove of a segment already gone) must never
             # land, or every later reader of the log would fail on it for good.
             # Encoded first: the state keeps each action's line for its checkpoint's deltas.
-            if data is not None:
+            if carried is not None:
                 actions, payload = encode_carrying_commit(
-                    actions, meta, data, self.carried_path(version)
+                    actions, meta, carried, self.carried_path(version)
                 )
                 # The text ends right before the data, at the newline after the last action.
-                text_end = payload.rfind(b"\n", 0, len(payload) - len(data)) + 1
+                text_end = payload.rfind(b"\n", 0, len(payload) - len(carried)) + 1
                 lines = payload[:text_end].decode().split("\n")[1:-1]
             else:
                 lines, payload = encode_commit_lines(actions, meta)
@@ -1023,7 +1033,9 @@ class Log(Generic[S]):
                     f"{self.storage.display_url}/{self.directory}: {operation} commit does not apply to "
                     f"version {state.version}; nothing was written ({exc})"
                 ) from None
-            if data is not None:  # by the versions the commit leaves (a new log's first sets them)
+            if (
+                carried is not None
+            ):  # by the versions the commit leaves (a new log's first sets them)
                 check_carries_data(new_state, self.describe(version))
             else:
                 try:  # what readers check (9.3): an add names only data this commit carries
@@ -1034,6 +1046,8 @@ class Log(Generic[S]):
                     ) from None
             new_state.stamp(version)
             new_state.last_commit_ms = meta["timestamp"]
+            if isinstance(meta.get("committer"), str):
+                new_state.committer, new_state.committer_version = meta["committer"], version
             # Checked last, after the build: a pause anywhere before this point counts.
             if state.stale():
                 # The version this commit would name may have been written and vacuumed since

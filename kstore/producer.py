@@ -132,6 +132,8 @@ class Producer:
             linger_ms=cfg["linger_ms"],
             delivery_timeout_ms=cfg["delivery_timeout_ms"],
             retries=cfg["retries"],
+            shared_commits=cfg["shared_commits"],
+            takeover_ms=cfg["shared_commit_takeover_ms"],
         )
         # send()'s fast path reads these on every record: bound once, never replaced.
         self._lock = self._accumulator.lock

@@ -20,6 +20,7 @@ from kstore.settings import (
     Settings,
     a_callable,
     as_given,
+    boolean_text,
     optional,
     whole,
 )
@@ -206,6 +207,21 @@ PRODUCER_SETTINGS = Settings(
             None,
             optional(whole(1)),
             "topic logs written at once; None: chosen for the storage (sender.default_in_flight)",
+        ),
+        Setting(
+            "shared_commits",
+            True,
+            boolean_text,
+            "share a topic log's commits with its other writers (PROTOCOL.md 30): an idempotent "
+            "producer's small flushes wait for the holder's next commit instead of racing; "
+            "false: commit every flush itself, as writers below version 8 do",
+        ),
+        Setting(
+            "shared_commit_takeover_ms",
+            None,
+            optional(whole(1)),
+            "how long a flush waits for another writer's commit before its producer commits "
+            "itself; None: 20 on local disk and in memory, 250 on an object store",
         ),
         Setting("storage_options", None, as_given, "fsspec options when the store is a URL"),
     ],

@@ -34,6 +34,7 @@ from kstore.accumulator import (
     share_outcome,
     sort_key,
 )
+from kstore.commit_share import CommitShare, Outcome, carried_parts, default_takeover_ms
 from kstore.errors import KStoreError, UnknownTopicOrPartitionError
 from kstore.log import CARRIED, may_carry_data
 from kstore.partitioner import NO_PARTITION, Partitioner, StickyPartitioner
@@ -128,6 +129,8 @@ class Sender:
         linger_ms: int = 5,
         delivery_timeout_ms: int = 120_000,
         retries: int = 2_147_483_647,
+        shared_commits: bool = True,
+        takeover_ms: int | None = None,
     ) -> None:
         self.store = store
         self._accumulator = accumulator
@@ -142,6 +145,13 @@ class Sender:
         self._linger_s = linger_ms / 1000
         self._delivery_timeout_s = delivery_timeout_ms / 1000
         self._retries = retries
+        self._shared_commits = shared_commits
+        self._takeover_s = (
+            takeover_ms if takeover_ms is not None else default_takeover_ms(store.storage)
+        ) / 1000
+        # Each topic log's share of commits with its other writers, by (topic, id, log index).
+        self._shares: dict[tuple[str, str, int], CommitShare] = {}
+        self._shares_lock = threading.Lock()
         # The last write of each topic log, by (topic, log index): the next waits for it.
         self._last_write: dict[
             tuple[str, int], concurrent.futures.Future[dict[int, tuple[int, int] | BaseException]]
@@ -173,6 +183,56 @@ class Sender:
         closed and drained, then for the writes on the pool."""
         self._thread.join(timeout)
         self._pool.shutdown(wait=True)
+        with self._shares_lock:
+            shares = list(self._shares.values())
+        for share in shares:
+            share.close(timeout)
+
+    def _share(self, info: TopicInfo, index: int, incarnation_dir: str) -> CommitShare:
+        meta = info.metadata
+        key = (meta.name, meta.topic_id, index)
+        with self._shares_lock:
+            share = self._shares.get(key)
+            if share is None:
+                share = self._shares[key] = CommitShare(
+                    self.store.topic_log(meta.name, meta, index),
+                    self.store.storage,
+                    incarnation_dir=incarnation_dir,
+                    partitions=meta.partitions,
+                    commit_logs=meta.commit_logs,
+                    takeover_s=self._takeover_s,
+                    metrics=self.metrics,
+                    client_id=self._client_id,
+                )
+            return share
+
+    def _write_shared(
+        self,
+        info: TopicInfo,
+        index: int,
+        tables: dict[int, pa.Table],
+        written: _Data,
+        producers: dict[int, Any],
+        transaction: str | None,
+        deadline: float,
+    ) -> dict[int, Outcome] | None:
+        """The flush committed through the topic log's share of commits (PROTOCOL.md 30), or
+        None where it cannot be: sharing is off, the flush is not carried data of an idempotent
+        producer, or the log is below writer version 8."""
+        if not self._shared_commits or written.carried is None or set(producers) != set(tables):
+            return None
+        meta = info.metadata
+        first = self.store.partition(meta.name, next(iter(tables)), meta)
+        share = self._share(info, index, first.directory.rsplit("/", 1)[0])
+        if not share.eligible(self.store.topic_log(meta.name, meta, index).state(refresh=False)):
+            return None
+        flush = share.new_flush(
+            carried_parts(written.files, producers, transaction),
+            written.carried,
+            durable=self._durable,
+            compression=info.compression,
+        )
+        return share.write(flush, deadline)
 
     def _run(self) -> None:
         """The sender: drains batches into deliveries, one group at a time. While a delivery
@@ -401,6 +461,14 @@ class Sender:
                     written = self._write_data(info, tables)
                 files = written.files
                 self._transactions.check_not_fenced()
+                shared_outcomes = self._write_shared(
+                    info, index, tables, written, producers, transaction, deadline
+                )
+                if shared_outcomes is not None:
+                    for p, outcome in shared_outcomes.items():
+                        if not isinstance(outcome, BaseException):
+                            self._transactions.landed(topic, p, producers[p])
+                    return shared_outcomes
                 outcomes: dict[int, dict[str, Any]] = {p: {} for p in tables}
                 builds = {
                     p: partitions[p].append_build(

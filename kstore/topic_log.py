@@ -59,8 +59,13 @@ HORIZON_VERSION = 5
 # {minReaderVersion 6, minWriterVersion 7}.
 SHARED_SIDECAR_VERSION = 6
 SHARED_SIDECAR_WRITER_VERSION = 7
+# Writer version 8: writers share a topic log's commits (PROTOCOL.md 30): pending flushes in
+# ``_flushes*/`` that any writer's commit takes, and that vacuum must know. Nothing a reader
+# reads changes, so readers stay at 6. New topic logs, and the metadata logs of their topics,
+# start at {minReaderVersion 6, minWriterVersion 8}.
+SHARED_COMMITS_WRITER_VERSION = 8
 TOPIC_LOG_VERSION = SHARED_SIDECAR_VERSION
-TOPIC_LOG_WRITER_VERSION = SHARED_SIDECAR_WRITER_VERSION
+TOPIC_LOG_WRITER_VERSION = SHARED_COMMITS_WRITER_VERSION
 SIDECAR_HORIZON = 10_000
 # The bounds of a chain (PROTOCOL.md 13.4): a writer starts a new base rather than name more
 # deltas than this, or deltas whose sizes add up to more than the base's: so loading a
@@ -83,6 +88,15 @@ def shares_sidecars(state: LogState) -> bool:
     return (
         state.min_reader_version >= SHARED_SIDECAR_VERSION
         and state.min_writer_version >= SHARED_SIDECAR_WRITER_VERSION
+    )
+
+
+def shares_commits(state: LogState) -> bool:
+    """Whether the writers of a topic log at ``state``'s versions may share its commits
+    (PROTOCOL.md 30.1): writer version 8, at reader version 6."""
+    return (
+        state.min_reader_version >= SHARED_SIDECAR_VERSION
+        and state.min_writer_version >= SHARED_COMMITS_WRITER_VERSION
     )
 
 
@@ -827,6 +841,40 @@ class TopicLog:
         else:
             self._remember(self.log.update(state), confirmed=True)
         return result, dict(refused)
+
+    def commit_state_build(
+        self,
+        build: Callable[[TopicLogState], list[Action] | None],
+        data: Callable[[], bytes | memoryview],
+        *,
+        operation: str,
+        durable: bool,
+        info: dict[str, Any],
+    ) -> CommitResult[TopicLogState] | None:
+        """One commit built from the whole state (a shared commit, PROTOCOL.md 30.5: its
+        actions name partitions themselves) with the data ``data`` gives after each build;
+        rebuilt after every lost race, as :meth:`commit`. The state the last build saw is
+        remembered too when it committed nothing: it may be newer than any committed here."""
+        seen: list[TopicLogState] = []
+
+        def building(state: TopicLogState) -> list[Action] | None:
+            seen[:] = [state]
+            return build(state)
+
+        result = self.log.commit(
+            self._base_state(),
+            building,
+            operation=operation,
+            durable=durable,
+            info={"topic": self.topic, "log": self.index, **info},
+            background_checkpoint=True,
+            data=data,
+        )
+        if result is not None:
+            self._remember(result.state, confirmed=True)
+        elif seen:
+            self._remember(seen[0])
+        return result
 
     def _base_state(self) -> TopicLogState:
         state = self.state(refresh=False)

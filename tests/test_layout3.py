@@ -390,7 +390,11 @@ def test_writers_sharing_a_topic_log_look_before_they_write(
     logs = min(commit_logs, 4)
     config = {} if inline is None else {"commit.inline.bytes": inline}
     Store(url, options).create_topic("shared", 4, config)
-    first, second = (Producer(Store(url, options), linger_ms=0) for _ in range(2))
+    # Racing writers (shared commits off): how they learn of each other. Writers that share
+    # commits are tested in test_commit_share.py.
+    first, second = (
+        Producer(Store(url, options), linger_ms=0, shared_commits=False) for _ in range(2)
+    )
     rounds = 12
     try:
         for producer in (first, second):
@@ -460,7 +464,14 @@ def test_the_sender_writes_a_small_delivery_itself_on_local_storage_and_hands_ot
         threads.append(threading.current_thread().name)
         return commit(self, *args, **kwargs)
 
+    shared_commit = TopicLog.commit_state_build
+
+    def recording_shared(self: TopicLog, *args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return shared_commit(self, *args, **kwargs)
+
     monkeypatch.setattr(TopicLog, "commit", recording)
+    monkeypatch.setattr(TopicLog, "commit_state_build", recording_shared)
     inline = any_store.name in ("memory", "local") and any_store.commit_logs == 1
     sent: dict[int, list[bytes]] = {}
     acknowledged: dict[tuple[int, int], bytes] = {}
@@ -506,7 +517,15 @@ def test_the_sender_writes_a_small_delivery_itself_on_local_storage_and_hands_ot
             raise failure
         return commit(self, *args, **kwargs)
 
+    def failing_once_shared(self: TopicLog, *args: Any, **kwargs: Any) -> Any:
+        failure = next(failures, None)
+        if failure is not None:
+            failed_on.append(threading.current_thread().name)
+            raise failure
+        return shared_commit(self, *args, **kwargs)
+
     monkeypatch.setattr(TopicLog, "commit", failing_once)
+    monkeypatch.setattr(TopicLog, "commit_state_build", failing_once_shared)
     with Producer(store, linger_ms=0, retries=0, client_id="failing") as producer:
         with pytest.raises(StorageError, match="injected"):
             producer.send("t", b"lost", key=b"k1").get(timeout=30)
