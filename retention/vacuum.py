@@ -99,6 +99,7 @@ from kstore.log import (
 from kstore.manifest import DATA_PREFIX, in_incarnation, is_carried_path, segment_location
 from kstore.names import validate_topic_name
 from kstore.partition import STALE_STATE_S, PartitionState
+from kstore.pending import pending_dir
 from kstore.storage import LIST_PAGE_SIZE, FileInfo, Storage, unique_id
 from kstore.store import DELETED_WRITER_VERSION, Store, TopicMetadata, TopicState, require_layout3
 from kstore.topic_log import (
@@ -875,6 +876,13 @@ def vacuum_incarnation(
                 and old_enough(info, orphan_age)
             ):
                 doomed[full] = info.size
+    # Pending flushes (PROTOCOL.md 30.9): no commit names one; its writer or the committer
+    # that took it deletes it within seconds, so one past the orphan age was left by a crash.
+    for k in range(len(logs)):
+        pending = pending_dir(incarnation, k)
+        for info in _files(storage, pending):
+            if info.name not in ("", ".", "..") and old_enough(info, orphan_age):
+                doomed[f"{pending}/{info.name}"] = info.size
     keep_from: list[int | None] = []
     for k, scan in enumerate(scans):
         for info in scan.temporary():
