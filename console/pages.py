@@ -46,7 +46,9 @@ def seconds(value: float | None) -> str:
         return f"{value:.1f} s"
     if value < 7200:
         return f"{value / 60:.1f} min"
-    return f"{value / 3600:.1f} h"
+    if value < 172_800:
+        return f"{value / 3600:.1f} h"
+    return f"{value / 86_400:.1f} d"
 
 
 def topic_href(topic: str) -> str:
@@ -111,7 +113,8 @@ def page(frame: Frame, title: str, body: str, *, reload: bool = True, status_lin
 
 def error_page(frame: Frame, status: int, message: str) -> str:
     body = f"<h1>{esc(_REASONS.get(status, 'Error'))}</h1><p class='error' id='error'>{esc(message)}</p>"
-    return page(frame, _REASONS.get(status, "Error"), body, reload=False)
+    # A store not read yet, or not answering: the page looks again by itself.
+    return page(frame, _REASONS.get(status, "Error"), body, reload=status == 503)
 
 
 _REASONS = {
@@ -124,11 +127,11 @@ _REASONS = {
 }
 
 
-def freshness(snap: Snapshot, failure: tuple[str, int] | None) -> str:
+def freshness(frame: Frame, snap: Snapshot, failure: tuple[str, int] | None) -> str:
     """The line above every page's data: when it was read, and the newest refresh's error."""
     line = (
         f"<p class='muted' id='freshness'>Read at {esc(iso(snap.taken_ms))} in "
-        f"{snap.elapsed_s:.2f} s; refreshed every few seconds. "
+        f"{snap.elapsed_s:.2f} s; read again every {frame.refresh_s:g} s. "
         "<label><input type='checkbox' id='paused'> pause reloading</label></p>"
     )
     if failure is not None:
@@ -220,7 +223,7 @@ def topics_page(frame: Frame, snap: Snapshot, failure: tuple[str, int] | None) -
             empty="No topics.",
         )
     )
-    return page(frame, "Topics", body, status_line=freshness(snap, failure))
+    return page(frame, "Topics", body, status_line=freshness(frame, snap, failure))
 
 
 # -- one topic ------------------------------------------------------------------------------------
@@ -229,7 +232,7 @@ def topics_page(frame: Frame, snap: Snapshot, failure: tuple[str, int] | None) -
 def topic_page(
     frame: Frame, snap: Snapshot, failure: tuple[str, int] | None, facts: TopicFacts
 ) -> str:
-    status = freshness(snap, failure)
+    status = freshness(frame, snap, failure)
     name = facts.name
     if facts.description is None:
         body = f"<h1>Topic {esc(name)}</h1><p class='error' id='error'>{esc(facts.error)}</p>"
@@ -402,6 +405,18 @@ def records_page(frame: Frame, result: RecordPage, asked: Mapping[str, str]) -> 
         cells.append(("headers", headers, False))
         rows.append(({"offset": str(r.offset)}, cells))
     nav = []
+    limit = max(
+        1,
+        len(result.rows),
+        int(asked.get("limit") or 0) if str(asked.get("limit", "")).isdigit() else 0,
+    )
+    if result.first > result.start_offset:
+        back = dict(asked)
+        back.pop("timestamp", None)
+        back["offset"] = str(max(result.start_offset, result.first - limit))
+        nav.append(
+            f"<a id='previous' href='{esc(topic_href(result.topic))}/records?{esc(urlencode(back))}'>previous records</a>"
+        )
     if result.next_offset is not None:
         more = dict(asked)
         more.pop("timestamp", None)
@@ -412,7 +427,8 @@ def records_page(frame: Frame, result: RecordPage, asked: Mapping[str, str]) -> 
     body = (
         f"<h1>Records of <a href='{esc(topic_href(result.topic))}'>{esc(result.topic)}</a>"
         f"-{result.partition}</h1>"
-        f"<p class='facts'><span>Live offsets: <b id='live-range'>{result.start_offset}..{result.end_offset}</b></span>"
+        f"<p class='facts'><span>Log start offset: <b id='log-start'>{result.start_offset}</b></span>"
+        f"<span>Log end offset: <b id='log-end'>{result.end_offset}</b></span>"
         f"<span>From offset: <b id='from-offset'>{result.first}</b></span>"
         f"<span>Shown: <b id='shown'>{len(result.rows)}</b></span></p>"
         + _records_form(result.topic, result.partitions, asked)
@@ -469,7 +485,7 @@ def groups_page(frame: Frame, snap: Snapshot, failure: tuple[str, int] | None) -
         id_="groups",
         empty="No consumer groups.",
     )
-    return page(frame, "Consumer groups", body, status_line=freshness(snap, failure))
+    return page(frame, "Consumer groups", body, status_line=freshness(frame, snap, failure))
 
 
 def lag_chart(samples: Sequence[LagSample], *, width: int = 640, height: int = 160) -> str:
@@ -507,7 +523,7 @@ def group_page(
     facts: GroupFacts,
     history: Sequence[LagSample],
 ) -> str:
-    status = freshness(snap, failure)
+    status = freshness(frame, snap, failure)
     name = facts.group_id
     desc = facts.description
     if desc is None:
@@ -634,7 +650,7 @@ def done_page(frame: Frame, title: str, lines: Sequence[str], back: str) -> str:
 
 
 def maintenance_page(frame: Frame, snap: Snapshot, failure: tuple[str, int] | None) -> str:
-    status = freshness(snap, failure)
+    status = freshness(frame, snap, failure)
     data = snap.maintenance
     if data is None:
         body = f"<h1>Maintenance</h1><p class='error' id='error'>{esc(snap.maintenance_error)}</p>"

@@ -297,7 +297,9 @@ class Snapshots:
         self.refresh_s = max(MIN_REFRESH_S, float(refresh_s))
         self.maintenance_refresh_s = max(
             self.refresh_s,
-            MAINTENANCE_REFRESH_S if maintenance_refresh_s is None else float(maintenance_refresh_s),
+            MAINTENANCE_REFRESH_S
+            if maintenance_refresh_s is None
+            else float(maintenance_refresh_s),
         )
         self.maintenance_settings = maintenance_settings
         self.explain = explain or _plain

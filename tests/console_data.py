@@ -16,8 +16,9 @@ from kstore.records import OffsetAndMetadata, TopicPartition
 from kstore.store import Store
 
 # Record i of partition p of "orders" has this timestamp: one second apart, in offset order,
-# so a lag in seconds interpolated over a segment is exact.
-T0_MS = 1_700_000_000_000
+# so a lag in seconds interpolated over a segment is exact; ten minutes ago, so that a page
+# shows a lag people recognise (and within every retention).
+T0_MS = (int(time.time()) - 600) * 1000
 EXPIRED = 4  # records of "expiring", older than its retention: the maintenance run removes them
 
 

@@ -5,6 +5,7 @@ write actions behind --allow-writes, and no credential in a page, a log line or 
 
 from __future__ import annotations
 
+import json
 import os
 import urllib.error
 import urllib.parse
@@ -144,6 +145,23 @@ def test_a_refresh_reads_each_path_once_and_pages_read_nothing(filled: Filled) -
         assert storage.sent == sent
     finally:
         server.stop()
+
+
+def test_delta_table_as_topics_describe_shows_it(filled: Filled) -> None:
+    from kstore.cli.app import app
+    from typer.testing import CliRunner
+
+    filled.store.create_topic("lake", 1, {"table.format": "delta"})
+    snap = snapshots_of(filled).refresh()
+    assert snap is not None
+    result = CliRunner().invoke(
+        app, ["--store", filled.store.url, "topics", "describe", "lake", "-o", "json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    (described,) = json.loads(result.stdout)
+    assert snap.topics["lake"].table == described["table"]
+    assert described["table"]["version"] == -1
+    assert snap.topics["orders"].table is None
 
 
 def test_maintenance_state_read_at_its_own_pace(filled: Filled) -> None:
