@@ -345,7 +345,12 @@ class Console:
         )
 
 
-def _handler(console: Console, log: Callable[[str], None] | None) -> type[BaseHTTPRequestHandler]:
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def _handler(
+    console: Console, log: Callable[[str], None] | None, allowed_hosts: frozenset[str] | None
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "kstore-console"
         sys_version = ""
@@ -368,13 +373,37 @@ def _handler(console: Console, log: Callable[[str], None] | None) -> type[BaseHT
             if not head:
                 self.wfile.write(response.body)
 
+        def _host_refused(self) -> bool:
+            """A loopback console answers only to loopback names: a page of another site
+            whose name was rebound to 127.0.0.1 (DNS rebinding) gets nothing."""
+            if allowed_hosts is None:
+                return False
+            given = (self.headers.get("Host") or "").strip().lower()
+            name = (
+                given.rsplit("]", 1)[0].lstrip("[")
+                if given.startswith("[")
+                else given.split(":")[0]
+            )
+            if name in allowed_hosts:
+                return False
+            self._send(
+                console._error(
+                    403, f"this console answers to {', '.join(sorted(allowed_hosts))} only"
+                )
+            )
+            return True
+
         def do_GET(self) -> None:
-            self._send(console.handle("GET", self.path, {}))
+            if not self._host_refused():
+                self._send(console.handle("GET", self.path, {}))
 
         def do_HEAD(self) -> None:
-            self._send(console.handle("HEAD", self.path, {}), head=True)
+            if not self._host_refused():
+                self._send(console.handle("HEAD", self.path, {}), head=True)
 
         def do_POST(self) -> None:
+            if self._host_refused():
+                return
             try:
                 length = int(self.headers.get("Content-Length") or 0)
             except ValueError:
@@ -432,7 +461,9 @@ def make_server(
 ) -> ConsoleServer:
     """Bound and listening (port 0: a free one, see ``server_address``); serve with
     ``serve_forever`` and end with ``shutdown`` and ``server_close``."""
-    return ConsoleServer((host, port), _handler(console, log), console)
+    loopback = host in LOOPBACK_NAMES or host.startswith("127.")
+    allowed = LOOPBACK_NAMES | {host} if loopback else None
+    return ConsoleServer((host, port), _handler(console, log, allowed), console)
 
 
 def serve_in_thread(server: ConsoleServer) -> threading.Thread:

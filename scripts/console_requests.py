@@ -69,16 +69,23 @@ def main() -> None:
             console = build(url, options, port=0, refresh_s=3600)
             snapshots = console.console.snapshots
             snapshots.refresh()  # the first refresh loads every log from its checkpoint
-            kinds: collections.Counter[str] = collections.Counter()
-            elapsed = []
-            with snapshots.store.storage.count_requests() as counts:
-                for _ in range(args.refreshes):
-                    snap = snapshots.refresh()
-                    assert snap is not None
-                    elapsed.append(snap.elapsed_s)
-                kinds.update(counts)
-            per_refresh = {k: v / args.refreshes for k, v in sorted(kinds.items())}
-            total = sum(per_refresh.values())
+
+            def measure(with_maintenance: bool) -> dict[str, float]:
+                # Read the maintenance state at every refresh, or never (its own pace is a
+                # minute: MAINTENANCE_REFRESH_S).
+                snapshots.maintenance_refresh_s = 0.0 if with_maintenance else 1e9
+                kinds: collections.Counter[str] = collections.Counter()
+                with snapshots.store.storage.count_requests() as counts:
+                    for _ in range(args.refreshes):
+                        snap = snapshots.refresh()
+                        assert snap is not None
+                        elapsed.append(snap.elapsed_s)
+                    kinds.update(counts)
+                return {k: v / args.refreshes for k, v in sorted(kinds.items())}
+
+            elapsed: list[float] = []
+            with_state = measure(True)
+            without_state = measure(False)
             from kstore.console.server import serve_in_thread
 
             serve_in_thread(console)
@@ -96,15 +103,31 @@ def main() -> None:
                         answer.read()
                 between = sum(counts.values())
             console.stop()
+            per_hour = {}
+            for interval in (5, 15, 30, 60):
+                refreshes = 3600 // interval
+                full = min(refreshes, 60)  # the maintenance state at most once a minute
+                rest = refreshes - full
+                kinds = set(with_state) | set(without_state)
+                counts_hour = {
+                    k: full * with_state.get(k, 0) + rest * without_state.get(k, 0) for k in kinds
+                }
+                lists = counts_hour.get("LIST", 0) + counts_hour.get("PUT", 0)
+                gets = sum(counts_hour.values()) - lists
+                per_hour[f"{interval}s"] = {
+                    "requests": round(sum(counts_hour.values())),
+                    "LIST": round(counts_hour.get("LIST", 0)),
+                    "dollars_s3_standard": round(gets * 0.0004 / 1000 + lists * 0.005 / 1000, 3),
+                }
             result = {
                 "topics": args.topics,
                 "partitions": args.partitions,
                 "groups": args.groups,
                 "topics_per_group": args.topics_per_group,
-                "requests_per_refresh": per_refresh,
-                "requests_per_refresh_total": total,
+                "requests_per_refresh_with_maintenance_state": with_state,
+                "requests_per_refresh_without": without_state,
                 "refresh_seconds": [round(e, 3) for e in elapsed],
-                "requests_per_hour": {f"{s}s": round(total * 3600 / s) for s in (5, 15, 30, 60)},
+                "per_hour": per_hour,
                 "page_loads_and_scrapes": args.pages,
                 "requests_by_pages_and_scrapes": between,
             }

@@ -369,6 +369,24 @@ def test_pages_answer(console: ConsoleServer) -> None:
     assert get(console, "/topics")[0] == 200  # redirected to /
 
 
+def test_other_host_names_refused(console: ConsoleServer) -> None:
+    """DNS rebinding: a page of another site whose name now points at 127.0.0.1."""
+    port = console.server_address[1]
+    for host, status in (
+        (f"evil.example:{port}", 403),
+        (f"localhost:{port}", 200),
+        (f"127.0.0.1:{port}", 200),
+    ):
+        request = urllib.request.Request(console.url + "/", headers={"Host": host})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                got = answer.status
+        except urllib.error.HTTPError as exc:
+            got = exc.code
+            assert "answers to" in exc.read().decode()
+        assert got == status, host
+
+
 def test_records_page(console: ConsoleServer) -> None:
     status, body, _ = get(console, "/topics/orders/records?partition=1&offset=3&limit=2")
     assert status == 200
