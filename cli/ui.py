@@ -1,7 +1,10 @@
-"""``kstore ui``: the web console and ``/metrics`` of a store (kstore.console), until Ctrl-C."""
+"""``kstore ui``: the web console and ``/metrics`` of a store (kstore.console), until Ctrl-C or
+SIGTERM (exit 0)."""
 
 from __future__ import annotations
 
+import signal
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -89,10 +92,16 @@ def ui(
         f"kstore console of {redact_url(settings.url)} ({mode}, refreshed every {refresh}) at "
         f"{server.url}/ ; metrics at {server.url}/metrics ; Ctrl-C stops"
     )
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop: as Ctrl-C
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         note("stopping")
     finally:
+        signal.signal(signal.SIGTERM, previous)
         server.server_close()
         server.console.close()
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt

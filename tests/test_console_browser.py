@@ -125,8 +125,8 @@ def wait_ready(url: str, began: float) -> None:
     raise AssertionError(f"{url}: the console did not read the store in {STARTUP_S} s")
 
 
-def stop_ui(running: Running) -> str:
-    running.process.send_signal(signal.SIGINT)
+def stop_ui(running: Running, how: signal.Signals = signal.SIGINT) -> str:
+    running.process.send_signal(how)
     try:
         _, err = running.process.communicate(timeout=60)
     except subprocess.TimeoutExpired:
@@ -297,4 +297,4 @@ def test_read_only_console_offers_no_action(
         assert "read-only" in page.locator("#store").inner_text()
         page.close()
     finally:
-        stop_ui(running)
+        stop_ui(running, signal.SIGTERM)  # as a service manager stops it: exit 0 too
