@@ -197,6 +197,19 @@ def test_a_corrupt_topic_log_is_one_message(filled: Filled, tmp_path: Path) -> N
     assert events.error is not None
     assert "kstore topics recover events" in events.error
     assert snap.topics["orders"].error is None  # the others are still shown
+    server = build(filled.store.url, {}, port=0, refresh_s=3600, explain=error_message)
+    server.console.snapshots.refresh()
+    serve_in_thread(server)
+    try:
+        status, body, _ = get(server, "/topics/events")
+        listed = get(server, "/")[1]
+    finally:
+        server.stop()
+    assert status == 200
+    assert "kstore topics recover events" in error_of(body)
+    assert "Traceback" not in body
+    assert "data-topic='orders'" in listed
+    assert "data-topic='events'" in listed
 
 
 # -- metrics --------------------------------------------------------------------------------------
