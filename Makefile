@@ -1,6 +1,6 @@
 # kstore developer and CI entry points. Everything runs from the project's own .venv.
 #   make venv   create/refresh .venv (skipped while pyproject.toml is unchanged)
-#   make test   full test suite (needs Java 17+ for PySpark)
+#   make test   full test suite (needs Java 17+ for PySpark; installs Chromium as root if missing)
 #   make demo   run examples/demo.py
 #   make lint   ruff check, ruff format --check, mypy --strict on the installed package layout
 #   make bench  run the benchmarks
@@ -23,7 +23,12 @@ PYTEST_WORKERS ?= 3
 # Spark workers must run the same interpreter (the venv has kstore installed).
 SPARK_ENV := PYSPARK_PYTHON=$(abspath $(VPY)) PYSPARK_DRIVER_PYTHON=$(abspath $(VPY))
 
-.PHONY: venv check-java test demo lint bench clean distclean
+# The console's browser tests (tests/test_console_browser.py) drive Debian's Chromium through
+# Playwright; they fail in CI without it. Installed here when missing, as root with apt (CI's
+# machine and the developers' are such); elsewhere this says what to install.
+CHROMIUM ?= /usr/bin/chromium
+
+.PHONY: venv check-java browser test demo lint bench clean distclean
 
 venv: $(STAMP)
 
@@ -37,7 +42,19 @@ $(STAMP): pyproject.toml
 check-java:
 	@bash scripts/check_java.sh
 
-test: venv check-java
+browser:
+	@if [ -x "$(CHROMIUM)" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "make: installing Debian's chromium for the browser tests"; \
+		log=$$(mktemp); \
+		if ! { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } >"$$log" 2>&1; then \
+			tail -20 "$$log"; rm -f "$$log"; echo "make: apt-get could not install chromium" >&2; exit 1; \
+		fi; rm -f "$$log"; \
+	else \
+		echo "make: no $(CHROMIUM): install Debian's chromium (apt-get install chromium) for the browser tests" >&2; \
+	fi
+
+test: venv check-java browser
 	@set +e; $(SPARK_ENV) $(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); treating as failure" >&2; fi; \
 	exit $$rc

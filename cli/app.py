@@ -18,6 +18,7 @@ from kstore.cli import housekeeping as housekeeping_cmd
 from kstore.cli import jobs as jobs_cmd
 from kstore.cli import maintain as maintain_cmd
 from kstore.cli import produce as produce_cmd
+from kstore.cli import ui as ui_cmd
 from kstore.cli.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -209,6 +210,15 @@ app.command(
     "  kstore delete-records orders -p 0 --offset -1         (all of partition 0)\n\n"
     "  kstore delete-records --offset-json-file offsets.json (kafka-delete-records' file)",
 )(topics.delete_records)
+
+app.command(
+    "ui",
+    epilog="Examples:\n\n"
+    "  kstore --store s3://bucket/ks ui                 (http://127.0.0.1:8080/)\n\n"
+    "  kstore ui --port 9000 --refresh 30s              (a large store on S3: fewer requests)\n\n"
+    "  kstore ui --allow-writes                         (offset resets, record deletion)\n\n"
+    "  curl -s http://127.0.0.1:8080/metrics | grep kafka_consumergroup_group_lag",
+)(ui_cmd.ui)
 
 # The maintenance jobs (Spark, or in this process); pyspark is imported only when one runs.
 for _verb, _command in jobs_cmd.COMMANDS.items():

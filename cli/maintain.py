@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from kstore.cli.common import UsageError, human_bytes, ms_to_iso
+from kstore.cli.common import UsageError, error_message, human_bytes, ms_to_iso, note, redactor
 from kstore.cli.options import shared
 from kstore.cli.output import Column, TextOutput
 from kstore.cli.timeparse import parse_duration_ms
+from kstore.cli.ui import refresh_seconds
 
 if TYPE_CHECKING:
     from kstore.maintenance import Settings
@@ -98,14 +99,36 @@ def maintain(
     vacuum_interval: VacuumIntervalOpt = _DEFAULTS["vacuum_interval"],
     lease: LeaseOpt = _DEFAULTS["lease"],
     merge_min_segments: MergeMinOpt = 8,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            help="Serve Prometheus metrics on this port (/metrics): the store's topics, "
+            "groups, lag and maintenance state, and this process's task runs.",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="Address the metrics are served on.")
+    ] = "127.0.0.1",
+    metrics_refresh: Annotated[
+        str,
+        typer.Option(
+            "--metrics-refresh",
+            help="How often the metrics' snapshot of the store is read (each topic and group "
+            "log at most once per refresh, whatever the number of scrapes).",
+        ),
+    ] = "15s",
 ) -> None:
     """Run the maintenance service: each interval, plan what is due and run it in this process,
     one log line per task run. SIGTERM or Ctrl-C stops it after the task in progress."""
     if ctx.invoked_subcommand is not None:
         return
-    from kstore.maintenance.service import Service, handle_stop_signals
+    from kstore.maintenance.service import Service, TaskRun
 
     settings = _settings(interval, vacuum_interval, lease, merge_min_segments)
+    refresh_s = refresh_seconds(metrics_refresh, "--metrics-refresh")
     handle = shared(ctx).open_store(segment_cache_bytes=0)
     for name in topic or []:
         handle.topic(name)  # an unknown topic is an error now, not on every pass
@@ -113,7 +136,34 @@ def maintain(
     def log(line: str) -> None:
         typer.echo(line)
 
-    service = Service(handle, settings, topics=topic or None, log=log)
+    exporter = None
+    if metrics_port is not None:
+        exporter = _Exporter(ctx, settings, metrics_host, metrics_port, refresh_s)
+    counts = exporter.runs if exporter is not None else None
+
+    class CountedService(Service):
+        """The service, counting its runs for /metrics."""
+
+        def run_once(self) -> list[TaskRun]:
+            runs = super().run_once()
+            if counts is not None:
+                for run in runs:
+                    counts.count(run.task, run.outcome, run.records, run.bytes, run.segments)
+            return runs
+
+    service = CountedService(handle, settings, topics=topic or None, log=log)
+    try:
+        _serve(ctx, service, once=once, interval=interval, vacuum_interval=vacuum_interval)
+    finally:
+        if exporter is not None:
+            exporter.close()
+
+
+def _serve(
+    ctx: typer.Context, service: Any, *, once: bool, interval: str, vacuum_interval: str
+) -> None:
+    from kstore.maintenance.service import handle_stop_signals
+
     with handle_stop_signals(service):
         if once:
             runs = service.run_once()
@@ -125,6 +175,51 @@ def maintain(
             "SIGTERM or Ctrl-C stops"
         )
         service.run_forever()
+
+
+class _Exporter:
+    """``--metrics-port``: the console's metrics (kstore.console), served by prometheus_client
+    from a store object of their own, refreshed in a thread of their own."""
+
+    def __init__(
+        self, ctx: typer.Context, settings: Settings, host: str, port: int, refresh_s: float
+    ) -> None:
+        from kstore.console import RunCounts, Snapshots, StoreCollector, open_coalescing_store
+        from kstore.console.metrics import registry_for
+        from kstore.console.snapshot import request_counter
+        from prometheus_client import start_http_server
+
+        from kstore.storage import redact_url
+
+        given = shared(ctx).settings()
+        store = open_coalescing_store(given.url, given.options)
+        self.runs = RunCounts()
+        self.snapshots = Snapshots(
+            store, refresh_s=refresh_s, maintenance_settings=settings, explain=error_message
+        )
+        self._counting = request_counter(store)
+        requests = self._counting.__enter__() if store.storage.counts_requests else None
+        collector = StoreCollector(
+            self.snapshots,
+            cluster_name=redact_url(given.url),
+            requests=requests,
+            runs=self.runs,
+            redact=redactor(),
+        )
+        try:
+            self.server, _ = start_http_server(port, addr=host, registry=registry_for([collector]))
+        except OSError as exc:
+            self._counting.__exit__(None, None, None)
+            raise UsageError(f"--metrics-port: cannot listen on {host}:{port}: {exc}") from None
+        self.snapshots.start()
+        shown_host = f"[{host}]" if ":" in host else host
+        note(f"metrics at http://{shown_host}:{self.server.server_port}/metrics")
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.snapshots.stop()
+        self._counting.__exit__(None, None, None)
 
 
 @app.command(

@@ -1,0 +1,576 @@
+"""The console (kstore.console): the snapshot's figures against the library's, the metrics
+parsed as Prometheus parses them, the HTTP endpoints (status codes, bad names, unknown
+topics and groups, offsets out of range, a corrupt log, a store that stops answering), the
+write actions behind --allow-writes, and no credential in a page, a log line or a label."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kstore.cli.common import error_message
+from kstore.console import Snapshots, build, open_coalescing_store
+from kstore.console.server import ConsoleServer, serve_in_thread
+from kstore.console.snapshot import lag_seconds
+from prometheus_client.parser import text_string_to_metric_families
+
+from kstore.groups import describe_group
+from kstore.store import Store
+from tests.console_data import EXPIRED, Filled, fill, open_transaction, order_timestamp
+
+
+@pytest.fixture
+def filled(tmp_path: Path) -> Filled:
+    return fill((tmp_path / "store").as_uri(), {})
+
+
+def snapshots_of(filled: Filled, **kwargs: Any) -> Snapshots:
+    return Snapshots(
+        open_coalescing_store(filled.store.url, filled.store.storage.storage_options),
+        clock=lambda: filled.now_ms,
+        **kwargs,
+    )
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of an exposition, parsed by prometheus_client's own parser."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(
+    found: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    assert key in found, f"no sample {name}{labels}"
+    return found[key]
+
+
+# -- the snapshot ---------------------------------------------------------------------------------
+
+
+def test_snapshot_equals_the_library(filled: Filled) -> None:
+    snap = snapshots_of(filled).refresh()
+    assert snap is not None
+    store = filled.store
+    assert (
+        sorted(snap.topics) == store.list_topics() == ["events", "expiring", "orders", "payments"]
+    )
+    for name, facts in snap.topics.items():
+        assert facts.error is None
+        assert facts.description == store.describe_topic(name)
+    assert sorted(snap.groups) == ["billing"]
+    desc = describe_group(store, "billing")
+    facts = snap.groups["billing"]
+    assert facts.description is not None
+    assert facts.description.partitions == desc.partitions
+    assert [(p.topic, p.partition, p.current_offset, p.lag) for p in facts.partitions] == [
+        ("orders", 0, 4, 6),
+        ("orders", 1, 10, 0),
+        ("orders", 2, None, None),
+    ]
+    # The next record orders-0 reads is offset 4, written at order_timestamp(0, 4).
+    assert facts.partitions[0].lag_seconds == (filled.now_ms - order_timestamp(0, 4)) / 1000
+    assert facts.partitions[1].lag_seconds == 0.0
+    assert facts.partitions[2].lag_seconds is None
+    assert facts.max_lag == 6
+
+
+def test_maintenance_run_shown(filled: Filled) -> None:
+    snap = snapshots_of(filled).refresh()
+    assert snap is not None
+    assert snap.maintenance is not None
+    (expiring,) = [t for t in snap.maintenance["topics"] if t["topic"] == "expiring"]
+    (retention,) = [t for t in expiring["tasks"] if t["task"] == "retention"]
+    assert retention["last_run"]["outcome"] == "ok"
+    assert retention["last_run"]["records"] == EXPIRED
+    assert snap.topics["expiring"].description is not None
+    assert snap.topics["expiring"].description.partitions[0].log_start_offset == EXPIRED
+
+
+def test_lag_seconds_from_the_manifest(filled: Filled) -> None:
+    store = filled.store
+    state = store.partition_state("orders", 0)
+    now = filled.now_ms
+    assert lag_seconds(state, None, now) is None
+    assert lag_seconds(state, 10, now) == 0.0  # caught up
+    assert lag_seconds(state, 99, now) == 0.0  # past the end: nothing to read
+    assert lag_seconds(state, 0, now) == (now - order_timestamp(0, 0)) / 1000
+    assert lag_seconds(state, 9, now) == (now - order_timestamp(0, 9)) / 1000
+    assert (
+        lag_seconds(state, 0, order_timestamp(0, 0) - 5000) == 0.0
+    )  # a clock behind: not negative
+
+
+def test_a_refresh_reads_each_path_once_and_pages_read_nothing(filled: Filled) -> None:
+    """The coalescing storage: a refresh sends each distinct read once, so that its calls do
+    not grow with the number of partitions a group reads; pages and scrapes send none."""
+    server = build(filled.store.url, {}, port=0, refresh_s=3600)
+    try:
+        snapshots = server.console.snapshots
+        storage = snapshots.store.storage
+        first = snapshots.refresh()
+        second = snapshots.refresh()
+        assert first is not None
+        assert second is not None
+        # The second refresh polls: the topic list, each topic's metadata log and topic log,
+        # the group list, the group's log (loaded anew: its checkpoint pointer, a listing, its
+        # two commits, a look for the next) and its leases; the maintenance records only
+        # every minute.
+        topics = len(second.topics)
+        assert second.storage_calls == 1 + 2 * topics + 1 + 5 + 1
+        assert first.storage_calls > second.storage_calls + topics  # maintenance read once
+        serve_in_thread(server)
+        sent = storage.sent
+        for path in (
+            "/",
+            "/groups",
+            "/groups/billing",
+            "/maintenance",
+            "/metrics",
+            "/topics/orders",
+        ):
+            for _ in range(5):
+                assert get(server, path)[0] == 200
+        assert storage.sent == sent
+    finally:
+        server.stop()
+
+
+def test_delta_table_as_topics_describe_shows_it(filled: Filled) -> None:
+    from kstore.cli.app import app
+    from typer.testing import CliRunner
+
+    filled.store.create_topic("lake", 1, {"table.format": "delta"})
+    snap = snapshots_of(filled).refresh()
+    assert snap is not None
+    result = CliRunner().invoke(
+        app, ["--store", filled.store.url, "topics", "describe", "lake", "-o", "json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    (described,) = json.loads(result.stdout)
+    assert snap.topics["lake"].table == described["table"]
+    assert described["table"]["version"] == -1
+    assert snap.topics["orders"].table is None
+
+
+def test_maintenance_state_read_at_its_own_pace(filled: Filled) -> None:
+    now = [filled.now_ms]
+    snapshots = Snapshots(
+        open_coalescing_store(filled.store.url, {}),
+        refresh_s=5,
+        maintenance_refresh_s=60,
+        clock=lambda: now[0],
+    )
+    first = snapshots.refresh()
+    now[0] += 30_000
+    second = snapshots.refresh()
+    now[0] += 31_000
+    third = snapshots.refresh()
+    assert first is not None
+    assert second is not None
+    assert third is not None
+    assert first.maintenance_ms == second.maintenance_ms == filled.now_ms
+    assert second.maintenance is first.maintenance
+    assert third.maintenance_ms == filled.now_ms + 61_000
+
+
+def test_a_corrupt_topic_log_is_one_message(filled: Filled, tmp_path: Path) -> None:
+    meta = filled.store.topic("events")
+    root = tmp_path / "store" / "topics" / "events" / meta.topic_id / "_log"
+    newest = sorted(root.glob("*.json"))[-1]
+    newest.write_bytes(b"{ this is not a commit")
+    snap = snapshots_of(filled, explain=error_message).refresh()  # as kstore ui explains
+    assert snap is not None
+    events = snap.topics["events"]
+    assert events.description is None
+    assert events.error is not None
+    assert "kstore topics recover events" in events.error
+    assert snap.topics["orders"].error is None  # the others are still shown
+    server = build(filled.store.url, {}, port=0, refresh_s=3600, explain=error_message)
+    server.console.snapshots.refresh()
+    serve_in_thread(server)
+    try:
+        status, body, _ = get(server, "/topics/events")
+        listed = get(server, "/")[1]
+    finally:
+        server.stop()
+    assert status == 200
+    assert "kstore topics recover events" in error_of(body)
+    assert "Traceback" not in body
+    assert "data-topic='orders'" in listed
+    assert "data-topic='events'" in listed
+
+
+# -- metrics --------------------------------------------------------------------------------------
+
+
+def test_metrics_values(filled: Filled) -> None:
+    server = build(filled.store.url, {}, port=0, refresh_s=3600, cluster_name="test")
+    try:
+        server.console.snapshots.clock = lambda: filled.now_ms
+        server.console.snapshots.refresh()
+        serve_in_thread(server)
+        status, body, headers = get(server, "/metrics")
+    finally:
+        server.stop()
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/plain")
+    found = samples(body)
+    desc = filled.store.describe_topic("orders")
+    for p in desc.partitions:
+        labels = {"cluster_name": "test", "topic": "orders", "partition": str(p.partition)}
+        assert value(found, "kafka_partition_latest_offset", **labels) == p.log_end_offset
+        assert value(found, "kafka_partition_earliest_offset", **labels) == p.log_start_offset
+        tp = {"topic": "orders", "partition": str(p.partition)}
+        assert value(found, "kstore_partition_records", **tp) == p.records
+        assert value(found, "kstore_partition_bytes", **tp) == p.size_bytes
+        assert value(found, "kstore_partition_segments", **tp) == p.segments
+        assert value(found, "kafka_topic_partition_current_offset", **tp) == p.log_end_offset
+    assert value(found, "kafka_topic_partitions", topic="orders") == 3
+    member = {
+        "cluster_name": "test",
+        "group": "billing",
+        "topic": "orders",
+        "member_host": "",
+        "consumer_id": "",
+        "client_id": "",
+    }
+    assert value(found, "kafka_consumergroup_group_lag", partition="0", **member) == 6
+    assert value(found, "kafka_consumergroup_group_lag", partition="1", **member) == 0
+    assert value(found, "kafka_consumergroup_group_offset", partition="0", **member) == 4
+    assert value(found, "kafka_consumergroup_group_lag_seconds", partition="0", **member) == (
+        (filled.now_ms - order_timestamp(0, 4)) / 1000
+    )
+    # No committed offset on orders-2: no series, as kafka-lag-exporter.
+    assert (
+        "kafka_consumergroup_group_lag",
+        tuple(sorted({**member, "partition": "2"}.items())),
+    ) not in found
+    group = {"cluster_name": "test", "group": "billing", "is_simple_consumer": "true"}
+    assert value(found, "kafka_consumergroup_group_max_lag", **group) == 6
+    assert value(found, "kafka_consumergroup_group_max_lag_seconds", **group) == 35.0
+    assert (
+        value(found, "kafka_consumergroup_group_sum_lag", cluster_name="test", group="billing") == 6
+    )
+    assert (
+        value(
+            found,
+            "kafka_consumergroup_group_topic_sum_lag",
+            cluster_name="test",
+            group="billing",
+            topic="orders",
+        )
+        == 6
+    )
+    assert (
+        value(
+            found, "kafka_consumergroup_lag", consumergroup="billing", topic="orders", partition="0"
+        )
+        == 6
+    )
+    assert value(found, "kafka_consumergroup_members", consumergroup="billing") == 0
+    assert value(found, "kstore_consumergroup_uncommitted_partitions", group="billing") == 1
+    run = {"topic": "expiring", "task": "retention"}
+    assert value(found, "kstore_maintenance_last_run_removed_records", **run) == EXPIRED
+    last = value(found, "kstore_maintenance_last_run_timestamp_seconds", outcome="ok", **run)
+    assert last > 0
+    assert value(found, "kstore_up") == 1
+    assert value(found, "kstore_refreshes_total", result="ok") == 1
+
+
+def test_open_transaction_in_metrics_and_page(filled: Filled) -> None:
+    producer = open_transaction(filled.store)
+    try:
+        server = build(filled.store.url, {}, port=0, refresh_s=3600)
+        try:
+            server.console.snapshots.refresh()
+            serve_in_thread(server)
+            found = samples(get(server, "/metrics")[1])
+            page = get(server, "/maintenance")[1]
+        finally:
+            server.stop()
+    finally:
+        producer.abort_transaction()
+        producer.close()
+    assert value(found, "kstore_partition_open_transactions", topic="events", partition="0") == 1
+    assert value(found, "kstore_partition_open_transactions", topic="orders", partition="0") == 0
+    assert "id='transactions'" in page
+    assert producer.producer_id in page
+
+
+# -- HTTP -----------------------------------------------------------------------------------------
+
+
+def get(server: ConsoleServer, path: str) -> tuple[int, str, Any]:
+    try:
+        with urllib.request.urlopen(server.url + path, timeout=60) as answer:
+            return answer.status, answer.read().decode(), answer.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(), exc.headers
+
+
+def post(server: ConsoleServer, path: str, form: dict[str, str]) -> tuple[int, str]:
+    data = urllib.parse.urlencode(form).encode()
+    try:
+        with urllib.request.urlopen(server.url + path, data=data, timeout=60) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.fixture
+def console(filled: Filled) -> Iterator[ConsoleServer]:
+    server = build(filled.store.url, {}, port=0, refresh_s=3600)
+    server.console.snapshots.refresh()
+    serve_in_thread(server)
+    yield server
+    server.stop()
+
+
+def error_of(body: str) -> str:
+    start = body.index("id='error'>") + len("id='error'>")
+    return body[start : body.index("</p>", start)]
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "message"),
+    [
+        ("/topics/nope", 404, "topic &#x27;nope&#x27; does not exist"),
+        ("/groups/nope", 404, "consumer group &#x27;nope&#x27; does not exist"),
+        ("/topics/bad%20name", 400, "invalid topic name"),
+        ("/topics/..", 400, "must not be"),
+        ("/topics/a%2F..%2Fb", 400, "invalid topic name"),
+        ("/groups/" + "g" * 250, 400, "the limit is 249"),
+        ("/topics/orders/records?partition=9", 404, "has partitions 0..2; 9 does not exist"),
+        ("/topics/orders/records?partition=0&offset=99", 400, "outside the live range [0, 10]"),
+        (
+            "/topics/expiring/records?partition=0&offset=0",
+            400,
+            f"outside the live range [{EXPIRED}, {EXPIRED}]",
+        ),
+        ("/topics/orders/records?partition=x", 400, "partition must be an integer"),
+        ("/topics/orders/records?limit=0", 400, "limit must be at least 1"),
+        ("/topics/orders/records?limit=100000", 400, "limit must be in [1, 500]"),
+        ("/topics/orders/records?format=xml", 400, "format must be one of"),
+        ("/topics/orders/records?timestamp=yesterday", 400, "timestamp must be an ISO 8601 time"),
+        ("/nothing/here", 404, "no page at"),
+    ],
+)
+def test_bad_requests_get_one_message(
+    console: ConsoleServer, path: str, status: int, message: str
+) -> None:
+    got, body, _ = get(console, path)
+    assert got == status
+    assert message in error_of(body)
+    assert "Traceback" not in body
+
+
+def test_pages_answer(console: ConsoleServer) -> None:
+    for path in ("/", "/groups", "/groups/billing", "/maintenance", "/topics/orders", "/healthz"):
+        assert get(console, path)[0] == 200, path
+    assert get(console, "/topics")[0] == 200  # redirected to /
+
+
+def test_other_host_names_refused(console: ConsoleServer) -> None:
+    """DNS rebinding: a page of another site whose name now points at 127.0.0.1."""
+    port = console.server_address[1]
+    for host, status in (
+        (f"evil.example:{port}", 403),
+        (f"localhost:{port}", 200),
+        (f"127.0.0.1:{port}", 200),
+    ):
+        request = urllib.request.Request(console.url + "/", headers={"Host": host})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                got, body = answer.status, answer.read().decode()
+        except urllib.error.HTTPError as exc:
+            got, body = exc.code, exc.read().decode()
+        assert ("answers to" in body) == (status == 403), host
+        assert got == status, host
+
+
+def test_records_page(console: ConsoleServer) -> None:
+    status, body, _ = get(console, "/topics/orders/records?partition=1&offset=3&limit=2")
+    assert status == 200
+    assert "data-offset='3'" in body
+    assert "data-offset='4'" in body
+    assert "data-offset='5'" not in body
+    assert "k1-3" in body
+    assert "&quot;n&quot;: 3" in body
+    assert "source" in body
+    assert "ff 03" in body
+    hexed = get(console, "/topics/events/records?partition=0&offset=0&format=hex")[1]
+    assert "00 fe ff 10" in hexed
+    assert "70 6c 61 69 6e" in hexed
+    typed = get(console, "/topics/payments/records?partition=0&offset=0")[1]
+    assert "data-col='field:user'" in typed
+    assert "u3" in typed
+    assert "4.5" in typed
+    newest = get(console, "/topics/orders/records?partition=2&limit=3")[1]
+    assert "data-offset='7'" in newest
+    assert "data-offset='9'" in newest
+    assert "data-offset='6'" not in newest
+    by_time = get(
+        console, f"/topics/orders/records?partition=0&timestamp={order_timestamp(0, 6)}&limit=1"
+    )[1]
+    assert "data-offset='6'" in by_time
+    assert "data-offset='7'" not in by_time
+
+
+def test_read_only_by_default(console: ConsoleServer, filled: Filled) -> None:
+    page = get(console, "/groups/billing")[1]
+    assert "reset-offsets" not in page
+    status, body = post(
+        console,
+        "/topics/orders/delete-records",
+        {"partition": "0", "offset": "5", "confirm": "yes"},
+    )
+    assert status == 403
+    assert "read-only" in body
+    assert filled.store.partition_state("orders", 0).start_offset == 0
+
+
+def test_writes_need_the_form_token_and_a_confirmation(filled: Filled) -> None:
+    server = build(filled.store.url, {}, port=0, refresh_s=3600, allow_writes=True)
+    server.console.snapshots.refresh()
+    serve_in_thread(server)
+    try:
+        token = server.console.frame.csrf
+        assert token in get(server, "/topics/orders")[1]
+        status, body = post(
+            server,
+            "/topics/orders/delete-records",
+            {"partition": "0", "offset": "5", "confirm": "yes"},
+        )
+        assert status == 403
+        assert "stale" in body
+        status, body = post(
+            server,
+            "/topics/orders/delete-records",
+            {"partition": "0", "offset": "5", "csrf": token},
+        )
+        assert status == 200
+        assert "log start offset 0 -&gt; 5" in body
+        assert "id='confirm'" in body
+        assert filled.store.partition_state("orders", 0).start_offset == 0  # not yet
+        status, body = post(
+            server,
+            "/topics/orders/delete-records",
+            {"partition": "0", "offset": "99", "csrf": token},
+        )
+        assert status == 400
+        assert "outside the live range" in body
+        status, body = post(
+            server,
+            "/topics/orders/delete-records",
+            {"partition": "0", "offset": "5", "csrf": token, "confirm": "yes"},
+        )
+        assert status == 200
+        assert "starts at offset 5" in body
+        assert filled.store.partition_state("orders", 0).start_offset == 5
+        # Reset: a dry run first, then the commit.
+        form = {"topic": "orders", "to": "earliest", "value": "", "csrf": token}
+        status, body = post(server, "/groups/billing/reset-offsets", form)
+        assert status == 200
+        assert "orders-0: -&gt; 5" in body
+        assert describe_group(filled.store, "billing").partitions[0].current_offset == 4
+        status, body = post(server, "/groups/billing/reset-offsets", {**form, "confirm": "yes"})
+        assert status == 200
+        offsets = {
+            (p.topic, p.partition): p.current_offset
+            for p in describe_group(filled.store, "billing").partitions
+        }
+        assert offsets == {("orders", 0): 5, ("orders", 1): 0, ("orders", 2): 0}
+        status, body = post(server, "/groups/billing/reset-offsets", {**form, "to": "sideways"})
+        assert status == 400
+        assert "to must be" in body
+        status, body = post(server, "/groups/nope/reset-offsets", form)
+        assert status == 404
+    finally:
+        server.stop()
+
+
+def test_store_without_store_refused(tmp_path: Path) -> None:
+    from kstore.errors import StoreNotFoundError
+
+    with pytest.raises(StoreNotFoundError):
+        build((tmp_path / "empty").as_uri(), {}, port=0)
+
+
+@pytest.mark.s3
+def test_store_that_stops_answering(tmp_path: Path) -> None:
+    """SeaweedFS stopped under a running console: the pages keep the last figures with one
+    warning, a first read gives a 503 page, /healthz says so, and kstore_up drops to 0."""
+    from tests.servers import SeaweedServer
+
+    server_s3 = SeaweedServer(tmp_path / "weed")
+    server_s3.start()
+    try:
+        url, options = server_s3.new_store_url()
+        options = {**options, "timeout_ms": 3000, "attempt_timeout_ms": 1000}
+        Store(url, options, create=True).create_topic("t", 1)
+        live = build(url, options, port=0, refresh_s=3600)
+        cold = build(url, options, port=0, refresh_s=3600)
+        serve_in_thread(live)
+        serve_in_thread(cold)
+        try:
+            assert live.console.snapshots.refresh() is not None
+            server_s3.stop()
+            assert live.console.snapshots.refresh() is None
+            assert cold.console.snapshots.refresh() is None
+            status, body, _ = get(live, "/")
+            assert status == 200
+            assert "id='stale'" in body
+            assert "could not be read" in body
+            assert "data-topic='t'" in body
+            assert get(live, "/healthz")[0] == 503
+            assert value(samples(get(live, "/metrics")[1]), "kstore_up") == 0
+            status, body, _ = get(cold, "/groups")
+            assert status == 503
+            assert "the store could not be read" in error_of(body)
+            assert "Traceback" not in body
+        finally:
+            live.stop()
+            cold.stop()
+    finally:
+        server_s3.close()
+
+
+@pytest.mark.s3
+def test_no_credential_in_pages_metrics_or_log(seaweed_server: Any) -> None:
+    """A secret storage option and a URL's embedded credentials never appear in a page,
+    the metrics or the request log (SeaweedFS accepts any key)."""
+    from kstore.cli.common import Redactor, secrets_of_options
+
+    url, options = seaweed_server.new_store_url()
+    secret = "s3cr3t-" + os.urandom(6).hex()
+    options = {**options, "secret": secret}
+    Store(url, options, create=True).create_topic("t", 1)
+    lines: list[str] = []
+    redact = Redactor(secrets_of_options(options))
+    server = build(url, options, port=0, refresh_s=3600, redact=redact, log=lines.append)
+    server.console.snapshots.refresh()
+    serve_in_thread(server)
+    try:
+        bodies = [
+            get(server, p)[1]
+            for p in ("/", "/topics/t", "/maintenance", "/metrics", f"/topics/{secret}")
+        ]
+        bodies.append(get(server, "/topics/t/records?offset=" + secret)[1])
+    finally:
+        server.stop()
+    assert lines, "requests were logged"
+    for text in [*bodies, *lines]:
+        assert secret not in text
+    assert any("kstore_storage_requests_total" in b for b in bodies)  # counted on S3

@@ -1,0 +1,108 @@
+"""``kstore ui`` and ``kstore maintain --metrics-port`` on the command line: their options, their
+refusals, and the maintainer's own metrics scraped while it runs."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from kstore.cli.app import app
+from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
+
+from tests.console_data import fill
+
+runner = CliRunner()
+
+
+def test_ui_help_lists_its_options() -> None:
+    result = runner.invoke(app, ["ui", "--help"])
+    assert result.exit_code == 0
+    for option in ("--port", "--host", "--refresh", "--allow-writes", "--cluster-name", "--store"):
+        assert option in result.stdout
+
+
+def test_ui_refusals(tmp_path: Path) -> None:
+    url = (tmp_path / "store").as_uri()
+    fill(url, {})
+    result = runner.invoke(app, ["--store", url, "ui", "--refresh", "1ms"])
+    assert result.exit_code == 2
+    assert "--refresh must be at least 500ms" in result.stderr
+    result = runner.invoke(app, ["--store", url, "ui", "--refresh", "soon"])
+    assert result.exit_code == 2
+    assert "is not a duration" in result.stderr
+    result = runner.invoke(app, ["--store", (tmp_path / "none").as_uri(), "ui", "--port", "0"])
+    assert result.exit_code == 1
+    assert "error:" in result.stderr
+    assert "Traceback" not in result.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = runner.invoke(app, ["--store", url, "ui", "--port", str(port)])
+    assert result.exit_code == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def test_maintain_serves_its_metrics(tmp_path: Path) -> None:
+    """A maintainer with --metrics-port: the store's metrics and its own task runs."""
+    url = (tmp_path / "store").as_uri()
+    fill(url, {})
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kstore.cli.app",
+            "--store",
+            url,
+            "maintain",
+            "--interval",
+            "1s",
+            "--metrics-port",
+            "0",
+            "--metrics-refresh",
+            "1s",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        line = process.stderr.readline()
+        found = re.search(r"metrics at (http://127\.0\.0\.1:\d+/metrics)", line)
+        assert found, line
+        runs: dict[tuple[str, str], float] = {}
+        lag = None
+        began = time.monotonic()
+        while time.monotonic() - began < 120 and (not runs or lag is None):
+            try:
+                with urllib.request.urlopen(found.group(1), timeout=10) as answer:
+                    text = answer.read().decode()
+            except urllib.error.URLError:
+                time.sleep(0.2)
+                continue
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == "kstore_maintenance_runs_total":
+                        runs[(sample.labels["task"], sample.labels["outcome"])] = sample.value
+                    if sample.name == "kafka_consumergroup_group_sum_lag":
+                        lag = sample.value
+            time.sleep(0.2)
+        assert lag == 6
+        assert runs, "the maintainer's runs were counted"
+        assert all(
+            outcome in ("ok", "nothing", "conflict", "error", "taken") for _, outcome in runs
+        )
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
