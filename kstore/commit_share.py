@@ -49,7 +49,13 @@ from kstore.pending import (
 )
 from kstore.segments import FORMAT_ARROW, SegmentFile, checksum, encode_arrow
 from kstore.storage import Storage, unique_id
-from kstore.topic_log import TopicLog, TopicLogState, shares_commits, tag_actions
+from kstore.topic_log import (
+    TopicLog,
+    TopicLogState,
+    shares_commits,
+    tag_actions,
+    topic_log_protocol,
+)
 
 log = logging.getLogger("kstore.producer")
 
@@ -244,8 +250,14 @@ def commit_actions(plan: _Plan, state: TopicLogState, now_ms: int) -> list[Actio
             plan.offsets[(flush.name, p)] = offset
             offset += count
         actions.extend(tag_actions(own, p))
+    # A committer's own flush has no pending file, so no name here (PROTOCOL.md 30.5).
+    foreign = {f.name for placed in plan.placed.values() for f, _ in placed if f.listed_ms >= 0}
     flushes: dict[str, Any] = {
-        "taken": [{"name": name, "partitions": parts} for name, parts in plan.taken.items()]
+        "taken": [
+            {"name": name, "partitions": parts}
+            for name, parts in plan.taken.items()
+            if name in foreign
+        ]
     }
     if plan.refused:
         flushes["refused"] = [
@@ -253,6 +265,8 @@ def commit_actions(plan: _Plan, state: TopicLogState, now_ms: int) -> list[Actio
             for name, p, exc in plan.refused
         ]
     actions.append({"flushes": flushes})
+    if state.version < 0:
+        actions.insert(0, topic_log_protocol())  # this commit creates the log
     return actions
 
 
@@ -346,8 +360,9 @@ class CommitShare:
     # -- the sender's entry point ------------------------------------------------------------
 
     def eligible(self, state: TopicLogState) -> bool:
-        """Whether flushes to this log may be shared: the log is at writer version 8."""
-        return not self._closed and shares_commits(state)
+        """Whether flushes to this log may be shared: the log is at writer version 8, or is
+        yet to be created (its first commit, by whichever writer, starts it there)."""
+        return not self._closed and (state.version < 0 or shares_commits(state))
 
     def new_flush(
         self,
@@ -483,15 +498,20 @@ class CommitShare:
     def _resolved(self, own: _Own) -> bool:
         return len(own.outcomes) == len(own.flush.parts)
 
-    def _give_up_unresolved(self, own: _Own) -> None:
+    def _give_up_unresolved(self, own: _Own, cause: KStoreError | None = None) -> None:
+        why = (
+            "was not committed within its delivery timeout"
+            if cause is None
+            else f"cannot be committed by this writer ({cause})"
+        )
         for p in own.flush.parts:
-            own.outcomes.setdefault(
-                p,
-                CommitStateUnknownError(
-                    f"{self._log}: partition {p}'s flush was not committed within its delivery "
-                    "timeout; another writer may still commit it"
-                ),
-            )
+            if p not in own.outcomes:
+                unknown = CommitStateUnknownError(
+                    f"{self._log}: partition {p}'s pending flush {why}; another writer may "
+                    "still commit it"
+                )
+                unknown.retriable = False
+                own.outcomes[p] = unknown
 
     # -- a waiter ------------------------------------------------------------------------------
 
@@ -555,6 +575,10 @@ class CommitShare:
                             self._round([own], voluntary=False, listing=True)
                         self._start_committing()
                     except KStoreError as exc:
+                        if not exc.retriable:
+                            # Nothing this writer commits can take it; another writer still may.
+                            self._give_up_unresolved(own, cause=exc)
+                            return own.outcomes
                         log.warning("takeover of %s failed: %s; waiting on", self._log, exc)
                     if self._resolved(own):
                         return own.outcomes
@@ -571,7 +595,7 @@ class CommitShare:
         """One commit of this writer's ``owns`` (first) and, when ``listing``, every valid
         pending flush it finds; only a listing round names this writer as the log's holder.
         Sets each own flush's outcomes that the commit decides. Returns whether it took
-        another writer's flush, and whether it lost a race. Raises :class:`_YieldError` when
+        another writer's flush, and whether it met another writer's commits. Raises :class:`_YieldError` when
         ``voluntary`` and another committer's commit is newer than the state it started on."""
         foreign = self._pending_flushes() if listing else []
         flushes = [own.flush for own in owns] + foreign
@@ -579,12 +603,20 @@ class CommitShare:
             return False, False
         start = self._log.state(refresh=False).version
         plans: list[_Plan] = []
+        built_on: list[int] = []
 
         def build(state: TopicLogState) -> list[Action] | None:
-            if (
-                voluntary
-                and state.committer not in (None, self.writer_id)
-                and state.committer_version > start
+            built_on.append(state.version)
+            # A voluntary round gives way to another writer's commits (PROTOCOL.md 30.3 rule
+            # 2): a listing committer's newer than its state, or any that won a race against
+            # it. Its own flush then waits for that writer, or commits after the takeover time
+            # (a takeover does not give way), so racing writers settle instead of starving.
+            if voluntary and (
+                len(built_on) > 1
+                or (
+                    state.committer not in (None, self.writer_id)
+                    and state.committer_version > start
+                )
             ):
                 raise _YieldError()
             plan = plan_round(state, flushes)
@@ -643,7 +675,12 @@ class CommitShare:
                 1 for f in foreign if f.name in plan.taken
             )
         self._forget_decided(decided)
-        return took, result is not None and result.attempts > 1
+        # Met another writer: a lost race, or (an object store's look before the PUT) versions
+        # written since this writer's state was last its own.
+        met = (result is not None and result.attempts > 1) or (
+            bool(built_on) and built_on[0] > start
+        )
+        return took, met
 
     def _forget_decided(self, names: list[str]) -> None:
         """Remember the outcome of ``names`` is known and delete their files."""
