@@ -14,8 +14,9 @@ This proxy, in its own process, sits between the clients and SeaweedFS (or any S
   key's fate; a key is known to exist once a write of it succeeded or the backend refused
   one, and forgotten when a DELETE (or a multi-object delete naming it) succeeds;
 * counts every request by method (``LIST`` for a GET of a bucket), status and prefix class of
-  the key (``_log``, ``_flushes``, ``_data``, ``_sidecars``, ``groups``, other), the 412s it
-  decided itself apart, with the bytes each way; ``GET /__proxy/stats`` returns them as JSON
+  the key (``_log``, ``_flushes``, ``_data``, ``_sidecars``, ``groups``, other), with the
+  put-if-absent writes by status and class and the 412s it decided itself apart, and the
+  bytes each way; ``GET /__proxy/stats`` returns them as JSON
   (with the proxy's own CPU seconds, to check it is not the bottleneck) and
   ``POST /__proxy/reset`` zeroes them.
 
@@ -85,6 +86,7 @@ class Stats:
     def reset(self) -> None:
         self.requests: collections.Counter[str] = collections.Counter()
         self.refused_here: collections.Counter[str] = collections.Counter()
+        self.conditional: collections.Counter[str] = collections.Counter()
         self.bytes_in: collections.Counter[str] = collections.Counter()
         self.bytes_out: collections.Counter[str] = collections.Counter()
         self.in_flight = 0
@@ -96,6 +98,7 @@ class Stats:
         return {
             "requests": dict(self.requests),
             "refused_here": dict(self.refused_here),
+            "conditional": dict(self.conditional),
             "bytes_in": dict(self.bytes_in),
             "bytes_out": dict(self.bytes_out),
             "max_in_flight": self.max_in_flight,
@@ -229,6 +232,7 @@ class Proxy:
                 await asyncio.sleep(self.delay_s)
             if request.conditional_create:
                 status, keep = await self._create_if_absent(request, writer, cls)
+                stats.conditional[f"{status} {cls}"] += 1
             else:
                 status, keep = await self._forward(request, writer, cls)
                 self._remember(request, status)
@@ -543,7 +547,7 @@ def behind(server: Any, proxy: ProxyProcess) -> Any:
 def difference(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     """The counts of ``after`` less those of ``before`` (two stats snapshots)."""
     out: dict[str, Any] = {}
-    for name in ("requests", "refused_here", "bytes_in", "bytes_out"):
+    for name in ("requests", "refused_here", "conditional", "bytes_in", "bytes_out"):
         counts = collections.Counter(after.get(name, {}))
         counts.subtract(before.get(name, {}))
         out[name] = {k: v for k, v in counts.items() if v}

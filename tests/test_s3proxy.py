@@ -79,6 +79,7 @@ def test_the_first_conditional_put_wins_and_later_ones_are_refused_here(
     backend = difference(counting.stats(), reached)
     assert here["requests"] == {"PUT 200 _log": 1, "PUT 412 _log": 2, "GET 200 _log": 1}
     assert here["refused_here"] == {"_log": 2}
+    assert here["conditional"] == {"200 _log": 1, "412 _log": 2}
     # Only the winner went on: the backend saw one PUT and the GET.
     assert backend["requests"] == {"PUT 200 _log": 1, "GET 200 _log": 1}
 
