@@ -95,16 +95,18 @@ def consume(bootstrap: str, topic: str, partitions: int) -> None:
     plan = _plan()
     measure_from, end = plan["start"] + plan["warmup"], plan["start"] + plan["warmup"]
     end += plan["seconds"]
-    stop = threading.Event()
+    stop, said = threading.Event(), {}
 
-    def wait_for_stop() -> None:
-        sys.stdin.readline()
+    def wait_for_stop() -> None:  # the stop line: how many were sent, and until when to wait
+        said.update(json.loads(sys.stdin.readline() or "{}"))
         stop.set()
 
     threading.Thread(target=wait_for_stop, daemon=True).start()
     e2e: list[float] = []
     received = 0
-    while not stop.is_set():
+    while not stop.is_set() or (
+        received < said.get("expected", 0) and time.time() < said.get("until", 0)
+    ):
         for message in consumer.consume(500, 0.05):
             if message.error() is not None:
                 continue

@@ -51,6 +51,7 @@ Writes benchmarks/results/many_writers.json (``--group``: many_writers_group.jso
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -90,6 +91,16 @@ def _mode_config(mode: str) -> dict[str, Any]:
     return {}
 
 
+def _client_counts(store: Any) -> contextlib.AbstractContextManager[collections.Counter[str]]:
+    """The store's own count of its S3 requests (every HTTP attempt; nothing on a local
+    disk), to set beside the proxy's."""
+    if store.storage.counts_requests:
+        counting: contextlib.AbstractContextManager[collections.Counter[str]]
+        counting = store.storage.count_requests()
+        return counting
+    return contextlib.nullcontext(collections.Counter())
+
+
 def _ready_then_plan() -> dict[str, float]:
     print("ready", flush=True)
     plan: dict[str, float] = json.loads(sys.stdin.readline())
@@ -115,6 +126,8 @@ def producer_child(spec: dict[str, Any]) -> None:
     from kstore.producer import Producer
 
     store = Store(spec["url"], spec["options"], create=False)
+    counting = _client_counts(store)  # held: a dropped one would stop counting
+    counts = counting.__enter__()
     producer = Producer(
         store, acks="all", linger_ms=spec["linger_ms"], **_mode_config(spec["mode"])
     )
@@ -138,7 +151,7 @@ def producer_child(spec: dict[str, Any]) -> None:
     interval = 1.0 / rate
     i = measured_sent = 0
     before: dict[str, float] | None = None
-    after: dict[str, float] = {}
+    counts_before: collections.Counter[str] = collections.Counter()
     prefix = spec["prefix"].encode()
     while True:
         due = plan["start"] + (i + phase) * interval
@@ -151,11 +164,13 @@ def producer_child(spec: dict[str, Any]) -> None:
         measured = sent_at >= measure_from
         if measured and before is None:
             before = producer.metrics()
+            counts_before = collections.Counter(counts)
         measured_sent += measured
         future = producer.send(TOPIC, VALUE, prefix + b"%d" % i)
         future.add_callback(acknowledged, sent_at, measured).add_errback(failed)
         i += 1
     after = producer.metrics()
+    counts_after = collections.Counter(counts)
     producer.flush()
     producer.close()
     before = before or after
@@ -171,6 +186,7 @@ def producer_child(spec: dict[str, Any]) -> None:
                 "commits": after["commit-total"] - before["commit-total"],
                 "flushes": after["batch-total"] - before["batch-total"],
                 "bytes": after["byte-total"] - before["byte-total"],
+                "client_requests": dict(counts_after - counts_before),
             }
         ),
         flush=True,
@@ -189,13 +205,18 @@ def consumer_child(spec: dict[str, Any]) -> None:
     consumer = Consumer(store=store, **configs)
     consumer.assign([TopicPartition(TOPIC, p) for p in range(spec["partitions"])])
     consumer.poll(timeout_ms=0)  # positioned at the end before any writer starts
+    counting = _client_counts(store)  # held: a dropped one would stop counting
+    counts = counting.__enter__()
     plan = _ready_then_plan()
     measure_from = (plan["start"] + plan["warmup"]) * 1000
     end = measure_from + plan["seconds"] * 1000
     stop, said = _stop_event()
     e2e: list[float] = []
     received = 0
+    window: list[collections.Counter[str]] = []
     while True:
+        if len(window) < 2 and time.time() * 1000 >= (measure_from, end)[len(window)]:
+            window.append(collections.Counter(counts))
         for records in consumer.poll(timeout_ms=50).values():
             now = time.time() * 1000
             received += len(records)
@@ -205,7 +226,10 @@ def consumer_child(spec: dict[str, Any]) -> None:
         if stop.is_set() and (received >= said.get("expected", 0) or time.time() > said["until"]):
             break
     consumer.close()
-    print(json.dumps({"received": received, "e2e": e2e}), flush=True)
+    if len(window) == 1:  # the last poll ran past the window's end: counted to here
+        window.append(collections.Counter(counts))
+    measured = dict(window[1] - window[0]) if len(window) == 2 else {}
+    print(json.dumps({"received": received, "e2e": e2e, "client_requests": measured}), flush=True)
 
 
 def member_child(spec: dict[str, Any]) -> None:
@@ -463,8 +487,14 @@ def run_case(
         "flushes": sum(int(p["flushes"]) for p in produced),
         "measured_mb": measured_mb,
     }
+    client = collections.Counter(consumed.get("client_requests", {}))
+    for p in produced:
+        client.update(p.get("client_requests", {}))
+    row["client_requests"] = dict(client)
     if stats_before is not None and stats_after is not None:
         row.update(proxy_figures(stats_before, stats_after, measured_mb))
+        # The clients' own counts against the proxy's (the windows' edges differ a little).
+        row["client_per_proxy"] = sum(client.values()) / max(row["requests_total"], 1)
     return row
 
 
@@ -587,9 +617,8 @@ def run_broker_case(
             child.say(plan)
         produced = [p.result(120 + args.warmup + args.seconds) for p in producers]
         sent = sum(p["sent"] for p in produced)
-        time.sleep(1.0)
-        consumer.say({})
-        consumed = consumer.result(60)
+        consumer.say({"expected": sent, "until": time.time() + args.drain})
+        consumed = consumer.result(args.drain + 60)
     finally:
         for child in children:
             child.end()
@@ -767,6 +796,7 @@ SHOWN = [
     ("refused/commit", "refused_per_commit"),
     ("req/MB", "requests_per_mb"),
     ("proxy cpu", "proxy_cpu_share"),
+    ("client/proxy", "client_per_proxy"),
     ("read/sent", "read_of_sent"),
 ]
 
@@ -976,7 +1006,11 @@ def main() -> None:
         name = "many_writers_group"
     else:
         rows = summarise(runs)
-        columns = list(dict.fromkeys(k for row in rows for k in row))
+        first = ["backend", "P", "N", "mode", "rounds"]
+        ordered = [*first, *(c for c, _ in SHOWN), "commits/writer"]
+        present = {k for row in rows for k in row}
+        columns = [c for c in ordered if c in present]
+        columns += [c for c in dict.fromkeys(k for row in rows for k in row) if c not in columns]
         print(table(rows, columns))
         name = "many_writers"
     path = write_results(
