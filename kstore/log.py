@@ -268,7 +268,8 @@ def compact_json(value: Any) -> str:
         out = orjson.dumps(value)
     except TypeError:
         return _COMPACT_JSON.encode(value)
-    if out.isascii():
+    # json escapes DEL (0x7f) as well, which is ASCII: such text goes through json too.
+    if out.isascii() and b"\x7f" not in out:
         return out.decode("ascii")
     return _COMPACT_JSON.encode(value)
 
