@@ -430,6 +430,50 @@ def reset_offsets(
 
 
 @app.command(
+    epilog="Examples:\n\n  kstore groups upgrade billing --dry-run\n\n  kstore groups upgrade billing",
+)
+def upgrade(
+    ctx: typer.Context,
+    group: GroupArg,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show the log's versions; change nothing.")
+    ] = False,
+) -> None:
+    """Raise a group log to writer version 8, where members share commits (run while members
+    run; members of older kstore versions are refused by the log afterwards)."""
+    from kstore.groups import GROUP_LOG_WRITER_VERSION, upgrade_group
+
+    reader, writer = upgrade_group(shared(ctx).open_store(), group, dry_run=dry_run)
+    current = writer >= GROUP_LOG_WRITER_VERSION
+    after = writer if current or dry_run else GROUP_LOG_WRITER_VERSION
+
+    def view(text: TextOutput) -> None:
+        if current:
+            text.message(f"Group {group!r} is at writer version {writer} already; nothing changed.")
+        elif dry_run:
+            text.message(
+                f"Group {group!r} is at {reader}/{writer}; it would be raised to "
+                f"{reader}/{GROUP_LOG_WRITER_VERSION}. Dry run: nothing was changed."
+            )
+        else:
+            text.message(
+                f"Group {group!r} raised from {reader}/{writer} to "
+                f"{reader}/{GROUP_LOG_WRITER_VERSION}: its members now share commits."
+            )
+
+    shared(ctx).output.record(
+        {
+            "group": group,
+            "dryRun": dry_run,
+            "minReaderVersion": reader,
+            "minWriterVersionBefore": writer,
+            "minWriterVersion": after,
+        },
+        view,
+    )
+
+
+@app.command(
     epilog="Examples:\n\n  kstore groups delete billing\n\n  kstore groups delete old-1 old-2",
 )
 def delete(

@@ -42,7 +42,14 @@ from kstore.errors import (
     ProducerFencedError,
     UnknownTopicOrPartitionError,
 )
-from kstore.layout import GROUPS, group_log_dir, group_members_dir
+from kstore.group_share import (
+    REQUESTS_DIR,
+    Decided,
+    GroupRequest,
+    GroupShare,
+    default_takeover_ms,
+)
+from kstore.layout import GROUPS, group_dir, group_log_dir, group_members_dir
 from kstore.log import (
     Action,
     CommitResult,
@@ -60,6 +67,16 @@ if TYPE_CHECKING:
     from kstore.store import Store
 
 ADMIN_MEMBER = "admin"  # the member id of offset resets made by tools, outside any generation
+# Group logs are created at writer version 8: their members share commits (PROTOCOL.md 31),
+# which writers below 8 would not honour. Logs at a lower writer version are written as that
+# version says (each member racing for its commits) until `kstore groups upgrade` raises them.
+GROUP_LOG_WRITER_VERSION = 8
+# Decided requests (action 8.32) a checkpoint keeps: a day behind the newest decision, far
+# longer than a pending request may wait to be taken (PROTOCOL.md 31.5).
+DECIDED_KEEP_MS = 86_400_000
+# The errors a combined commit records as a request's refusal (PROTOCOL.md 31.3); any other
+# failure is the committer's own and fails its commit.
+_REFUSALS = (CommitFailedError, ProducerFencedError, IllegalStateError, InvalidArgumentError)
 
 
 @dataclass(frozen=True)
@@ -96,6 +113,7 @@ class GroupState(LogState):
         self.pending_release: dict[TopicPartition, str] = {}
         self.transaction_epochs: dict[str, int] = {}  # transactional id -> lowest epoch accepted
         self.deleted = False  # deleted by an administrator; any later use revives the group
+        self.requests: dict[str, Decided] = {}  # writer id -> its last decided request (8.32)
 
     def copy(self) -> GroupState:
         clone: GroupState = super().copy()  # type: ignore[assignment]
@@ -108,6 +126,7 @@ class GroupState(LogState):
         clone.transactions = dict(self.transactions)
         clone.pending_release = dict(self.pending_release)
         clone.transaction_epochs = dict(self.transaction_epochs)
+        clone.requests = dict(self.requests)
         return clone
 
     def apply(self, name: str, body: dict[str, Any]) -> None:
@@ -205,15 +224,31 @@ class GroupState(LogState):
                 tp = TopicPartition(str(item["topic"]), int(item["partition"]))
                 self.offsets.pop(tp, None)
                 self.offset_times.pop(tp, None)
+        elif name == "requests":
+            for item in body.get("decided", []):
+                writer, number = str(item["writer"]), int(item["number"])
+                if number > self.requests.get(writer, Decided(-1, 0)).number:
+                    error = item.get("error")
+                    message = item.get("message")
+                    self.requests[writer] = Decided(
+                        number,
+                        int(item.get("time", 0)),
+                        None if error is None else str(error),
+                        None if message is None else str(message),
+                    )
         elif name == "deleteGroup":
             generation, version = self.generation, self.version
             transactions, fences = self.transactions, self.transaction_epochs
+            requests, protocol = self.requests, (self.min_reader_version, self.min_writer_version)
             self.__init__()  # type: ignore[misc]
             self.generation = generation  # never reuse a generation: old members stay fenced
             self.version = version
+            self.min_reader_version, self.min_writer_version = protocol
             # Transaction decisions and fences belong to producers, not to the members being
-            # forgotten: a decided transaction must still roll forward after a delete.
+            # forgotten: a decided transaction must still roll forward after a delete; and a
+            # request decided before the delete must not be taken again after it.
             self.transactions, self.transaction_epochs = transactions, fences
+            self.requests = requests
             self.deleted = True
         else:
             super().apply(name, body)
@@ -267,6 +302,14 @@ class GroupState(LogState):
             )
         for tid, epoch in sorted(self.transaction_epochs.items()):
             actions.append({"txnFence": {"id": tid, "epoch": epoch}})
+        if self.requests:
+            newest = max(d.time_ms for d in self.requests.values())
+            kept = [
+                _decided_item(writer, d)
+                for writer, d in sorted(self.requests.items())
+                if newest - d.time_ms <= DECIDED_KEEP_MS
+            ]
+            actions.append({"requests": {"decided": kept}})
         return actions
 
     # -- queries ---------------------------------------------------------------------------------
@@ -345,6 +388,45 @@ def _checked_offsets(
     return out
 
 
+def _offset_items(checked: Mapping[TopicPartition, OffsetAndMetadata]) -> list[dict[str, Any]]:
+    return [
+        {"topic": tp.topic, "partition": tp.partition, "offset": om.offset, "metadata": om.metadata}
+        for tp, om in sorted(checked.items())
+    ]
+
+
+def _offsets_of_items(items: Any) -> dict[TopicPartition, OffsetAndMetadata]:
+    """A request's offset items, checked as a member's own offsets are."""
+    if not isinstance(items, list):
+        raise InvalidArgumentError("offsets must be a list")
+    out: dict[TopicPartition, OffsetAndMetadata] = {}
+    for item in items:
+        if not isinstance(item, dict):
+            raise InvalidArgumentError(f"offset item {item!r} is not an object")
+        metadata = item.get("metadata")
+        tp = TopicPartition(item.get("topic"), item.get("partition"))  # type: ignore[arg-type]
+        out[tp] = OffsetAndMetadata(item.get("offset"), metadata)  # type: ignore[arg-type]
+    return _checked_offsets(out)
+
+
+def _decided_item(writer: str, d: Decided) -> dict[str, Any]:
+    item: dict[str, Any] = {"writer": writer, "number": d.number, "time": d.time_ms}
+    if d.error is not None:
+        item["error"] = d.error
+        item["message"] = d.message or ""
+    return item
+
+
+def group_protocol_action() -> Action:
+    return protocol_action(1, GROUP_LOG_WRITER_VERSION)
+
+
+def shares_commits(state: GroupState) -> bool:
+    """Whether the members of a group log at ``state`` share its commits (PROTOCOL.md 31):
+    a log at writer version 8, or one yet to be created (created there)."""
+    return state.version < 0 or state.min_writer_version >= GROUP_LOG_WRITER_VERSION
+
+
 def normalized_offsets(
     offsets: Mapping[TopicPartition, Any],
 ) -> dict[TopicPartition, OffsetAndMetadata]:
@@ -394,6 +476,15 @@ class Group:
         self._members_dir = group_members_dir(group_id)
         self._beats = 0  # heartbeats sent through this object (which of them list the leases)
         self._renewed: dict[str, float] = {}  # member id -> when (monotonic) its lease was written
+        self.metrics: dict[str, int] = {}
+        self._share = GroupShare(
+            log_=self.log,
+            storage=store.storage,
+            requests_dir=f"{group_dir(group_id)}/{REQUESTS_DIR}",
+            build=self._build_round,
+            takeover_s=default_takeover_ms(store.storage) / 1000,
+            metrics=self.metrics,
+        )
 
     def state(self) -> GroupState:
         self._state = self.log.load() if self._state is None else self.log.update(self._state)
@@ -465,7 +556,7 @@ class Group:
             if not actions:
                 return None
             if state.version < 0:
-                actions = [protocol_action(), *actions]
+                actions = [group_protocol_action(), *actions]
             return actions
 
         result = self.log.commit(self.state(), guarded, operation=operation)
@@ -540,21 +631,9 @@ class Group:
         check_writer_version(self.state())
         self.write_lease(member.member_id)  # before the join: a member always has a lease
 
-        def build(state: GroupState) -> list[Action]:
-            leases = self.leases()
-            reference = leases.get(member.member_id) or self.storage_now_ms()
-            live = set(self.live_members(state, reference_ms=reference, leases=leases))
-            body = _join_body(member, _now_ms())
-            static_rejoin = member.instance_id is not None and any(
-                m.instance_id == member.instance_id and mid in live and m.topics == member.topics
-                for mid, m in state.members.items()
-            )
-            if static_rejoin:
-                return [{"join": body}]  # same partitions, same generation: no rebalance
-            return self.plan(state, live, [{"join": body}])
-
+        request = GroupRequest("join", member.member_id, _join_body(member, 0))
         try:
-            self._commit(build, "JOIN GROUP")
+            self._submit(request, "JOIN GROUP")
         except BaseException:
             with contextlib.suppress(Exception):
                 self.drop_lease(member.member_id)
@@ -633,17 +712,7 @@ class Group:
         return self.state()
 
     def leave(self, member_id: str, reason: str = "consumer closed") -> None:
-        def build(state: GroupState) -> list[Action] | None:
-            if member_id not in state.members:
-                return None
-            live = set(self.live_members(state)) - {member_id}
-            return self.plan(
-                state,
-                live,
-                [{"leave": {"memberId": member_id, "reason": reason, "time": _now_ms()}}],
-            )
-
-        self._commit(build, "LEAVE GROUP")
+        self._submit(GroupRequest("leave", member_id, {"reason": reason}), "LEAVE GROUP")
         self.drop_lease(member_id)
 
     # -- offsets -------------------------------------------------------------------------------
@@ -666,19 +735,14 @@ class Group:
         version is already committed."""
         # Checked before anything is written: an entry with an illegal topic name or a bad
         # partition would stay in the group log for good and break every later describe.
-        checked = _checked_offsets(offsets)
-        items = [
-            {
-                "topic": tp.topic,
-                "partition": tp.partition,
-                "offset": om.offset,
-                "metadata": om.metadata,
-            }
-            for tp, om in sorted(checked.items())
-        ]
+        items = _offset_items(_checked_offsets(offsets))
+        if member_id is not None and transaction is None:
+            request = GroupRequest(
+                "offsets", member_id, {"generation": generation, "offsets": items}
+            )
+            return self._submit(request, "COMMIT OFFSETS")
 
         def build(state: GroupState) -> list[Action] | None:
-            now = _now_ms()
             if transaction is not None:
                 tid, version, epoch = transaction
                 if epoch < state.transaction_epochs.get(tid, -1):
@@ -695,33 +759,7 @@ class Group:
                         f"group {self.group_id!r} has {len(live)} live member(s); commits outside "
                         "the group's generation are refused while it is active"
                     )
-            else:
-                if member_id not in state.members:
-                    raise CommitFailedError(
-                        f"group {self.group_id!r}: member {member_id} is not in the group "
-                        "(session expired, left, or replaced): commit rejected"
-                    )
-                # Ownership, not the generation number, is what fences: rebalances are
-                # cooperative, so a member that has not yet seen the newest generation still
-                # owns every partition that did not move, and no other member can have read
-                # those. A partition that moved away is committable only by its previous
-                # owner while it hands it over (its final position), never after.
-                releasing = {tp for tp, m in state.pending_release.items() if m == member_id}
-                awaiting = {tp for tp, m in state.pending_release.items() if m != member_id}
-                allowed = (set(state.assignment.get(member_id, [])) - awaiting) | releasing
-                foreign = sorted(tp for tp in checked if tp not in allowed)
-                if foreign or generation > state.generation:
-                    raise CommitFailedError(
-                        f"group {self.group_id!r}: commit from member {member_id} (generation "
-                        f"{generation}) rejected: it does not own {[f'{t}-{p}' for t, p in foreign[:3]]} "
-                        f"at generation {state.generation} (a rebalance moved them)"
-                    )
-            body: dict[str, Any] = {
-                "memberId": member_id or ADMIN_MEMBER,
-                "generation": generation,
-                "time": now,
-                "offsets": items,
-            }
+            body = self._offsets_body(state, member_id, generation, items)
             if transaction is not None:
                 body["transaction"] = {
                     "id": transaction[0],
@@ -733,6 +771,44 @@ class Group:
         self._commit(build, "COMMIT OFFSETS")
         return self.state()
 
+    def _offsets_body(
+        self,
+        state: GroupState,
+        member_id: str | None,
+        generation: int,
+        items: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        """An ``offsets`` action's body, after the checks a member's commit must pass on
+        ``state``: the member is in the group and owns every partition it commits."""
+        if member_id is not None:
+            if member_id not in state.members:
+                raise CommitFailedError(
+                    f"group {self.group_id!r}: member {member_id} is not in the group "
+                    "(session expired, left, or replaced): commit rejected"
+                )
+            checked = _offsets_of_items(items)
+            # Ownership, not the generation number, is what fences: rebalances are
+            # cooperative, so a member that has not yet seen the newest generation still
+            # owns every partition that did not move, and no other member can have read
+            # those. A partition that moved away is committable only by its previous
+            # owner while it hands it over (its final position), never after.
+            releasing = {tp for tp, m in state.pending_release.items() if m == member_id}
+            awaiting = {tp for tp, m in state.pending_release.items() if m != member_id}
+            allowed = (set(state.assignment.get(member_id, [])) - awaiting) | releasing
+            foreign = sorted(tp for tp in checked if tp not in allowed)
+            if foreign or generation > state.generation:
+                raise CommitFailedError(
+                    f"group {self.group_id!r}: commit from member {member_id} (generation "
+                    f"{generation}) rejected: it does not own {[f'{t}-{p}' for t, p in foreign[:3]]} "
+                    f"at generation {state.generation} (a rebalance moved them)"
+                )
+        return {
+            "memberId": member_id or ADMIN_MEMBER,
+            "generation": generation,
+            "time": _now_ms(),
+            "offsets": items,
+        }
+
     def release(
         self,
         member_id: str,
@@ -741,44 +817,177 @@ class Group:
     ) -> GroupState:
         """Hand partitions over to their new owners, with final offsets, in one commit."""
         parts = sorted(set(partitions))
+        final = _checked_offsets({tp: om for tp, om in (offsets or {}).items() if tp in parts})
+        body = {
+            "partitions": [[tp.topic, tp.partition] for tp in parts],
+            "offsets": _offset_items(final),
+        }
+        return self._submit(GroupRequest("release", member_id, body), "RELEASE PARTITIONS")
 
-        def build(state: GroupState) -> list[Action] | None:
-            mine = [tp for tp in parts if state.pending_release.get(tp) == member_id]
-            if not mine:
-                return None
-            actions: list[Action] = []
-            final = {tp: om for tp, om in (offsets or {}).items() if tp in mine}
-            if final:
-                actions.append(
-                    {
-                        "offsets": {
-                            "memberId": member_id,
-                            "generation": state.generation,
-                            "time": _now_ms(),
-                            "offsets": [
-                                {
-                                    "topic": tp.topic,
-                                    "partition": tp.partition,
-                                    "offset": om.offset,
-                                    "metadata": om.metadata,
-                                }
-                                for tp, om in sorted(final.items())
-                            ],
-                        }
-                    }
-                )
+    # -- combined commits (PROTOCOL.md 31) -------------------------------------------------------
+
+    def _submit(self, request: GroupRequest, operation: str) -> GroupState:
+        """Commit a member's change, directly or shared with the other members' (31.4)."""
+        state = self.state()
+        try:
+            self._state = self._share.submit(
+                request, operation, state, shared=shares_commits(state)
+            )
+        except BaseException:
+            self._state = None  # the next look reloads what the log holds now
+            raise
+        return self._state
+
+    def _build_round(
+        self, state: GroupState, requests: list[GroupRequest]
+    ) -> tuple[list[Action], dict[str, BaseException | None]]:
+        """One commit taking ``requests`` in order on ``state`` (31.3): each validated on
+        the state the requests before it leave, as its member's own commit would be; the
+        membership changes last, with one new generation for all of them. Returns the
+        actions and each request's outcome, keyed by its name (``""``: the caller's own
+        request without a pending file)."""
+        trial = state.copy()
+        actions: list[Action] = []
+        outcomes: dict[str, BaseException | None] = {}
+        membership: list[GroupRequest] = []
+        for request in requests:
+            key = request.name if request.pending else ""
+            if request.kind in ("join", "leave"):
+                membership.append(request)
+                continue
+            try:
+                taken = self._change_actions(trial, request)
+            except _REFUSALS as exc:
+                outcomes[key] = exc
+                continue
+            for action in taken:
+                ((name, body),) = action.items()
+                trial.apply(name, body)
+            actions.extend(taken)
+            outcomes[key] = None
+        if membership:
+            actions.extend(self._membership_actions(trial, membership, outcomes))
+        decided = [
+            _decided_item(
+                r.writer,
+                Decided(
+                    r.number,
+                    _now_ms(),
+                    *_error_of(outcomes.get(r.name)),
+                ),
+            )
+            for r in requests
+            if r.pending
+        ]
+        if decided:
+            actions.append({"requests": {"decided": decided}})
+        if actions and state.version < 0:
+            actions.insert(0, group_protocol_action())
+        return actions, outcomes
+
+    def _change_actions(self, state: GroupState, request: GroupRequest) -> list[Action]:
+        """The actions of an offset commit or a release on ``state``; raises its refusal."""
+        body, member_id = request.body, request.member_id
+        validate_group_id(member_id)
+        if request.kind == "offsets":
+            generation = body.get("generation")
+            if not is_int(generation):
+                raise InvalidArgumentError(f"generation must be an integer, got {generation!r}")
+            items = _offset_items(_offsets_of_items(body.get("offsets")))
+            return [{"offsets": self._offsets_body(state, member_id, generation, items)}]
+        parts = body.get("partitions")
+        if not isinstance(parts, list) or not all(
+            isinstance(x, list) and len(x) == 2 for x in parts
+        ):
+            raise InvalidArgumentError("release: partitions must be [topic, partition] pairs")
+        wanted = {TopicPartition(validate_topic_name(t), p) for t, p in parts if is_int(p)}
+        mine = sorted(tp for tp in wanted if state.pending_release.get(tp) == member_id)
+        if not mine:
+            return []
+        actions: list[Action] = []
+        final = {
+            tp: om for tp, om in _offsets_of_items(body.get("offsets", [])).items() if tp in mine
+        }
+        if final:
+            items = _offset_items(final)
             actions.append(
                 {
-                    "release": {
+                    "offsets": {
                         "memberId": member_id,
-                        "partitions": [[tp.topic, tp.partition] for tp in mine],
+                        "generation": state.generation,
+                        "time": _now_ms(),
+                        "offsets": items,
                     }
                 }
             )
-            return actions
+        actions.append(
+            {
+                "release": {
+                    "memberId": member_id,
+                    "partitions": [[tp.topic, tp.partition] for tp in mine],
+                }
+            }
+        )
+        return actions
 
-        self._commit(build, "RELEASE PARTITIONS")
-        return self.state()
+    def _membership_actions(
+        self,
+        state: GroupState,
+        requests: list[GroupRequest],
+        outcomes: dict[str, BaseException | None],
+    ) -> list[Action]:
+        """Joins and leaves on ``state``, with the expiries and one new generation they
+        need (none for a static member rejoining with its topics)."""
+        leases = self.leases()
+        joined = [
+            leases[r.member_id] for r in requests if r.kind == "join" and r.member_id in leases
+        ]
+        # The joiners' own leases are fresh readings of the storage's clock (each writes its
+        # lease before its join); a leave alone asks the storage.
+        reference = max(joined) if joined else self.storage_now_ms()
+        live = set(self.live_members(state, reference_ms=reference, leases=leases))
+        changes: list[Action] = []
+        leaving: set[str] = set()
+        joining: set[str] = set()
+        rebalance = False
+        now = _now_ms()
+        for request in requests:
+            key = request.name if request.pending else ""
+            try:
+                member_id = validate_group_id(request.member_id)
+                if request.kind == "join":
+                    body = {**request.body, "memberId": member_id, "time": now}
+                    member = _member_of(body)
+                    static = member.instance_id is not None and any(
+                        m.instance_id == member.instance_id
+                        and mid in live
+                        and m.topics == member.topics
+                        for mid, m in state.members.items()
+                    )
+                    rebalance = rebalance or not static
+                    changes.append({"join": body})
+                    joining.add(member_id)
+                    leaving.discard(member_id)
+                elif member_id in state.members or member_id in joining:
+                    changes.append(
+                        {
+                            "leave": {
+                                "memberId": member_id,
+                                "reason": str(request.body.get("reason", "")),
+                                "time": now,
+                            }
+                        }
+                    )
+                    leaving.add(member_id)
+                    joining.discard(member_id)
+                    rebalance = True
+            except _REFUSALS as exc:
+                outcomes[key] = exc
+                continue
+            outcomes[key] = None
+        if not rebalance:
+            return changes  # static rejoins only: same partitions, same generation
+        return self.plan(state, live - leaving, changes)
 
     def fence_transaction(self, transactional_id: str, epoch: int) -> None:
         """Refuse, from now on, transaction decisions of older epochs of this producer."""
@@ -834,6 +1043,29 @@ class Group:
         had = [tp for tp in wanted if tp in before.offsets]
         self._commit(build, "DELETE OFFSETS")
         return [tp for tp in had if tp not in self.state().offsets]
+
+
+def _member_of(body: dict[str, Any]) -> Member:
+    """The member a join's body describes, checked (a request's body is another process's)."""
+    scratch = GroupState()
+    try:
+        scratch.apply("join", body)
+        (member,) = scratch.members.values()
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"join: malformed member ({exc!r})") from None
+    for topic in member.topics:
+        validate_topic_name(topic)
+    if member.instance_id is not None and not isinstance(member.instance_id, str):
+        raise InvalidArgumentError("join: instanceId must be a string")
+    if member.session_timeout_ms <= 0 or not member.assignors:
+        raise InvalidArgumentError("join: sessionTimeoutMs and assignors are required")
+    return member
+
+
+def _error_of(outcome: BaseException | None) -> tuple[str | None, str | None]:
+    if outcome is None:
+        return None, None
+    return type(outcome).__name__, str(outcome)[:500]
 
 
 def _common_assignor(members: Iterable[Member]) -> str:
@@ -1046,6 +1278,29 @@ def reset_offsets(
             generation=-1,
         )
     return plan
+
+
+def upgrade_group(store: Store, group_id: str, *, dry_run: bool = False) -> tuple[int, int]:
+    """Raise a group log to writer version 8, where its members share commits (PROTOCOL.md
+    31.7): one commit of its own, while members run. Members of a kstore below writer
+    version 8 are refused by the log after it (``UnsupportedFormatVersionError``, naming the
+    versions). Returns the log's (minReaderVersion, minWriterVersion) before the change; a
+    log at 8 already, or ``dry_run``, is left as it is."""
+    group = Group(store, group_id)
+    before = group.state()
+    if before.version < 0 or before.deleted:
+        raise KStoreError(f"group {group_id!r} does not exist")
+    versions = (before.min_reader_version, before.min_writer_version)
+    if dry_run or shares_commits(before):
+        return versions
+
+    def build(state: GroupState) -> list[Action] | None:
+        if state.min_writer_version >= GROUP_LOG_WRITER_VERSION:
+            return None
+        return [protocol_action(state.min_reader_version, GROUP_LOG_WRITER_VERSION)]
+
+    group._commit(build, "UPGRADE GROUP")
+    return versions
 
 
 def delete_group(store: Store, group_id: str) -> None:

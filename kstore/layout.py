@@ -37,8 +37,12 @@ def partition_dir(topic: str, topic_id: str, partition: int) -> str:
     return f"{topic_data_dir(topic, topic_id)}/{partition}"
 
 
+def group_dir(group_id: str) -> str:
+    return f"{GROUPS}/{validate_group_id(group_id)}"
+
+
 def group_log_dir(group_id: str) -> str:
-    return f"{GROUPS}/{validate_group_id(group_id)}/_log"
+    return f"{group_dir(group_id)}/_log"
 
 
 def group_members_dir(group_id: str) -> str:

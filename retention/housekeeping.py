@@ -30,8 +30,9 @@ from kstore.errors import (
     ProducerFencedError,
     UnknownTopicOrPartitionError,
 )
+from kstore.group_share import REQUEST_MAX_AGE_MS, REQUESTS_DIR, parse_request_name
 from kstore.groups import Group
-from kstore.layout import GROUPS, PRODUCERS, TOPICS
+from kstore.layout import GROUPS, PRODUCERS, TOPICS, group_dir
 from kstore.log import Action, Log, LogState, parse_log_file_name
 from kstore.names import validate_group_id, validate_topic_name
 from kstore.storage import FileInfo, Storage
@@ -359,11 +360,32 @@ def prune_logs(
         entry = PrunedLog(kind, name, log.directory)
         try:
             _prune(entry, log, now, keep_ms, dry_run=dry_run)
+            if kind == "group":
+                _prune_requests(entry, storage, name, now, dry_run=dry_run)
         except KStoreError as exc:  # one bad log does not stop the others
             entry.error = str(exc)
         if entry.files or entry.checkpoint is not None or entry.error is not None:
             report.logs.append(entry)
     return report
+
+
+def _prune_requests(
+    entry: PrunedLog, storage: Storage, group_id: str, now: int, *, dry_run: bool
+) -> None:
+    """Pending requests (PROTOCOL.md 31.6) a crash left: older than any commit may take."""
+    directory = f"{group_dir(group_id)}/{REQUESTS_DIR}"
+    doomed = [
+        info
+        for info in storage.list_dir(directory)
+        if (parse_request_name(info.name) is not None or info.name.startswith(".tmp-"))
+        and info.mtime_ms is not None
+        and now - info.mtime_ms > REQUEST_MAX_AGE_MS
+    ]
+    files = [f"{directory}/{info.name}" for info in doomed]
+    entry.files.extend(files)
+    entry.bytes += sum(info.size for info in doomed)
+    if files and not dry_run:
+        storage.delete(files)
 
 
 def _group_logs(store: Store, listing: list[FileInfo]) -> Iterator[tuple[str, Log[Any]]]:

@@ -354,6 +354,7 @@ class Consumer:
             "records-consumed-total": fetched["records-consumed-total"],
             "bytes-consumed-total": fetched["bytes-consumed-total"],
             "poll-total": self._polls,
+            **{k: v for k, v in group.items() if k.startswith("group-")},
             "rebalance-total": group["rebalance-total"],
             "commit-total": group["commit-total"],
         }

@@ -91,7 +91,12 @@ class GroupMembership:
         return self._needs_rejoin
 
     def metrics(self) -> dict[str, int]:
-        return {"rebalance-total": self._rebalances, "commit-total": self._commits}
+        """Rebalances and commits, and the group log's shared commits (PROTOCOL.md 31)."""
+        return {
+            **self._group.metrics,
+            "rebalance-total": self._rebalances,
+            "commit-total": self._commits,
+        }
 
     # -- joining and leaving ------------------------------------------------------------------------
 
