@@ -5,6 +5,8 @@ write actions behind --allow-writes, and no credential in a page, a log line or 
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
 import os
 import urllib.error
@@ -23,7 +25,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kstore.groups import describe_group
 from kstore.store import Store
-from tests.console_data import EXPIRED, Filled, fill, open_transaction, order_timestamp
+from tests.console_data import (
+    EXPIRED,
+    Filled,
+    fill,
+    open_transaction,
+    order_timestamp,
+)
 
 
 @pytest.fixture
@@ -64,7 +72,9 @@ def test_snapshot_equals_the_library(filled: Filled) -> None:
     assert snap is not None
     store = filled.store
     assert (
-        sorted(snap.topics) == store.list_topics() == ["events", "expiring", "orders", "payments"]
+        sorted(snap.topics)
+        == store.list_topics()
+        == ["events", "expiring", "lake", "orders", "payments"]
     )
     for name, facts in snap.topics.items():
         assert facts.error is None
@@ -124,14 +134,15 @@ def test_a_refresh_reads_each_path_once_and_pages_read_nothing(filled: Filled) -
         assert first is not None
         assert second is not None
         # The second refresh polls: the topic list, each topic's metadata log and topic log,
-        # the group list, the group's log (loaded anew: its checkpoint pointer, a listing, its
-        # two commits, a look for the next) and its leases; the maintenance records only
-        # every minute.
+        # the Delta topic's table log, the group list, the group's log (loaded anew: its
+        # checkpoint pointer, a listing, its two commits, a look for the next) and its
+        # leases; the maintenance records only every minute.
         topics = len(second.topics)
-        assert second.storage_calls == 1 + 2 * topics + 1 + 5 + 1
+        assert second.storage_calls == 1 + 2 * topics + 1 + 1 + 5 + 1
         assert first.storage_calls > second.storage_calls + topics  # maintenance read once
         serve_in_thread(server)
         sent = storage.sent
+        reached = sum(storage.reached.values())  # every call, from any thread
         for path in (
             "/",
             "/groups",
@@ -143,6 +154,7 @@ def test_a_refresh_reads_each_path_once_and_pages_read_nothing(filled: Filled) -
             for _ in range(5):
                 assert get(server, path)[0] == 200
         assert storage.sent == sent
+        assert sum(storage.reached.values()) == reached
     finally:
         server.stop()
 
@@ -151,7 +163,6 @@ def test_delta_table_as_topics_describe_shows_it(filled: Filled) -> None:
     from kstore.cli.app import app
     from typer.testing import CliRunner
 
-    filled.store.create_topic("lake", 1, {"table.format": "delta"})
     snap = snapshots_of(filled).refresh()
     assert snap is not None
     result = CliRunner().invoke(
@@ -160,7 +171,7 @@ def test_delta_table_as_topics_describe_shows_it(filled: Filled) -> None:
     assert result.exit_code == 0, result.stderr
     (described,) = json.loads(result.stdout)
     assert snap.topics["lake"].table == described["table"]
-    assert described["table"]["version"] == -1
+    assert described["table"]["version"] == 0  # published once by fill()
     assert snap.topics["orders"].table is None
 
 
@@ -574,3 +585,106 @@ def test_no_credential_in_pages_metrics_or_log(seaweed_server: Any) -> None:
     for text in [*bodies, *lines]:
         assert secret not in text
     assert any("kstore_storage_requests_total" in b for b in bodies)  # counted on S3
+
+
+# -- bounded cost: many clients, one refresh per interval -----------------------------------------
+
+
+@pytest.fixture(params=["local", pytest.param("seaweed", marks=pytest.mark.s3)])
+def any_filled(request: pytest.FixtureRequest) -> Filled:
+    url, options = request.getfixturevalue(f"{request.param}_store")
+    return fill(url, options)
+
+
+PAGES = (
+    "/",
+    "/groups",
+    "/groups/billing",
+    "/maintenance",
+    "/metrics",
+    "/topics/orders",
+    "/topics/lake",
+    "/healthz",
+)
+
+
+def hammer(server: ConsoleServer, seconds: float, clients: int = 8) -> int:
+    """``clients`` threads loading every page and /metrics as fast as they can for
+    ``seconds``: the number of answers, each checked to be 200."""
+    import threading
+    import time
+
+    deadline = time.monotonic() + seconds
+    served = [0] * clients
+    failed: list[str] = []
+
+    def client(i: int) -> None:
+        while time.monotonic() < deadline and not failed:
+            path = PAGES[served[i] % len(PAGES)]
+            status = get(server, path)[0]
+            if status != 200:
+                failed.append(f"{path}: {status}")
+            served[i] += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failed, failed
+    return sum(served)
+
+
+def test_concurrent_clients_cost_one_refresh_per_interval(any_filled: Filled) -> None:
+    """Eight clients loading pages and scraping at once: with no refresh due the store sees
+    no request at all (counted at the console's storage, and on S3 by the S3 client); with
+    the refresh thread at 0.5 s, every path (each topic log, group log, listing) is read at
+    most once per refresh, and on S3 the requests are those of the refreshes alone."""
+    from kstore.console import CoalescingStorage
+
+    filled = any_filled
+    server = build(filled.store.url, filled.store.storage.storage_options, port=0, refresh_s=0.5)
+    snapshots = server.console.snapshots
+    storage = snapshots.store.storage
+    assert isinstance(storage, CoalescingStorage)
+    on_s3 = storage.counts_requests
+    try:
+        assert snapshots.refresh() is not None  # the first: every log from its checkpoint
+        with storage.count_requests() if on_s3 else _no_counter() as one_refresh:
+            assert snapshots.refresh() is not None
+        serve_in_thread(server)
+        before = sum(storage.reached.values())
+        with storage.count_requests() if on_s3 else _no_counter() as s3:
+            served = hammer(server, 1.5)
+        assert served >= 8 * len(PAGES)
+        assert sum(storage.reached.values()) == before
+        assert sum(s3.values()) == 0
+
+        storage.reached.clear()
+        done = snapshots.refreshes + snapshots.failures
+        with storage.count_requests() if on_s3 else _no_counter() as s3:
+            snapshots.start()
+            served = hammer(server, 3.0)
+            snapshots.stop()
+        refreshes = snapshots.refreshes + snapshots.failures - done
+        assert snapshots.failures == 0
+        assert refreshes >= 2
+        assert served >= refreshes * len(PAGES)
+        read = dict(storage.reached)
+        for topic in ("orders", "events", "payments", "expiring", "lake"):
+            topic_id = filled.store.topic(topic).topic_id
+            log = f"topics/{topic}/{topic_id}/_log/"
+            assert any(path.startswith(log) for _, path in read), f"{topic}'s log was not read"
+        assert ("list_dir", "groups/billing/_log") in read
+        over = {key: n for key, n in read.items() if n > refreshes}
+        assert not over, f"read more than once per refresh ({refreshes} refreshes): {over}"
+        if on_s3:
+            assert sum(one_refresh.values()) > 0
+            assert sum(s3.values()) <= refreshes * sum(one_refresh.values())
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def _no_counter() -> Iterator[collections.Counter[str]]:
+    yield collections.Counter()
