@@ -122,7 +122,9 @@ _REASONS = {
     403: "Forbidden",
     404: "Not found",
     405: "Method not allowed",
+    414: "URL too long",
     500: "Error",
+    501: "Not implemented",
     503: "Store unavailable",
 }
 

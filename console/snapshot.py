@@ -536,11 +536,22 @@ class Snapshots:
 
     def _groups(self, now_ms: int) -> dict[str, GroupFacts]:
         from kstore.errors import KStoreError
-        from kstore.groups import describe_group, list_groups
+        from kstore.groups import Group, describe_group
+        from kstore.layout import GROUPS
+        from kstore.names import validate_group_id
 
         out: dict[str, GroupFacts] = {}
-        for name in list_groups(self.store):
+        # As kstore.groups.list_groups, but a group whose log cannot be read is listed with its
+        # error instead of failing the whole refresh (list_groups raises for it).
+        for info in self.store.storage.list_dir(GROUPS):
+            name = info.name
             try:
+                validate_group_id(name)
+            except ValueError:
+                continue
+            try:
+                if not Group(self.store, name).exists():
+                    continue
                 desc = describe_group(self.store, name)
                 out[name] = GroupFacts(name, desc, self._lag_rows(desc, now_ms))
             except (KStoreError, OSError) as exc:

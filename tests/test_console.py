@@ -29,6 +29,7 @@ from tests.console_data import (
     EXPIRED,
     Filled,
     fill,
+    join_member,
     open_transaction,
     order_timestamp,
 )
@@ -223,6 +224,105 @@ def test_a_corrupt_topic_log_is_one_message(filled: Filled, tmp_path: Path) -> N
     assert "data-topic='events'" in listed
 
 
+def next_commit(log_dir: Path) -> Path:
+    """The path of the next version of a log (a commit no one has written yet)."""
+    versions = [int(p.name[:20]) for p in log_dir.glob("*.json") if p.name[:20].isdigit()]
+    return log_dir / f"{max(versions) + 1:020d}.json"
+
+
+def test_a_corrupt_group_log_is_one_message(filled: Filled, tmp_path: Path) -> None:
+    """A group whose next commit is garbage: the refresh still succeeds, the group is listed
+    with its error, its page is that one message, its metric says unreadable, and the rest of
+    the store is shown as usual (kstore.groups.list_groups raises for the whole store)."""
+    server = build(filled.store.url, {}, port=0, refresh_s=3600, explain=error_message)
+    try:
+        assert server.console.snapshots.refresh() is not None
+        corrupt = next_commit(tmp_path / "store" / "groups" / "billing" / "_log")
+        corrupt.write_bytes(b"{ corrupt")
+        assert server.console.snapshots.refresh() is not None
+        serve_in_thread(server)
+        status, body, _ = get(server, "/groups/billing")
+        listed = get(server, "/groups")[1]
+        overview = get(server, "/")[1]
+        found = samples(get(server, "/metrics")[1])
+    finally:
+        server.stop()
+    assert status == 200
+    assert f"groups/billing/_log/{corrupt.name}: truncated" in error_of(body)
+    assert "Traceback" not in body
+    assert "id='lag'" not in body
+    assert "data-group='billing'" in listed
+    assert "truncated" in listed
+    assert "id='stale'" not in overview  # the store itself was read
+    assert "data-topic='orders'" in overview
+    assert value(found, "kstore_consumergroup_readable", group="billing") == 0
+    assert value(found, "kstore_up") == 1
+
+
+def test_a_corrupt_topic_log_on_the_records_page(filled: Filled, tmp_path: Path) -> None:
+    """The topic's next commit turns to garbage under a running console: the record browser
+    (which reads the store itself) answers one message naming the recovery, with status 500,
+    and the topic's page says the same after the next refresh."""
+    server = build(filled.store.url, {}, port=0, refresh_s=3600, explain=error_message)
+    try:
+        assert server.console.snapshots.refresh() is not None
+        serve_in_thread(server)
+        assert get(server, "/topics/events/records?partition=0&offset=0")[0] == 200
+        meta = filled.store.topic("events")
+        log = tmp_path / "store" / "topics" / "events" / meta.topic_id / "_log"
+        next_commit(log).write_bytes(b"{ corrupt")
+        status, body, _ = get(server, "/topics/events/records?partition=0&offset=0")
+        assert status == 500
+        assert "kstore topics recover events" in error_of(body)
+        assert "Traceback" not in body
+        assert server.console.snapshots.refresh() is not None
+        status, body, _ = get(server, "/topics/events")
+        assert status == 200
+        assert "kstore topics recover events" in error_of(body)
+        assert get(server, "/topics/orders/records?partition=0&offset=0")[0] == 200
+    finally:
+        server.stop()
+
+
+def test_a_live_member_and_its_assignment(filled: Filled) -> None:
+    """A group with a consumer in it: the page lists the member, its client id and
+    assignment, and the partition's consumer, as describe_group has them; the metrics
+    count it and label its partition's lag with its consumer id."""
+    member = join_member(filled.store)
+    try:
+        server = build(filled.store.url, {}, port=0, refresh_s=3600, cluster_name="test")
+        try:
+            server.console.snapshots.refresh()
+            serve_in_thread(server)
+            page = get(server, "/groups/readers")[1]
+            found = samples(get(server, "/metrics")[1])
+        finally:
+            server.stop()
+        desc = describe_group(filled.store, "readers")
+    finally:
+        member.close()
+    (live,) = desc.members
+    assert desc.state == "Stable"
+    assert f"data-member='{live.member_id}'" in page
+    assert "console-test-reader" in page
+    assert "events:0" in page
+    assert "<b id='state'>Stable</b>" in page
+    assert "<b id='members-count'>1</b>" in page
+    assert value(found, "kafka_consumergroup_members", consumergroup="readers") == 1
+    labels = {
+        "cluster_name": "test",
+        "group": "readers",
+        "topic": "events",
+        "partition": "0",
+        "member_host": "",
+        "consumer_id": live.member_id,
+        "client_id": "console-test-reader",
+    }
+    assert value(found, "kafka_consumergroup_group_lag", **labels) == 0
+    simple = {"cluster_name": "test", "group": "readers", "is_simple_consumer": "false"}
+    assert value(found, "kafka_consumergroup_group_max_lag", **simple) == 0
+
+
 # -- metrics --------------------------------------------------------------------------------------
 
 
@@ -375,6 +475,11 @@ def error_of(body: str) -> str:
         ("/topics/orders/records?limit=100000", 400, "limit must be in [1, 500]"),
         ("/topics/orders/records?format=xml", 400, "format must be one of"),
         ("/topics/orders/records?timestamp=yesterday", 400, "timestamp must be an ISO 8601 time"),
+        ("/topics/orders/records?timestamp=99999999999999999999", 400, "to the end of 9999"),
+        ("/topics/orders/records?timestamp=-5", 400, "timestamp must be from 1970"),
+        ("/topics/orders/records?offset=-1", 400, "offset must be at least 0"),
+        ("/groups/billing/reset-offsets", 404, "no page at"),  # actions are POSTs only
+        ("/topics/orders/delete-records", 404, "no page at"),
         ("/nothing/here", 404, "no page at"),
     ],
 )
@@ -424,6 +529,15 @@ def test_records_page(console: ConsoleServer) -> None:
     hexed = get(console, "/topics/events/records?partition=0&offset=0&format=hex")[1]
     assert "00 fe ff 10" in hexed
     assert "70 6c 61 69 6e" in hexed
+    # format=text: the value as written, not re-indented; format=json on a value that is not
+    # JSON says so; format=hex: keys, values and headers as bytes.
+    text = get(console, "/topics/orders/records?partition=1&offset=3&limit=1&format=text")[1]
+    assert "{&quot;n&quot;: 3, &quot;p&quot;: 1}</pre><div class='muted'>text, " in text
+    not_json = get(console, "/topics/events/records?partition=0&offset=1&format=json")[1]
+    assert "plain text</pre><div class='muted'>text (not JSON), 10 B" in not_json
+    assert "ff 00</pre><div class='muted'>hex" in not_json  # a key that is not UTF-8
+    hex_headers = get(console, "/topics/orders/records?partition=1&offset=3&limit=1&format=hex")[1]
+    assert "<b>source</b>: <pre>74 65 73 74</pre>" in hex_headers
     typed = get(console, "/topics/payments/records?partition=0&offset=0")[1]
     assert "data-col='field:user'" in typed
     assert "u3" in typed
@@ -439,17 +553,39 @@ def test_records_page(console: ConsoleServer) -> None:
     assert "data-offset='7'" not in by_time
 
 
+def request(server: ConsoleServer, method: str, path: str, data: bytes = b"") -> tuple[int, str]:
+    made = urllib.request.Request(server.url + path, data=data, method=method)
+    try:
+        with urllib.request.urlopen(made, timeout=60) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
 def test_read_only_by_default(console: ConsoleServer, filled: Filled) -> None:
-    page = get(console, "/groups/billing")[1]
-    assert "reset-offsets" not in page
-    status, body = post(
-        console,
-        "/topics/orders/delete-records",
-        {"partition": "0", "offset": "5", "confirm": "yes"},
-    )
-    assert status == 403
-    assert "read-only" in body
+    """Without --allow-writes: no form on any page, every POST refused (even with the form
+    token and the confirmation), the other methods refused, and the store unchanged."""
+    offsets = describe_group(filled.store, "billing").partitions
+    for path in ("/groups/billing", "/topics/orders"):
+        page = get(console, path)[1]
+        assert "reset-offsets" not in page
+        assert "delete-records" not in page
+        assert console.console.frame.csrf not in page
+    token = console.console.frame.csrf  # even the right token changes nothing
+    for path, form in (
+        ("/topics/orders/delete-records", {"partition": "0", "offset": "5"}),
+        ("/groups/billing/reset-offsets", {"topic": "orders", "to": "latest", "value": ""}),
+    ):
+        for extra in ({}, {"confirm": "yes"}, {"confirm": "yes", "csrf": token}):
+            status, body = post(console, path, {**form, **extra})
+            assert status == 403, (path, extra)
+            assert "this console is read-only: start it with --allow-writes" in error_of(body)
+        for method in ("PUT", "DELETE", "PATCH"):
+            status, body = request(console, method, path, b"confirm=yes")
+            assert status == 405, (method, path)
+            assert f"{method} is not served here" in error_of(body)
     assert filled.store.partition_state("orders", 0).start_offset == 0
+    assert describe_group(filled.store, "billing").partitions == offsets
 
 
 def test_writes_need_the_form_token_and_a_confirmation(filled: Filled) -> None:
@@ -508,6 +644,21 @@ def test_writes_need_the_form_token_and_a_confirmation(filled: Filled) -> None:
         assert "to must be" in body
         status, body = post(server, "/groups/nope/reset-offsets", form)
         assert status == 404
+        # A group with a live member: refused, as kstore groups reset-offsets refuses it.
+        member = join_member(filled.store)
+        try:
+            server.console.snapshots.refresh()
+            before = describe_group(filled.store, "readers").partitions
+            status, body = post(
+                server,
+                "/groups/readers/reset-offsets",
+                {"topic": "events", "to": "earliest", "value": "", "csrf": token, "confirm": "yes"},
+            )
+            assert status == 400
+            assert "member" in error_of(body)
+            assert describe_group(filled.store, "readers").partitions == before
+        finally:
+            member.close()
     finally:
         server.stop()
 
@@ -551,6 +702,11 @@ def test_store_that_stops_answering(tmp_path: Path) -> None:
             assert status == 503
             assert "the store could not be read" in error_of(body)
             assert "Traceback" not in body
+            # The record browser reads the store itself: one message, 503.
+            status, body, _ = get(live, "/topics/t/records?partition=0&offset=0")
+            assert status == 503
+            assert "Traceback" not in body
+            assert error_of(body)
         finally:
             live.stop()
             cold.stop()
@@ -584,7 +740,14 @@ def test_no_credential_in_pages_metrics_or_log(seaweed_server: Any) -> None:
     assert lines, "requests were logged"
     for text in [*bodies, *lines]:
         assert secret not in text
-    assert any("kstore_storage_requests_total" in b for b in bodies)  # counted on S3
+    # Storage requests by kind, counted on S3: this console's refresh listed and read.
+    kinds = {
+        labels[0][1]: n
+        for (name, labels), n in samples(bodies[3]).items()
+        if name == "kstore_storage_requests_total"
+    }
+    assert kinds["LIST"] > 0
+    assert kinds["GET"] > 0
 
 
 # -- bounded cost: many clients, one refresh per interval -----------------------------------------
