@@ -132,7 +132,8 @@ _REASONS = {
 def freshness(frame: Frame, snap: Snapshot, failure: tuple[str, int] | None) -> str:
     """The line above every page's data: when it was read, and the newest refresh's error."""
     line = (
-        f"<p class='muted' id='freshness'>Read at {esc(iso(snap.taken_ms))} in "
+        f"<p class='muted' id='freshness' data-taken-ms='{snap.taken_ms}'>Read at "
+        f"{esc(iso(snap.taken_ms))} in "
         f"{snap.elapsed_s:.2f} s; read again every {frame.refresh_s:g} s. "
         "<label><input type='checkbox' id='paused'> pause reloading</label></p>"
     )
@@ -557,7 +558,12 @@ def group_page(
                 ("current_offset", _num(p.current_offset), True),
                 ("log_end_offset", str(p.log_end_offset), True),
                 ("lag", f"<span class='{'lag' if p.lag else ''}'>{_num(p.lag)}</span>", True),
-                ("lag_seconds", esc(seconds(p.lag_seconds)), True),
+                (
+                    "lag_seconds",
+                    f"<span data-seconds='{'' if p.lag_seconds is None else f'{p.lag_seconds:.3f}'}'>"
+                    f"{esc(seconds(p.lag_seconds))}</span>",
+                    True,
+                ),
                 ("consumer_id", esc(p.member_id or "-"), False),
                 ("client_id", esc(p.client_id or "-"), False),
             ],
