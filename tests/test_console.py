@@ -323,6 +323,37 @@ def test_a_live_member_and_its_assignment(filled: Filled) -> None:
     assert value(found, "kafka_consumergroup_group_max_lag", **simple) == 0
 
 
+def test_lag_over_the_last_hour(filled: Filled) -> None:
+    """One sample per refresh, an hour of them kept: the group page draws the total lag in
+    records and the highest lag in seconds over them."""
+    now = [filled.now_ms]
+    server = build(filled.store.url, {}, port=0, refresh_s=3600)
+    try:
+        snapshots = server.console.snapshots
+        snapshots.clock = lambda: now[0]
+        snapshots.refresh()
+        serve_in_thread(server)
+        assert "collecting (1 sample so far" in get(server, "/groups/billing")[1]
+        for step in (60_000, 60_000, 3_600_000 - 60_000):
+            now[0] += step
+            snapshots.refresh()
+        history = snapshots.group_history("billing")
+        page = get(server, "/groups/billing")[1]
+    finally:
+        server.stop()
+    # The first sample is over an hour old at the last refresh: dropped.
+    assert [s.taken_ms - filled.now_ms for s in history] == [60_000, 120_000, 3_660_000]
+    assert [s.lag for s in history] == [6, 6, 6]
+    age = (filled.now_ms - order_timestamp(0, 4)) / 1000
+    assert [s.lag_seconds for s in history] == [age + 60, age + 120, age + 3660]
+    for series in ("records", "seconds"):
+        start = page.index(f"data-series='{series}'")
+        points = page[page.index("points='", start) + 8 : page.index("'/>", start)]
+        assert len(points.split()) == 3, series
+    assert "6 records" in page
+    assert "3 samples" in page
+
+
 # -- metrics --------------------------------------------------------------------------------------
 
 
