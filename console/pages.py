@@ -500,8 +500,10 @@ def lag_chart(samples: Sequence[LagSample], *, width: int = 640, height: int = 1
             f"({len(samples)} sample so far; one per refresh).</p>"
         )
     t0, t1 = samples[0].taken_ms, samples[-1].taken_ms
-    top = max(1, max(s.lag for s in samples))
-    top_s = max(1.0, max(s.lag_seconds for s in samples))
+    highest = max(s.lag for s in samples)
+    highest_s = max(s.lag_seconds for s in samples)
+    top = max(1, highest)  # the scales: a line of zeros lies on the axis
+    top_s = max(1.0, highest_s)
     span = max(1, t1 - t0)
     pad = 30
 
@@ -521,9 +523,9 @@ def lag_chart(samples: Sequence[LagSample], *, width: int = 640, height: int = 1
         f"points='{records}'/>"
         f"<polyline data-series='seconds' fill='none' stroke='#d9822b' stroke-width='2' "
         f"stroke-dasharray='5,3' points='{ages}'/>"
-        f"<text x='4' y='{pad - 8}' font-size='11' fill='#2563c9'>{top} records</text>"
-        f"<text x='{width - 120}' y='{pad - 8}' font-size='11' fill='#d9822b'>"
-        f"{esc(seconds(top_s))}</text>"
+        f"<text x='4' y='{pad - 8}' font-size='11' fill='#2563c9'>highest {highest} records</text>"
+        f"<text x='{width - 160}' y='{pad - 8}' font-size='11' fill='#d9822b'>"
+        f"highest {esc(seconds(highest_s))}</text>"
         f"<text x='4' y='{height - 8}' font-size='11'>{esc(iso(t0))}</text>"
         f"<text x='{width - 200}' y='{height - 8}' font-size='11'>{esc(iso(t1))}</text>"
         f"</svg><figcaption class='muted'>Total lag in records (solid, left) and the highest "

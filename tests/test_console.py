@@ -350,7 +350,7 @@ def test_lag_over_the_last_hour(filled: Filled) -> None:
         start = page.index(f"data-series='{series}'")
         points = page[page.index("points='", start) + 8 : page.index("'/>", start)]
         assert len(points.split()) == 3, series
-    assert "6 records" in page
+    assert "highest 6 records" in page
     assert "3 samples" in page
 
 
@@ -882,3 +882,31 @@ def test_concurrent_clients_cost_one_refresh_per_interval(any_filled: Filled) ->
 @contextlib.contextmanager
 def _no_counter() -> Iterator[collections.Counter[str]]:
     yield collections.Counter()
+
+
+def test_the_documented_alerts_name_served_metrics(filled: Filled) -> None:
+    """Every metric docs/OPERATIONS.md's scrape config and alert rules name is one /metrics
+    serves (with an open transaction and a maintenance run, so that each has samples)."""
+    import re
+
+    text = (Path(__file__).parent.parent / "docs" / "OPERATIONS.md").read_text()
+    section = text[text.index("### The web console and Prometheus") :]
+    scrape, rules = re.findall(r"```yaml\n(.*?)```", section, re.S)[:2]
+    assert "scrape_configs:" in scrape
+    exprs = re.findall(r"^\s*expr: (.*)$", rules, re.M)
+    assert len(exprs) == 4
+    named = {name for expr in exprs for name in re.findall(r"\b(?:kafka|kstore)_[a-z_]+", expr)}
+    assert "kafka_consumergroup_group_max_lag_seconds" in named
+    producer = open_transaction(filled.store)
+    try:
+        server = build(filled.store.url, {}, port=0, refresh_s=3600)
+        try:
+            server.console.snapshots.refresh()
+            serve_in_thread(server)
+            served = {name for name, _ in samples(get(server, "/metrics")[1])}
+        finally:
+            server.stop()
+    finally:
+        producer.abort_transaction()
+        producer.close()
+    assert named <= served, named - served
