@@ -446,6 +446,10 @@ def test_open_transaction_in_metrics_and_page(filled: Filled) -> None:
         producer.abort_transaction()
         producer.close()
     assert value(found, "kstore_partition_open_transactions", topic="events", partition="0") == 1
+    age = value(
+        found, "kstore_partition_oldest_open_transaction_age_seconds", topic="events", partition="0"
+    )
+    assert 0 < age < 600  # opened by this test, moments ago
     assert value(found, "kstore_partition_open_transactions", topic="orders", partition="0") == 0
     assert "id='transactions'" in page
     assert producer.producer_id in page

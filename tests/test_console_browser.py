@@ -2,7 +2,8 @@
 page opened in headless Chromium (Debian's, driven by Playwright) against stores with data on
 local disk and on SeaweedFS, and the figures shown checked against ``kstore topics describe``
 and ``kstore groups describe``. A screenshot of each page is written to the test's directory,
-and to ``$KSTORE_CONSOLE_SCREENSHOTS`` when set (docs/console/ holds the committed ones).
+and, for the local store, to ``$KSTORE_CONSOLE_SCREENSHOTS`` when set (docs/console/ holds the
+committed ones).
 
 Chromium comes from Debian's ``chromium`` package: ``make test`` installs it when it is missing
 and the machine allows (root, apt). In CI a missing browser fails these tests; elsewhere they
