@@ -122,7 +122,9 @@ _REASONS = {
     403: "Forbidden",
     404: "Not found",
     405: "Method not allowed",
+    414: "URL too long",
     500: "Error",
+    501: "Not implemented",
     503: "Store unavailable",
 }
 
@@ -130,7 +132,8 @@ _REASONS = {
 def freshness(frame: Frame, snap: Snapshot, failure: tuple[str, int] | None) -> str:
     """The line above every page's data: when it was read, and the newest refresh's error."""
     line = (
-        f"<p class='muted' id='freshness'>Read at {esc(iso(snap.taken_ms))} in "
+        f"<p class='muted' id='freshness' data-taken-ms='{snap.taken_ms}'>Read at "
+        f"{esc(iso(snap.taken_ms))} in "
         f"{snap.elapsed_s:.2f} s; read again every {frame.refresh_s:g} s. "
         "<label><input type='checkbox' id='paused'> pause reloading</label></p>"
     )
@@ -489,30 +492,45 @@ def groups_page(frame: Frame, snap: Snapshot, failure: tuple[str, int] | None) -
 
 
 def lag_chart(samples: Sequence[LagSample], *, width: int = 640, height: int = 160) -> str:
-    """The group's total lag (records) over the samples kept (an hour at most), as SVG."""
+    """The group's lag over the samples kept (an hour at most), as SVG: its total lag in
+    records (blue, left scale) and its highest lag in seconds (orange, right scale)."""
     if len(samples) < 2:
         return (
             "<p class='muted' id='lag-chart'>Lag over the last hour: collecting "
             f"({len(samples)} sample so far; one per refresh).</p>"
         )
     t0, t1 = samples[0].taken_ms, samples[-1].taken_ms
-    top = max(1, max(s.lag for s in samples))
+    highest = max(s.lag for s in samples)
+    highest_s = max(s.lag_seconds for s in samples)
+    top = max(1, highest)  # the scales: a line of zeros lies on the axis
+    top_s = max(1.0, highest_s)
     span = max(1, t1 - t0)
     pad = 30
-    points = " ".join(
-        f"{pad + (s.taken_ms - t0) / span * (width - 2 * pad):.1f},"
-        f"{height - pad - s.lag / top * (height - 2 * pad):.1f}"
-        for s in samples
-    )
+
+    def line(values: Sequence[float], high: float) -> str:
+        return " ".join(
+            f"{pad + (s.taken_ms - t0) / span * (width - 2 * pad):.1f},"
+            f"{height - pad - v / high * (height - 2 * pad):.1f}"
+            for s, v in zip(samples, values, strict=True)
+        )
+
+    records = line([s.lag for s in samples], top)
+    ages = line([s.lag_seconds for s in samples], top_s)
     return (
         f"<figure id='lag-chart'><svg width='{width}' height='{height}' role='img' "
         f"aria-label='lag over time' style='background:#fff;border:1px solid #dde2e8'>"
-        f"<polyline fill='none' stroke='#2563c9' stroke-width='2' points='{points}'/>"
-        f"<text x='4' y='{pad - 8}' font-size='11'>{top} records</text>"
+        f"<polyline data-series='records' fill='none' stroke='#2563c9' stroke-width='2' "
+        f"points='{records}'/>"
+        f"<polyline data-series='seconds' fill='none' stroke='#d9822b' stroke-width='2' "
+        f"stroke-dasharray='5,3' points='{ages}'/>"
+        f"<text x='4' y='{pad - 8}' font-size='11' fill='#2563c9'>highest {highest} records</text>"
+        f"<text x='{width - 160}' y='{pad - 8}' font-size='11' fill='#d9822b'>"
+        f"highest {esc(seconds(highest_s))}</text>"
         f"<text x='4' y='{height - 8}' font-size='11'>{esc(iso(t0))}</text>"
         f"<text x='{width - 200}' y='{height - 8}' font-size='11'>{esc(iso(t1))}</text>"
-        f"</svg><figcaption class='muted'>Total lag in records, {len(samples)} samples "
-        "(one per refresh, kept for an hour while the console runs)</figcaption></figure>"
+        f"</svg><figcaption class='muted'>Total lag in records (solid, left) and the highest "
+        f"lag in time (dashed, right), {len(samples)} samples (one per refresh, kept for an "
+        "hour while the console runs)</figcaption></figure>"
     )
 
 
@@ -555,7 +573,12 @@ def group_page(
                 ("current_offset", _num(p.current_offset), True),
                 ("log_end_offset", str(p.log_end_offset), True),
                 ("lag", f"<span class='{'lag' if p.lag else ''}'>{_num(p.lag)}</span>", True),
-                ("lag_seconds", esc(seconds(p.lag_seconds)), True),
+                (
+                    "lag_seconds",
+                    f"<span data-seconds='{'' if p.lag_seconds is None else f'{p.lag_seconds:.3f}'}'>"
+                    f"{esc(seconds(p.lag_seconds))}</span>",
+                    True,
+                ),
                 ("consumer_id", esc(p.member_id or "-"), False),
                 ("client_id", esc(p.client_id or "-"), False),
             ],

@@ -62,21 +62,33 @@ class Response:
     location: str | None = None
 
 
+# The last millisecond of year 9999, the latest time an ISO 8601 date can name.
+MAX_TIME_MS = 253_402_300_799_999
+
+
 def parse_time_ms(text: str, what: str) -> int:
-    """Milliseconds since the epoch, or an ISO 8601 time (UTC unless it names a zone)."""
+    """Milliseconds since the epoch, or an ISO 8601 time (UTC unless it names a zone), from
+    1970 to the end of year 9999."""
     text = text.strip()
     if text.lstrip("-").isdigit():
-        return int(text)
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        ms = int(text)
+    else:
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise HTTPError(
+                400,
+                f"{what} must be an ISO 8601 time (2026-01-31T12:00:00Z) or milliseconds, "
+                f"got {text[:64]!r}",
+            ) from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        ms = int(when.timestamp() * 1000)
+    if not 0 <= ms <= MAX_TIME_MS:
         raise HTTPError(
-            400,
-            f"{what} must be an ISO 8601 time (2026-01-31T12:00:00Z) or milliseconds, got {text!r}",
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return int(when.timestamp() * 1000)
+            400, f"{what} must be from 1970-01-01T00:00:00Z to the end of 9999, got {text[:64]!r}"
+        )
+    return ms
 
 
 def _int(
@@ -146,7 +158,8 @@ class Console:
         except KStoreError as exc:
             return self._error(500, self.explain(exc))
         except Exception as exc:  # a bug: one line, never a traceback in a page
-            return self._error(500, f"unexpected {type(exc).__name__}: {self.explain(exc)}")
+            said = " ".join(str(exc).split())
+            return self._error(500, f"unexpected {type(exc).__name__}{': ' + said if said else ''}")
 
     def _error(self, status: int, message: str) -> Response:
         text = self.redact(message)
@@ -418,7 +431,20 @@ def _handler(
         def _refuse(self) -> None:
             self._send(console._error(405, f"{self.command} is not served here"))
 
-        do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815 (http.server's names)
+        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _refuse  # noqa: N815
+
+        def send_error(
+            self, code: int, message: str | None = None, explain: str | None = None
+        ) -> None:
+            """http.server's own refusals (a malformed request line, a URL too long, an
+            unknown method): the console's error page, not http.server's."""
+            reason = message or self.responses.get(code, ("error",))[0]
+            try:
+                response = console._error(code, f"{code}: {reason}")
+                self.close_connection = True
+                self._send(response, head=self.command == "HEAD")
+            except Exception:  # the connection is gone
+                self.close_connection = True
 
         def log_message(self, format: str, *args: Any) -> None:
             if log is not None:

@@ -14,16 +14,18 @@ browser and the write actions read and write the store themselves).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Generator, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kstore.records import TopicPartition
 from kstore.storage import FileInfo, Storage
+from kstore.storage.facade import COALESCE_GAP, LIST_PAGE_SIZE
 
 if TYPE_CHECKING:
     import collections
@@ -56,13 +58,26 @@ class CoalescingStorage(Storage):
         allow_unsafe_writes: bool = False,
     ) -> None:
         super().__init__(url, storage_options, allow_unsafe_writes=allow_unsafe_writes)
+        self._init_counts()
+
+    def _init_counts(self) -> None:
         self._coalescing = threading.local()
+        self._counts_lock = threading.Lock()
         self.sent = 0  # storage calls made inside once() that reached the store
+        # Every call that reached the store, from any thread, inside once() or not: by
+        # (method, path), a call on several paths counted once for each.
+        self.reached: collections.Counter[tuple[str, str]] = collections.Counter()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self._coalescing = threading.local()
-        self.sent = 0
+        self._init_counts()
+
+    def _count(self, method: str, paths: tuple[str, ...], coalescing: bool) -> None:
+        with self._counts_lock:
+            if coalescing:
+                self.sent += 1
+            for path in paths:
+                self.reached[(method, path)] += 1
 
     @contextlib.contextmanager
     def once(self) -> Iterator[None]:
@@ -77,28 +92,48 @@ class CoalescingStorage(Storage):
         memo: dict[Hashable, Any] | None = getattr(self._coalescing, "memo", None)
         return memo
 
-    def _cached(self, key: Hashable, call: Callable[[], T]) -> T:
+    def _cached(
+        self, method: str, paths: tuple[str, ...], call: Callable[[], T], *, key: Hashable = None
+    ) -> T:
+        """``call``, sent to the store unless this refresh sent the same one already; counted
+        in :attr:`reached` whenever it is sent (a call the facade makes inside another is
+        part of that one)."""
         memo = self._memo()
         local = self._coalescing
-        if memo is None or getattr(local, "inside", False):
-            return call()  # not coalescing, or a call the facade makes inside another
-        if key in memo:
+        if getattr(local, "inside", False):
+            return call()
+        key = (method, paths) if key is None else key
+        if memo is not None and key in memo:
             found = memo[key]
             if isinstance(found, BaseException):
                 raise found
             value: T = found
             return value
-        self.sent += 1
+        self._count(method, paths, memo is not None)
         local.inside = True
         try:
             value = call()
         except Exception as exc:
-            memo[key] = exc
+            if memo is not None:
+                memo[key] = exc
             raise
         finally:
             local.inside = False
-        memo[key] = value
+        if memo is not None:
+            memo[key] = value
         return value
+
+    def _write(self, method: str, paths: tuple[str, ...], call: Callable[[], None]) -> None:
+        self._forget()
+        if getattr(self._coalescing, "inside", False):
+            call()
+            return
+        self._count(method, paths, False)
+        self._coalescing.inside = True
+        try:
+            call()
+        finally:
+            self._coalescing.inside = False
 
     def _forget(self) -> None:
         memo = self._memo()
@@ -108,33 +143,62 @@ class CoalescingStorage(Storage):
     # -- reads ---------------------------------------------------------------------------------
 
     def read(self, rel: str) -> bytes:
-        return self._cached(("read", rel), lambda: super(CoalescingStorage, self).read(rel))
+        return self._cached("read", (rel,), lambda: super(CoalescingStorage, self).read(rel))
 
     def read_if_exists(self, rel: str) -> bytes | None:
         return self._cached(
-            ("read_if_exists", rel), lambda: super(CoalescingStorage, self).read_if_exists(rel)
+            "read_if_exists", (rel,), lambda: super(CoalescingStorage, self).read_if_exists(rel)
         )
 
     def read_many(self, rels: list[str]) -> dict[str, bytes]:
         return dict(
             self._cached(
-                ("read_many", tuple(rels)),
+                "read_many",
+                tuple(rels),
                 lambda: super(CoalescingStorage, self).read_many(rels),
             )
         )
 
+    def read_ranges(
+        self, rel: str, ranges: Sequence[tuple[int, int]], *, gap: int = COALESCE_GAP
+    ) -> list[bytes]:
+        return list(
+            self._cached(
+                "read_ranges",
+                (rel,),
+                lambda: super(CoalescingStorage, self).read_ranges(rel, ranges, gap=gap),
+                key=("read_ranges", rel, tuple(ranges), gap),
+            )
+        )
+
     def exists(self, rel: str) -> bool:
-        return self._cached(("exists", rel), lambda: super(CoalescingStorage, self).exists(rel))
+        return self._cached("exists", (rel,), lambda: super(CoalescingStorage, self).exists(rel))
 
     def list_dir(self, rel: str) -> list[FileInfo]:
         return list(
-            self._cached(("list_dir", rel), lambda: super(CoalescingStorage, self).list_dir(rel))
+            self._cached("list_dir", (rel,), lambda: super(CoalescingStorage, self).list_dir(rel))
         )
+
+    def list_pages(
+        self, rel: str, *, start_after: str = "", page_size: int = LIST_PAGE_SIZE
+    ) -> Generator[list[FileInfo], None, None]:
+        pages = self._cached(
+            "list_pages",
+            (rel,),
+            lambda: list(
+                super(CoalescingStorage, self).list_pages(
+                    rel, start_after=start_after, page_size=page_size
+                )
+            ),
+            key=("list_pages", rel, start_after, page_size),
+        )
+        yield from pages
 
     def stat_many(self, rels: list[str]) -> dict[str, FileInfo]:
         return dict(
             self._cached(
-                ("stat_many", tuple(rels)),
+                "stat_many",
+                tuple(rels),
                 lambda: super(CoalescingStorage, self).stat_many(rels),
             )
         )
@@ -142,28 +206,37 @@ class CoalescingStorage(Storage):
     # -- writes: what was read may have changed ---------------------------------------------------
 
     def put_if_absent(self, rel: str, data: bytes | memoryview, *, durable: bool = True) -> None:
-        self._forget()
-        super().put_if_absent(rel, data, durable=durable)
+        self._write(
+            "put_if_absent",
+            (rel,),
+            lambda: super(CoalescingStorage, self).put_if_absent(rel, data, durable=durable),
+        )
 
     def put_new(self, rel: str, data: bytes | memoryview, *, durable: bool = True) -> None:
-        self._forget()
-        super().put_new(rel, data, durable=durable)
+        self._write(
+            "put_new",
+            (rel,),
+            lambda: super(CoalescingStorage, self).put_new(rel, data, durable=durable),
+        )
 
     def put_new_many(self, files: dict[str, bytes], *, durable: bool = True) -> None:
-        self._forget()
-        super().put_new_many(files, durable=durable)
+        self._write(
+            "put_new_many",
+            tuple(files),
+            lambda: super(CoalescingStorage, self).put_new_many(files, durable=durable),
+        )
 
     def put(self, rel: str, data: bytes, *, durable: bool = True) -> None:
-        self._forget()
-        super().put(rel, data, durable=durable)
+        self._write(
+            "put", (rel,), lambda: super(CoalescingStorage, self).put(rel, data, durable=durable)
+        )
 
     def delete(self, rels: Any) -> None:
-        self._forget()
-        super().delete(rels)
+        listed = list(rels)
+        self._write("delete", tuple(listed), lambda: super(CoalescingStorage, self).delete(listed))
 
     def delete_tree(self, rel: str) -> None:
-        self._forget()
-        super().delete_tree(rel)
+        self._write("delete_tree", (rel,), lambda: super(CoalescingStorage, self).delete_tree(rel))
 
 
 # -- the snapshot -----------------------------------------------------------------------------------
@@ -463,11 +536,22 @@ class Snapshots:
 
     def _groups(self, now_ms: int) -> dict[str, GroupFacts]:
         from kstore.errors import KStoreError
-        from kstore.groups import describe_group, list_groups
+        from kstore.groups import Group, describe_group
+        from kstore.layout import GROUPS
+        from kstore.names import validate_group_id
 
         out: dict[str, GroupFacts] = {}
-        for name in list_groups(self.store):
+        # As kstore.groups.list_groups, but a group whose log cannot be read is listed with its
+        # error instead of failing the whole refresh (list_groups raises for it).
+        for info in self.store.storage.list_dir(GROUPS):
+            name = info.name
             try:
+                validate_group_id(name)
+            except ValueError:
+                continue
+            try:
+                if not Group(self.store, name).exists():
+                    continue
                 desc = describe_group(self.store, name)
                 out[name] = GroupFacts(name, desc, self._lag_rows(desc, now_ms))
             except (KStoreError, OSError) as exc:

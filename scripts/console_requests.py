@@ -1,9 +1,11 @@
 """Storage requests of the console's refresh (kstore ui, kstore maintain --metrics-port) on
 SeaweedFS, for a store of N topics and G consumer groups: what one refresh sends, by kind, and
-what it comes to per hour at a few refresh intervals; then that pages and scrapes between two
-refreshes send none. The figures go in docs/CONSOLE.md.
+what it comes to per hour at a few refresh intervals; then that pages and scrapes loaded by
+several clients at once between two refreshes send none. With --maintained, a maintenance pass
+runs over every topic first, so that each task has a newest record to read. The figures go in
+docs/CONSOLE.md.
 
-    .venv/bin/python scripts/console_requests.py --topics 100 --groups 20
+    .venv/bin/python scripts/console_requests.py --topics 100 --groups 20 [--maintained]
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import collections
 import json
 import sys
 import tempfile
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -27,7 +30,13 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=20)
     parser.add_argument("--topics-per-group", type=int, default=5)
     parser.add_argument("--refreshes", type=int, default=3, help="refreshes measured (after one)")
-    parser.add_argument("--pages", type=int, default=50, help="page loads and scrapes after them")
+    parser.add_argument(
+        "--pages", type=int, default=50, help="page loads and scrapes by each client"
+    )
+    parser.add_argument("--clients", type=int, default=8, help="clients loading pages at once")
+    parser.add_argument(
+        "--maintained", action="store_true", help="run a maintenance pass over every topic first"
+    )
     args = parser.parse_args()
 
     from kstore.console import build
@@ -66,6 +75,10 @@ def main() -> None:
                     member_id=None,
                     generation=-1,
                 )
+            if args.maintained:
+                from kstore.maintenance import Settings, run_due
+
+                run_due(store, Settings())
             console = build(url, options, port=0, refresh_s=3600)
             snapshots = console.console.snapshots
             snapshots.refresh()  # the first refresh loads every log from its checkpoint
@@ -97,10 +110,19 @@ def main() -> None:
                 f"/topics/{names[0]}",
                 "/groups/group-00",
             ]
-            with snapshots.store.storage.count_requests() as counts:
+
+            def client(first: int) -> None:
                 for i in range(args.pages):
-                    with urllib.request.urlopen(console.url + paths[i % len(paths)]) as answer:
+                    path = paths[(first + i) % len(paths)]
+                    with urllib.request.urlopen(console.url + path) as answer:
                         answer.read()
+
+            with snapshots.store.storage.count_requests() as counts:
+                threads = [threading.Thread(target=client, args=(c,)) for c in range(args.clients)]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
                 between = sum(counts.values())
             console.stop()
             per_hour = {}
@@ -128,7 +150,9 @@ def main() -> None:
                 "requests_per_refresh_without": without_state,
                 "refresh_seconds": [round(e, 3) for e in elapsed],
                 "per_hour": per_hour,
-                "page_loads_and_scrapes": args.pages,
+                "maintained": args.maintained,
+                "clients": args.clients,
+                "page_loads_and_scrapes": args.pages * args.clients,
                 "requests_by_pages_and_scrapes": between,
             }
             print(json.dumps(result, indent=2))

@@ -5,6 +5,8 @@ write actions behind --allow-writes, and no credential in a page, a log line or 
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
 import os
 import urllib.error
@@ -23,7 +25,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kstore.groups import describe_group
 from kstore.store import Store
-from tests.console_data import EXPIRED, Filled, fill, open_transaction, order_timestamp
+from tests.console_data import (
+    EXPIRED,
+    Filled,
+    fill,
+    join_member,
+    open_transaction,
+    order_timestamp,
+)
 
 
 @pytest.fixture
@@ -64,7 +73,9 @@ def test_snapshot_equals_the_library(filled: Filled) -> None:
     assert snap is not None
     store = filled.store
     assert (
-        sorted(snap.topics) == store.list_topics() == ["events", "expiring", "orders", "payments"]
+        sorted(snap.topics)
+        == store.list_topics()
+        == ["events", "expiring", "lake", "orders", "payments"]
     )
     for name, facts in snap.topics.items():
         assert facts.error is None
@@ -124,14 +135,15 @@ def test_a_refresh_reads_each_path_once_and_pages_read_nothing(filled: Filled) -
         assert first is not None
         assert second is not None
         # The second refresh polls: the topic list, each topic's metadata log and topic log,
-        # the group list, the group's log (loaded anew: its checkpoint pointer, a listing, its
-        # two commits, a look for the next) and its leases; the maintenance records only
-        # every minute.
+        # the Delta topic's table log, the group list, the group's log (loaded anew: its
+        # checkpoint pointer, a listing, its two commits, a look for the next) and its
+        # leases; the maintenance records only every minute.
         topics = len(second.topics)
-        assert second.storage_calls == 1 + 2 * topics + 1 + 5 + 1
+        assert second.storage_calls == 1 + 2 * topics + 1 + 1 + 5 + 1
         assert first.storage_calls > second.storage_calls + topics  # maintenance read once
         serve_in_thread(server)
         sent = storage.sent
+        reached = sum(storage.reached.values())  # every call, from any thread
         for path in (
             "/",
             "/groups",
@@ -143,6 +155,7 @@ def test_a_refresh_reads_each_path_once_and_pages_read_nothing(filled: Filled) -
             for _ in range(5):
                 assert get(server, path)[0] == 200
         assert storage.sent == sent
+        assert sum(storage.reached.values()) == reached
     finally:
         server.stop()
 
@@ -151,7 +164,6 @@ def test_delta_table_as_topics_describe_shows_it(filled: Filled) -> None:
     from kstore.cli.app import app
     from typer.testing import CliRunner
 
-    filled.store.create_topic("lake", 1, {"table.format": "delta"})
     snap = snapshots_of(filled).refresh()
     assert snap is not None
     result = CliRunner().invoke(
@@ -160,7 +172,7 @@ def test_delta_table_as_topics_describe_shows_it(filled: Filled) -> None:
     assert result.exit_code == 0, result.stderr
     (described,) = json.loads(result.stdout)
     assert snap.topics["lake"].table == described["table"]
-    assert described["table"]["version"] == -1
+    assert described["table"]["version"] == 0  # published once by fill()
     assert snap.topics["orders"].table is None
 
 
@@ -210,6 +222,136 @@ def test_a_corrupt_topic_log_is_one_message(filled: Filled, tmp_path: Path) -> N
     assert "Traceback" not in body
     assert "data-topic='orders'" in listed
     assert "data-topic='events'" in listed
+
+
+def next_commit(log_dir: Path) -> Path:
+    """The path of the next version of a log (a commit no one has written yet)."""
+    versions = [int(p.name[:20]) for p in log_dir.glob("*.json") if p.name[:20].isdigit()]
+    return log_dir / f"{max(versions) + 1:020d}.json"
+
+
+def test_a_corrupt_group_log_is_one_message(filled: Filled, tmp_path: Path) -> None:
+    """A group whose next commit is garbage: the refresh still succeeds, the group is listed
+    with its error, its page is that one message, its metric says unreadable, and the rest of
+    the store is shown as usual (kstore.groups.list_groups raises for the whole store)."""
+    server = build(filled.store.url, {}, port=0, refresh_s=3600, explain=error_message)
+    try:
+        assert server.console.snapshots.refresh() is not None
+        corrupt = next_commit(tmp_path / "store" / "groups" / "billing" / "_log")
+        corrupt.write_bytes(b"{ corrupt")
+        assert server.console.snapshots.refresh() is not None
+        serve_in_thread(server)
+        status, body, _ = get(server, "/groups/billing")
+        listed = get(server, "/groups")[1]
+        overview = get(server, "/")[1]
+        found = samples(get(server, "/metrics")[1])
+    finally:
+        server.stop()
+    assert status == 200
+    assert f"groups/billing/_log/{corrupt.name}: truncated" in error_of(body)
+    assert "Traceback" not in body
+    assert "id='lag'" not in body
+    assert "data-group='billing'" in listed
+    assert "truncated" in listed
+    assert "id='stale'" not in overview  # the store itself was read
+    assert "data-topic='orders'" in overview
+    assert value(found, "kstore_consumergroup_readable", group="billing") == 0
+    assert value(found, "kstore_up") == 1
+
+
+def test_a_corrupt_topic_log_on_the_records_page(filled: Filled, tmp_path: Path) -> None:
+    """The topic's next commit turns to garbage under a running console: the record browser
+    (which reads the store itself) answers one message naming the recovery, with status 500,
+    and the topic's page says the same after the next refresh."""
+    server = build(filled.store.url, {}, port=0, refresh_s=3600, explain=error_message)
+    try:
+        assert server.console.snapshots.refresh() is not None
+        serve_in_thread(server)
+        assert get(server, "/topics/events/records?partition=0&offset=0")[0] == 200
+        meta = filled.store.topic("events")
+        log = tmp_path / "store" / "topics" / "events" / meta.topic_id / "_log"
+        next_commit(log).write_bytes(b"{ corrupt")
+        status, body, _ = get(server, "/topics/events/records?partition=0&offset=0")
+        assert status == 500
+        assert "kstore topics recover events" in error_of(body)
+        assert "Traceback" not in body
+        assert server.console.snapshots.refresh() is not None
+        status, body, _ = get(server, "/topics/events")
+        assert status == 200
+        assert "kstore topics recover events" in error_of(body)
+        assert get(server, "/topics/orders/records?partition=0&offset=0")[0] == 200
+    finally:
+        server.stop()
+
+
+def test_a_live_member_and_its_assignment(filled: Filled) -> None:
+    """A group with a consumer in it: the page lists the member, its client id and
+    assignment, and the partition's consumer, as describe_group has them; the metrics
+    count it and label its partition's lag with its consumer id."""
+    member = join_member(filled.store)
+    try:
+        server = build(filled.store.url, {}, port=0, refresh_s=3600, cluster_name="test")
+        try:
+            server.console.snapshots.refresh()
+            serve_in_thread(server)
+            page = get(server, "/groups/readers")[1]
+            found = samples(get(server, "/metrics")[1])
+        finally:
+            server.stop()
+        desc = describe_group(filled.store, "readers")
+    finally:
+        member.close()
+    (live,) = desc.members
+    assert desc.state == "Stable"
+    assert f"data-member='{live.member_id}'" in page
+    assert "console-test-reader" in page
+    assert "events:0" in page
+    assert "<b id='state'>Stable</b>" in page
+    assert "<b id='members-count'>1</b>" in page
+    assert value(found, "kafka_consumergroup_members", consumergroup="readers") == 1
+    labels = {
+        "cluster_name": "test",
+        "group": "readers",
+        "topic": "events",
+        "partition": "0",
+        "member_host": "",
+        "consumer_id": live.member_id,
+        "client_id": "console-test-reader",
+    }
+    assert value(found, "kafka_consumergroup_group_lag", **labels) == 0
+    simple = {"cluster_name": "test", "group": "readers", "is_simple_consumer": "false"}
+    assert value(found, "kafka_consumergroup_group_max_lag", **simple) == 0
+
+
+def test_lag_over_the_last_hour(filled: Filled) -> None:
+    """One sample per refresh, an hour of them kept: the group page draws the total lag in
+    records and the highest lag in seconds over them."""
+    now = [filled.now_ms]
+    server = build(filled.store.url, {}, port=0, refresh_s=3600)
+    try:
+        snapshots = server.console.snapshots
+        snapshots.clock = lambda: now[0]
+        snapshots.refresh()
+        serve_in_thread(server)
+        assert "collecting (1 sample so far" in get(server, "/groups/billing")[1]
+        for step in (60_000, 60_000, 3_600_000 - 60_000):
+            now[0] += step
+            snapshots.refresh()
+        history = snapshots.group_history("billing")
+        page = get(server, "/groups/billing")[1]
+    finally:
+        server.stop()
+    # The first sample is over an hour old at the last refresh: dropped.
+    assert [s.taken_ms - filled.now_ms for s in history] == [60_000, 120_000, 3_660_000]
+    assert [s.lag for s in history] == [6, 6, 6]
+    age = (filled.now_ms - order_timestamp(0, 4)) / 1000
+    assert [s.lag_seconds for s in history] == [age + 60, age + 120, age + 3660]
+    for series in ("records", "seconds"):
+        start = page.index(f"data-series='{series}'")
+        points = page[page.index("points='", start) + 8 : page.index("'/>", start)]
+        assert len(points.split()) == 3, series
+    assert "highest 6 records" in page
+    assert "3 samples" in page
 
 
 # -- metrics --------------------------------------------------------------------------------------
@@ -304,6 +446,10 @@ def test_open_transaction_in_metrics_and_page(filled: Filled) -> None:
         producer.abort_transaction()
         producer.close()
     assert value(found, "kstore_partition_open_transactions", topic="events", partition="0") == 1
+    age = value(
+        found, "kstore_partition_oldest_open_transaction_age_seconds", topic="events", partition="0"
+    )
+    assert 0 < age < 600  # opened by this test, moments ago
     assert value(found, "kstore_partition_open_transactions", topic="orders", partition="0") == 0
     assert "id='transactions'" in page
     assert producer.producer_id in page
@@ -364,6 +510,11 @@ def error_of(body: str) -> str:
         ("/topics/orders/records?limit=100000", 400, "limit must be in [1, 500]"),
         ("/topics/orders/records?format=xml", 400, "format must be one of"),
         ("/topics/orders/records?timestamp=yesterday", 400, "timestamp must be an ISO 8601 time"),
+        ("/topics/orders/records?timestamp=99999999999999999999", 400, "to the end of 9999"),
+        ("/topics/orders/records?timestamp=-5", 400, "timestamp must be from 1970"),
+        ("/topics/orders/records?offset=-1", 400, "offset must be at least 0"),
+        ("/groups/billing/reset-offsets", 404, "no page at"),  # actions are POSTs only
+        ("/topics/orders/delete-records", 404, "no page at"),
         ("/nothing/here", 404, "no page at"),
     ],
 )
@@ -413,6 +564,15 @@ def test_records_page(console: ConsoleServer) -> None:
     hexed = get(console, "/topics/events/records?partition=0&offset=0&format=hex")[1]
     assert "00 fe ff 10" in hexed
     assert "70 6c 61 69 6e" in hexed
+    # format=text: the value as written, not re-indented; format=json on a value that is not
+    # JSON says so; format=hex: keys, values and headers as bytes.
+    text = get(console, "/topics/orders/records?partition=1&offset=3&limit=1&format=text")[1]
+    assert "{&quot;n&quot;: 3, &quot;p&quot;: 1}</pre><div class='muted'>text, " in text
+    not_json = get(console, "/topics/events/records?partition=0&offset=1&format=json")[1]
+    assert "plain text</pre><div class='muted'>text (not JSON), 10 B" in not_json
+    assert "ff 00</pre><div class='muted'>hex" in not_json  # a key that is not UTF-8
+    hex_headers = get(console, "/topics/orders/records?partition=1&offset=3&limit=1&format=hex")[1]
+    assert "<b>source</b>: <pre>74 65 73 74</pre>" in hex_headers
     typed = get(console, "/topics/payments/records?partition=0&offset=0")[1]
     assert "data-col='field:user'" in typed
     assert "u3" in typed
@@ -428,17 +588,39 @@ def test_records_page(console: ConsoleServer) -> None:
     assert "data-offset='7'" not in by_time
 
 
+def request(server: ConsoleServer, method: str, path: str, data: bytes = b"") -> tuple[int, str]:
+    made = urllib.request.Request(server.url + path, data=data, method=method)
+    try:
+        with urllib.request.urlopen(made, timeout=60) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
 def test_read_only_by_default(console: ConsoleServer, filled: Filled) -> None:
-    page = get(console, "/groups/billing")[1]
-    assert "reset-offsets" not in page
-    status, body = post(
-        console,
-        "/topics/orders/delete-records",
-        {"partition": "0", "offset": "5", "confirm": "yes"},
-    )
-    assert status == 403
-    assert "read-only" in body
+    """Without --allow-writes: no form on any page, every POST refused (even with the form
+    token and the confirmation), the other methods refused, and the store unchanged."""
+    offsets = describe_group(filled.store, "billing").partitions
+    for path in ("/groups/billing", "/topics/orders"):
+        page = get(console, path)[1]
+        assert "reset-offsets" not in page
+        assert "delete-records" not in page
+        assert console.console.frame.csrf not in page
+    token = console.console.frame.csrf  # even the right token changes nothing
+    for path, form in (
+        ("/topics/orders/delete-records", {"partition": "0", "offset": "5"}),
+        ("/groups/billing/reset-offsets", {"topic": "orders", "to": "latest", "value": ""}),
+    ):
+        for extra in ({}, {"confirm": "yes"}, {"confirm": "yes", "csrf": token}):
+            status, body = post(console, path, {**form, **extra})
+            assert status == 403, (path, extra)
+            assert "this console is read-only: start it with --allow-writes" in error_of(body)
+        for method in ("PUT", "DELETE", "PATCH"):
+            status, body = request(console, method, path, b"confirm=yes")
+            assert status == 405, (method, path)
+            assert f"{method} is not served here" in error_of(body)
     assert filled.store.partition_state("orders", 0).start_offset == 0
+    assert describe_group(filled.store, "billing").partitions == offsets
 
 
 def test_writes_need_the_form_token_and_a_confirmation(filled: Filled) -> None:
@@ -497,6 +679,21 @@ def test_writes_need_the_form_token_and_a_confirmation(filled: Filled) -> None:
         assert "to must be" in body
         status, body = post(server, "/groups/nope/reset-offsets", form)
         assert status == 404
+        # A group with a live member: refused, as kstore groups reset-offsets refuses it.
+        member = join_member(filled.store)
+        try:
+            server.console.snapshots.refresh()
+            before = describe_group(filled.store, "readers").partitions
+            status, body = post(
+                server,
+                "/groups/readers/reset-offsets",
+                {"topic": "events", "to": "earliest", "value": "", "csrf": token, "confirm": "yes"},
+            )
+            assert status == 400
+            assert "member" in error_of(body)
+            assert describe_group(filled.store, "readers").partitions == before
+        finally:
+            member.close()
     finally:
         server.stop()
 
@@ -540,6 +737,11 @@ def test_store_that_stops_answering(tmp_path: Path) -> None:
             assert status == 503
             assert "the store could not be read" in error_of(body)
             assert "Traceback" not in body
+            # The record browser reads the store itself: one message, 503.
+            status, body, _ = get(live, "/topics/t/records?partition=0&offset=0")
+            assert status == 503
+            assert "Traceback" not in body
+            assert error_of(body)
         finally:
             live.stop()
             cold.stop()
@@ -573,4 +775,142 @@ def test_no_credential_in_pages_metrics_or_log(seaweed_server: Any) -> None:
     assert lines, "requests were logged"
     for text in [*bodies, *lines]:
         assert secret not in text
-    assert any("kstore_storage_requests_total" in b for b in bodies)  # counted on S3
+    # Storage requests by kind, counted on S3: this console's refresh listed and read.
+    kinds = {
+        labels[0][1]: n
+        for (name, labels), n in samples(bodies[3]).items()
+        if name == "kstore_storage_requests_total"
+    }
+    assert kinds["LIST"] > 0
+    assert kinds["GET"] > 0
+
+
+# -- bounded cost: many clients, one refresh per interval -----------------------------------------
+
+
+@pytest.fixture(params=["local", pytest.param("seaweed", marks=pytest.mark.s3)])
+def any_filled(request: pytest.FixtureRequest) -> Filled:
+    url, options = request.getfixturevalue(f"{request.param}_store")
+    return fill(url, options)
+
+
+PAGES = (
+    "/",
+    "/groups",
+    "/groups/billing",
+    "/maintenance",
+    "/metrics",
+    "/topics/orders",
+    "/topics/lake",
+    "/healthz",
+)
+
+
+def hammer(server: ConsoleServer, seconds: float, clients: int = 8) -> int:
+    """``clients`` threads loading every page and /metrics as fast as they can for
+    ``seconds``: the number of answers, each checked to be 200."""
+    import threading
+    import time
+
+    deadline = time.monotonic() + seconds
+    served = [0] * clients
+    failed: list[str] = []
+
+    def client(i: int) -> None:
+        while time.monotonic() < deadline and not failed:
+            path = PAGES[served[i] % len(PAGES)]
+            status = get(server, path)[0]
+            if status != 200:
+                failed.append(f"{path}: {status}")
+            served[i] += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failed, failed
+    return sum(served)
+
+
+def test_concurrent_clients_cost_one_refresh_per_interval(any_filled: Filled) -> None:
+    """Eight clients loading pages and scraping at once: with no refresh due the store sees
+    no request at all (counted at the console's storage, and on S3 by the S3 client); with
+    the refresh thread at 0.5 s, every path (each topic log, group log, listing) is read at
+    most once per refresh, and on S3 the requests are those of the refreshes alone."""
+    from kstore.console import CoalescingStorage
+
+    filled = any_filled
+    server = build(filled.store.url, filled.store.storage.storage_options, port=0, refresh_s=0.5)
+    snapshots = server.console.snapshots
+    storage = snapshots.store.storage
+    assert isinstance(storage, CoalescingStorage)
+    on_s3 = storage.counts_requests
+    try:
+        assert snapshots.refresh() is not None  # the first: every log from its checkpoint
+        with storage.count_requests() if on_s3 else _no_counter() as one_refresh:
+            assert snapshots.refresh() is not None
+        serve_in_thread(server)
+        before = sum(storage.reached.values())
+        with storage.count_requests() if on_s3 else _no_counter() as s3:
+            served = hammer(server, 1.5)
+        assert served >= 8 * len(PAGES)
+        assert sum(storage.reached.values()) == before
+        assert sum(s3.values()) == 0
+
+        storage.reached.clear()
+        done = snapshots.refreshes + snapshots.failures
+        with storage.count_requests() if on_s3 else _no_counter() as s3:
+            snapshots.start()
+            served = hammer(server, 3.0)
+            snapshots.stop()
+        refreshes = snapshots.refreshes + snapshots.failures - done
+        assert snapshots.failures == 0
+        assert refreshes >= 2
+        assert served >= refreshes * len(PAGES)
+        read = dict(storage.reached)
+        for topic in ("orders", "events", "payments", "expiring", "lake"):
+            topic_id = filled.store.topic(topic).topic_id
+            log = f"topics/{topic}/{topic_id}/_log/"
+            assert any(path.startswith(log) for _, path in read), f"{topic}'s log was not read"
+        assert ("list_dir", "groups/billing/_log") in read
+        over = {key: n for key, n in read.items() if n > refreshes}
+        assert not over, f"read more than once per refresh ({refreshes} refreshes): {over}"
+        if on_s3:
+            assert sum(one_refresh.values()) > 0
+            assert sum(s3.values()) <= refreshes * sum(one_refresh.values())
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def _no_counter() -> Iterator[collections.Counter[str]]:
+    yield collections.Counter()
+
+
+def test_the_documented_alerts_name_served_metrics(filled: Filled) -> None:
+    """Every metric docs/OPERATIONS.md's scrape config and alert rules name is one /metrics
+    serves (with an open transaction and a maintenance run, so that each has samples)."""
+    import re
+
+    text = (Path(__file__).parent.parent / "docs" / "OPERATIONS.md").read_text()
+    section = text[text.index("### The web console and Prometheus") :]
+    scrape, rules = re.findall(r"```yaml\n(.*?)```", section, re.S)[:2]
+    assert "scrape_configs:" in scrape
+    exprs = re.findall(r"^\s*expr: (.*)$", rules, re.M)
+    assert len(exprs) == 4
+    named = {name for expr in exprs for name in re.findall(r"\b(?:kafka|kstore)_[a-z_]+", expr)}
+    assert "kafka_consumergroup_group_max_lag_seconds" in named
+    producer = open_transaction(filled.store)
+    try:
+        server = build(filled.store.url, {}, port=0, refresh_s=3600)
+        try:
+            server.console.snapshots.refresh()
+            serve_in_thread(server)
+            served = {name for name, _ in samples(get(server, "/metrics")[1])}
+        finally:
+            server.stop()
+    finally:
+        producer.abort_transaction()
+        producer.close()
+    assert named <= served, named - served

@@ -3,6 +3,7 @@ refusals, and the maintainer's own metrics scraped while it runs."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -12,7 +13,9 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+import pytest
 from kstore.cli.app import app
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
@@ -106,3 +109,103 @@ def test_maintain_serves_its_metrics(tmp_path: Path) -> None:
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
+
+
+@pytest.mark.s3
+def test_no_credential_from_kstore_ui(seaweed_server: Any) -> None:
+    """``kstore ui`` started as a user starts it, with an S3 secret among its --option's
+    (SeaweedFS takes any): the secret is in no page (error pages echoing it included), no
+    metric and no line the process wrote."""
+    from tests.test_console_browser import option_args, start_ui, stop_ui
+
+    url, options = seaweed_server.new_store_url()
+    secret = "s3cr3t-" + os.urandom(8).hex()
+    options = {**options, "secret": secret}
+    fill(url, options)
+    store_args = ["--store", url, *option_args(options)]
+    running = start_ui(store_args)
+    bodies = []
+    try:
+        for path in (
+            "/",
+            "/topics/orders",
+            "/topics/orders/records?partition=0&offset=0",
+            "/groups",
+            "/groups/billing",
+            "/maintenance",
+            "/metrics",
+            f"/topics/{secret}",
+            f"/groups/{secret}",
+            f"/topics/orders/records?offset={secret}",
+            f"/topics/orders/records?timestamp={secret}",
+            f"/{secret}",
+        ):
+            try:
+                with urllib.request.urlopen(running.url + path, timeout=60) as answer:
+                    bodies.append(answer.read().decode())
+            except urllib.error.HTTPError as exc:
+                bodies.append(exc.read().decode())
+    finally:
+        err = stop_ui(running)
+    # The maintainer's exporter, with the same options: its scrape and what it writes.
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kstore.cli.app",
+            *store_args,
+            "maintain",
+            "--interval",
+            "1s",
+            "--metrics-port",
+            "0",
+            "--metrics-refresh",
+            "1s",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        found = re.search(
+            r"metrics at (http://127\.0\.0\.1:\d+/metrics)", process.stderr.readline()
+        )
+        assert found
+        scraped = ""
+        began = time.monotonic()
+        while "kafka_consumergroup_group_lag{" not in scraped and time.monotonic() - began < 60:
+            time.sleep(0.3)
+            with urllib.request.urlopen(found.group(1), timeout=10) as answer:
+                scraped = answer.read().decode()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, maintainer_err = process.communicate(timeout=60)
+    assert process.returncode == 0, maintainer_err
+    assert "kafka_consumergroup_group_lag{" in scraped
+    bodies += [scraped, out, maintainer_err]
+    assert len(bodies) == 15
+    assert "kafka_consumergroup_group_lag{" in bodies[6]
+    assert "kstore_storage_requests_total{" in bodies[6]
+    assert "GET /topics/" in err  # the request log is on stderr
+    for text in [*bodies, err]:
+        assert secret not in text
+
+
+def test_ui_takes_the_store_from_a_config_file(tmp_path: Path) -> None:
+    """``kstore --config-file F ui``: the store named in the file, as every command takes it."""
+    from tests.test_console_browser import start_ui, stop_ui
+
+    url = (tmp_path / "store").as_uri()
+    fill(url, {})
+    config = tmp_path / "kstore.toml"
+    config.write_text(f'store = "{url}"\n')
+    running = start_ui(["--config-file", str(config)])
+    try:
+        with urllib.request.urlopen(running.url + "/", timeout=60) as answer:
+            page = answer.read().decode()
+    finally:
+        stop_ui(running)
+    assert "data-topic='orders'" in page
+    assert url in page  # the store shown in the header
