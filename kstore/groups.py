@@ -36,6 +36,7 @@ from kstore import clock
 from kstore.assignors import ASSIGNORS, Assignment
 from kstore.errors import (
     CommitFailedError,
+    CorruptLogError,
     IllegalStateError,
     InvalidArgumentError,
     KStoreError,
@@ -1119,7 +1120,11 @@ def list_groups(store: Store) -> list[str]:
             validate_group_id(info.name)
         except ValueError:
             continue
-        if Group(store, info.name).exists():
+        try:
+            exists = Group(store, info.name).exists()
+        except CorruptLogError:
+            exists = True  # listed: describing it names what is wrong with its log
+        if exists:
             names.append(info.name)
     return sorted(names)
 

@@ -822,3 +822,19 @@ def test_a_settled_member_looks_at_the_group_log_at_the_heartbeat_pace(
             b.close()
     finally:
         a.close()
+
+
+def test_a_corrupt_group_log_is_listed_and_described_with_its_error(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    """One damaged group log does not hide the others: it is listed, and describing it names
+    the damage."""
+    store = kstore.Store(*local_store)
+    store.create_topic("t", 1)
+    for name in ("good", "bad"):
+        kstore.groups.reset_offsets(store, name, ["t"], to_earliest=True, execute=True)
+    store.storage.put("groups/bad/_log/00000000000000000000.json", b'{"commitInfo": ')
+    assert list_groups(store) == ["bad", "good"]
+    with pytest.raises(kstore.errors.CorruptLogError, match="bad"):
+        describe_group(store, "bad")
+    assert describe_group(store, "good").group_id == "good"
