@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -218,6 +219,12 @@ class TortureStats:
     copy_caught_up: bool = False
     final_records: int = 0
     copy_records: int = 0  # records the Spark copy wrote (final scan)
+    # Shared commits in the commits still in the store at the end (final scan; vacuum and
+    # pruning may have removed older ones): topic-log commits that took another writer's
+    # pending flush (PROTOCOL.md 30), group-log commits that decided pending requests (31).
+    shared_topic_commits: int = 0
+    topic_commits: int = 0
+    shared_group_commits: int = 0
     anomalies: int = 0
     # What each group member did (up, first read, reads, offset commits, errors, disturbed):
     # where a run's reads went, or why there were none.
@@ -251,7 +258,10 @@ class TortureStats:
             f"inside a commit), {skews}"
             f"machine crash {self.machine_crash or 'none'}; {self.final_records} records in "
             f"the final scan ({self.copy_records} in the Spark copy"
-            f"{', caught up' if self.copy_caught_up else ''}); {self.anomalies} anomalies; "
+            f"{', caught up' if self.copy_caught_up else ''}); shared commits: "
+            f"{self.shared_topic_commits} of {self.topic_commits} topic-log commits took other "
+            f"writers' flushes, {self.shared_group_commits} group-log commits decided pending "
+            f"requests; {self.anomalies} anomalies; "
             f"group members: {'; '.join(self.members) or 'none'}"
         )
 
@@ -907,6 +917,7 @@ class Torture:
                                     tombstone=tombstone,
                                 )
                     consumer.close()
+        self.count_shared_commits(store)
         group = Group(store, GROUP)
         version = self.record_group_base(store, group, record)
         while True:
@@ -914,6 +925,8 @@ class Torture:
             if commit is None:
                 break
             _, actions = commit
+            if any(name == "requests" for name, _ in actions):
+                self.stats.shared_group_commits += 1
             record(
                 "group_commit",
                 group=GROUP,
@@ -922,6 +935,30 @@ class Torture:
             )
             version += 1
         record.close()
+
+    def count_shared_commits(self, store: Store) -> None:
+        """How many of the topic-log commits left in the store took another writer's pending
+        flush (their `flushes` action lists one as taken)."""
+        for name, _, _ in [*TOPICS, COPY_TOPIC]:
+            root = f"topics/{name}"
+            for incarnation in store.storage.list_dir(root):
+                base = f"{root}/{incarnation.name}"
+                if not re.fullmatch(r"[0-9a-f]{32}", incarnation.name):
+                    continue
+                for log_dir in store.storage.list_dir(base):
+                    if not re.fullmatch(r"_log(\.[0-9]+)?", log_dir.name):
+                        continue
+                    files = [
+                        f"{base}/{log_dir.name}/{info.name}"
+                        for info in store.storage.list_dir(f"{base}/{log_dir.name}")
+                        if (parsed := parse_log_file_name(info.name)) is not None and not parsed[1]
+                    ]
+                    for data in store.storage.read_many(files).values():
+                        self.stats.topic_commits += 1
+                        info = json.loads(data.split(b"\n", 1)[0])["commitInfo"]
+                        text = data[: info.get("dataOffset", len(data))]  # not the records
+                        if "committer" in info and b'"taken":[{' in text:
+                            self.stats.shared_topic_commits += 1
 
     def record_group_base(self, store: Store, group: Group, record: Recorder) -> int:
         """The first group-log version to record: 0, or, when a run's jumps of time let the
