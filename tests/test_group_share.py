@@ -430,3 +430,47 @@ def test_groups_upgrade_command(local_store: tuple[str, dict[str, Any]]) -> None
     failed = cli.run("groups", "upgrade", "nope", code=1)
     assert "does not exist" in failed.stderr
     assert "Traceback" not in failed.stderr + failed.stdout
+
+
+def test_a_group_is_raised_while_its_consumers_run(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    """Three consumers read and commit a group made by an older kstore (writer version 1);
+    `upgrade_group` raises it under them: none of them fails, every record is read, and the
+    offsets they commit after the raise land."""
+    from kstore.consumer import Consumer
+    from kstore.producer import Producer
+
+    store = kstore.Store(*local_store)
+    store.create_topic("t", 6)
+    log: Log[GroupState] = Log(store.storage, group_log_dir("g"), GroupState)
+    log.commit(log.load(), lambda s: [protocol_action()], operation="CREATE")
+    fast = {"session_timeout_ms": 2_500, "heartbeat_interval_ms": 200}
+    members = [
+        Consumer("t", store=store, group_id="g", auto_offset_reset="earliest", **fast)
+        for _ in range(3)
+    ]
+    seen: list[bytes] = []
+    total = 600
+    try:
+        with Producer(store, linger_ms=1) as producer:
+            for i in range(total):
+                producer.send("t", b"%d" % i, key=b"k%d" % (i % 13))
+                if i == total // 2:
+                    assert upgrade_group(store, "g") == (1, 1)
+        deadline = time.monotonic() + 60
+        while len(set(seen)) < total and time.monotonic() < deadline:
+            for m in members:
+                for records in m.poll(timeout_ms=20).values():
+                    seen.extend(r.value for r in records)
+                m.commit()
+        assert sorted(set(seen)) == sorted(b"%d" % i for i in range(total))
+        state = Group(store, "g").state()
+        assert state.min_writer_version == GROUP_LOG_WRITER_VERSION
+        tps = [TopicPartition("t", p) for p in range(6)]
+        ends = members[0].end_offsets(tps)
+        committed = {tp: om.offset for tp, om in state.offsets.items()}
+        assert committed == ends, "the last commits, after the raise, landed"
+    finally:
+        for m in members:
+            m.close()
