@@ -426,7 +426,8 @@ def test_a_malformed_group_log_is_a_corrupt_log(quick_store: StoreTarget, make: 
         CorruptLogError,
         where,
     )
-    refused(s, lambda: list_groups(open_store(quick_store)), CorruptLogError, where)
+    # Listed, not an error for the whole store: describing it names the damage (above).
+    assert list_groups(open_store(quick_store)) == ["g"]
 
 
 def test_a_group_log_from_the_future_is_refused(quick_store: StoreTarget) -> None:
