@@ -220,7 +220,7 @@ class GroupShare:
                 except _YieldError:
                     self._metrics["group-race-lost-total"] += 1
                     self._listing_until = clock.monotonic() + ACTIVE_S
-                    state, outcome = self._wait(request, operation, self._log.update(state))
+                    state, outcome = self._wait(request, operation, state)
             if outcome is not None:
                 raise outcome
             return state
@@ -319,6 +319,9 @@ class GroupShare:
             last_version, last_change = state.version, clock.monotonic()
             # Jittered, so that members that lost one race do not all take over at once.
             patience = self._patience() * (1 + random.random())
+            # The oldest waiting request's member commits for all at once: the others would
+            # only wait for a takeover (PROTOCOL.md 31.4).
+            first = self._first_waiting(own, state)
             while True:
                 try:
                     state = self._log.update(state, tail=True)
@@ -333,9 +336,11 @@ class GroupShare:
                 now = clock.monotonic()
                 if state.version != last_version:
                     last_version, last_change = state.version, now
+                    first = self._first_waiting(own, state)
                 if now >= deadline:
                     raise _unknown(operation, None)
-                if now - last_change >= patience:
+                if first or now - last_change >= patience:
+                    first = False
                     self._metrics["group-takeover-total"] += 1
                     try:
                         return self._round(own, operation, state, listing=True)
@@ -348,6 +353,25 @@ class GroupShare:
         finally:
             with contextlib.suppress(KStoreError):
                 self._storage.delete([path])
+
+    def _first_waiting(self, own: GroupRequest, state: Any) -> bool:
+        """Whether ``own`` is the oldest undecided pending request of the log, by (listed
+        modification time, name): every member that lists the same requests agrees on it."""
+        try:
+            listed = self._storage.list_dir(self._dir)
+        except StorageError:
+            return False
+        decided = state.requests
+        now_ms = int(time.time() * 1000)
+        waiting = []
+        for info in listed:
+            parsed = parse_request_name(info.name)
+            if parsed is None or parsed[1] <= decided.get(parsed[0], _NONE).number:
+                continue
+            if info.mtime_ms is not None and now_ms - info.mtime_ms > REQUEST_MAX_AGE_MS:
+                continue
+            waiting.append((info.mtime_ms or 0, info.name))
+        return bool(waiting) and min(waiting)[1] == own.name
 
     def _patience(self) -> float:
         """The takeover time: twice an uncontended commit of this member, at most the
