@@ -76,6 +76,15 @@ TOPIC = "many"
 VALUE = b"v" * 100
 RECORD_BYTES = 100 + 8  # the value and a key of about 8 bytes
 HERE = Path(__file__).resolve()
+# The producer's counters of shared commits (PROTOCOL.md 30), summed over the writers per row.
+SHARE_COUNTERS = (
+    "shared-commit-total",
+    "shared-flush-taken-total",
+    "pending-flush-total",
+    "shared-takeover-total",
+    "shared-yield-total",
+    "commit-race-lost-total",
+)
 
 
 # -- the children: a producer, a tailing consumer, a group member ------------------------------
@@ -186,6 +195,11 @@ def producer_child(spec: dict[str, Any]) -> None:
                 "commits": after["commit-total"] - before["commit-total"],
                 "flushes": after["batch-total"] - before["batch-total"],
                 "bytes": after["byte-total"] - before["byte-total"],
+                "share": {
+                    key: after.get(key, 0) - before.get(key, 0)
+                    for key in SHARE_COUNTERS
+                    if key in after
+                },
                 "client_requests": dict(counts_after - counts_before),
             }
         ),
@@ -486,7 +500,11 @@ def run_case(
         "commits_per_s": sum(commits) / args.seconds,
         "flushes": sum(int(p["flushes"]) for p in produced),
         "measured_mb": measured_mb,
+        "share": {
+            key: sum(p.get("share", {}).get(key, 0) for p in produced) for key in SHARE_COUNTERS
+        },
     }
+    row["flushes_per_commit"] = row["flushes"] / max(sum(commits), 1)
     client = collections.Counter(consumed.get("client_requests", {}))
     for p in produced:
         client.update(p.get("client_requests", {}))

@@ -18,8 +18,9 @@ chained) and gets each partition's offsets or error back.
 
 from __future__ import annotations
 
-import contextlib
+import concurrent.futures
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -77,6 +78,8 @@ _COMMITS_BEFORE_TAKEOVER = 3
 # not outlast its producer entry (a day, PROTOCOL.md 8.9), which makes a second take a
 # duplicate. A clock this far off only makes a committer leave fresh flushes to their writers.
 PENDING_MAX_AGE_MS = 3_600_000
+# A listing started during a commit serves the round right after it, not one this much later.
+_AHEAD_MAX_S = 1.0
 DEFAULT_TAKEOVER_LOCAL_MS = 20
 DEFAULT_TAKEOVER_REMOTE_MS = 250
 
@@ -101,6 +104,7 @@ class _Own:
     outcomes: dict[int, Outcome] = field(default_factory=dict)
     done: threading.Event = field(default_factory=threading.Event)
     handed_back: bool = False  # the committer yielded before taking it: the caller waits
+    took_over: bool = False  # its writer committed a round for it (PROTOCOL.md 30.6)
 
 
 @dataclass
@@ -347,6 +351,16 @@ class CommitShare:
         self._seen_version = -1
         self._seen_at = 0.0
         self._closed = False
+        # The committer's next listing, started while its current commit is written
+        # (PROTOCOL.md 30.4: rounds overlap), and the names of the flushes that commit takes,
+        # which that listing does not read again.
+        self._lister: concurrent.futures.ThreadPoolExecutor | None = None
+        self._next_listing: concurrent.futures.Future[list[Flush]] | None = None
+        self._next_listing_at = 0.0
+        self._in_round: set[str] = set()
+        # Pending files to delete, off every flush's path (a DELETE is one request of latency).
+        self._deletes: queue.Queue[list[str] | None] = queue.Queue()
+        self._deleter: threading.Thread | None = None
         for key in (
             "shared-commit-total",
             "shared-flush-taken-total",
@@ -423,6 +437,14 @@ class CommitShare:
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
+        with self._lock:
+            lister, self._lister = self._lister, None
+            deleter, self._deleter = self._deleter, None
+        if lister is not None:
+            lister.shutdown(wait=True)
+        if deleter is not None:
+            self._deletes.put(None)
+            deleter.join(timeout)
 
     # -- roles ---------------------------------------------------------------------------------
 
@@ -465,7 +487,7 @@ class CommitShare:
                     return
             try:
                 with self._round_lock:
-                    took, _ = self._round(owns, voluntary=True, listing=True)
+                    took, _ = self._round(owns, voluntary=True, listing=True, ahead=True)
             except _YieldError:
                 self._metrics["shared-yield-total"] += 1
                 with self._wake:
@@ -570,6 +592,7 @@ class CommitShare:
                 stalled = now - last_change >= self._takeover_s
                 if stalled or state.version - base >= _COMMITS_BEFORE_TAKEOVER:
                     self._metrics["shared-takeover-total"] += 1
+                    own.took_over = True
                     try:
                         with self._round_lock:
                             self._round([own], voluntary=False, listing=True)
@@ -586,18 +609,26 @@ class CommitShare:
                     continue
                 time.sleep(self._wait_poll_s)
         finally:
-            with contextlib.suppress(KStoreError):
-                self._storage.delete([path])
+            # A flush another writer's commit took is deleted by that committer (PROTOCOL.md
+            # 30.4 step 7); the writer deletes its file itself in every other case.
+            if not (
+                self._resolved(own)
+                and not own.took_over
+                and all(isinstance(o, tuple) for o in own.outcomes.values())
+            ):
+                self._delete_later([path])
 
     # -- a round -------------------------------------------------------------------------------
 
-    def _round(self, owns: list[_Own], *, voluntary: bool, listing: bool) -> tuple[bool, bool]:
+    def _round(
+        self, owns: list[_Own], *, voluntary: bool, listing: bool, ahead: bool = False
+    ) -> tuple[bool, bool]:
         """One commit of this writer's ``owns`` (first) and, when ``listing``, every valid
         pending flush it finds; only a listing round names this writer as the log's holder.
         Sets each own flush's outcomes that the commit decides. Returns whether it took
         another writer's flush, and whether it met another writer's commits. Raises :class:`_YieldError` when
         ``voluntary`` and another committer's commit is newer than the state it started on."""
-        foreign = self._pending_flushes() if listing else []
+        foreign = self._listing(ahead) if listing else []
         flushes = [own.flush for own in owns] + foreign
         if not flushes:
             return False, False
@@ -623,6 +654,11 @@ class CommitShare:
             plans[:] = [plan]
             if not plan.placed:
                 return None
+            if listing:
+                # The next round's listing runs while this commit is written: it starts after
+                # the state this commit follows landed, so a flush written before then is seen
+                # by the commit after this one (PROTOCOL.md 30.7, I4).
+                self._list_ahead({f.name for f in foreign if f not in plan.deferred})
             return commit_actions(plan, state, int(time.time() * 1000))
 
         result = self._log.commit_state_build(
@@ -675,6 +711,8 @@ class CommitShare:
                 1 for f in foreign if f.name in plan.taken
             )
         self._forget_decided(decided)
+        with self._lock:
+            self._in_round.clear()
         # Met another writer: a lost race, or (an object store's look before the PUT) versions
         # written since this writer's state was last its own.
         met = (result is not None and result.attempts > 1) or (
@@ -691,8 +729,74 @@ class CommitShare:
             if len(self._known) > 4096 or names:
                 self._known = {n: t for n, t in self._known.items() if now - t < _KNOWN_S}
         if names:
-            with contextlib.suppress(KStoreError):
-                self._storage.delete([f"{self._dir}/{name}" for name in names])
+            self._delete_later([f"{self._dir}/{name}" for name in names])
+
+    def _delete_later(self, paths: list[str]) -> None:
+        """Delete ``paths`` on this writer's deleting thread: no flush waits for a DELETE. One
+        that fails costs nothing (PROTOCOL.md 30.4 step 7: vacuum deletes what is left)."""
+        with self._lock:
+            if self._deleter is None:
+                self._deleter = threading.Thread(
+                    target=self._delete_loop,
+                    name=f"kstore-pending-delete-{self._client_id}-{self._log.index}",
+                    daemon=True,
+                )
+                self._deleter.start()
+        self._deletes.put(paths)
+
+    def _delete_loop(self) -> None:
+        while True:
+            paths = self._deletes.get()
+            try:
+                if paths is None:
+                    return
+                self._storage.delete(paths)
+            except Exception as exc:  # a failed DELETE, or the store closed: vacuum's then
+                log.debug("deleting pending flushes %s failed: %s", paths, exc)
+            finally:
+                self._deletes.task_done()
+
+    def wait_for_deletes(self) -> None:
+        """Return once the DELETEs asked for so far are done (or failed)."""
+        self._deletes.join()
+
+    def _list_ahead(self, in_round: set[str]) -> None:
+        """Start the next round's listing now, leaving out ``in_round`` (the flushes the commit
+        being built decides)."""
+        with self._lock:
+            self._in_round = set(in_round)
+            if self._closed or self._next_listing is not None:
+                return
+            if self._lister is None:
+                self._lister = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix=f"kstore-lister-{self._client_id}"
+                )
+            self._next_listing = self._lister.submit(self._pending_flushes)
+            self._next_listing_at = clock.monotonic()
+
+    def _listing(self, use_ahead: bool) -> list[Flush]:
+        """The pending flushes for this round: when ``use_ahead`` (the committer's rounds, one
+        after another), the listing started during the last commit, if any (less those
+        decided since), else a listing now."""
+        with self._lock:
+            ahead, self._next_listing = self._next_listing, None
+            if not use_ahead:
+                ahead = None
+            if ahead is not None and clock.monotonic() - self._next_listing_at > _AHEAD_MAX_S:
+                ahead = None  # started for a round that did not follow: list afresh
+            if ahead is None:
+                self._in_round.clear()  # no commit is being written: nothing to leave out
+        if ahead is None:
+            return self._pending_flushes()
+        try:
+            flushes = ahead.result()
+        except Exception as exc:  # listed again now: a failed listing is not a round's
+            log.warning("listing pending flushes of %s failed: %s", self._dir, exc)
+            return self._pending_flushes()
+        with self._lock:
+            known = set(self._known)
+            self._in_round.clear()
+        return [f for f in flushes if f.name not in known]
 
     def _pending_flushes(self) -> list[Flush]:
         """Every pending flush of another writer whose outcome this writer does not know, read
@@ -704,7 +808,7 @@ class CommitShare:
             log.warning("listing %s failed: %s", self._dir, exc)
             return []
         with self._lock:
-            known = set(self._known)
+            known = set(self._known) | self._in_round
         now_ms = int(time.time() * 1000)
         wanted: dict[str, int] = {}
         for info in listed:

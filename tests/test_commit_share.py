@@ -205,6 +205,7 @@ def _pending(store: Store, incarnation: str, flush: Flush, age_s: float = 0) -> 
 def _round(share: CommitShare, own: Flush | None) -> _Own | None:
     owns = [] if own is None else [_Own(own, time.monotonic() + 60)]
     share._round(owns, voluntary=False, listing=True)
+    share.wait_for_deletes()  # a round's DELETEs run on their own thread
     return owns[0] if owns else None
 
 
