@@ -84,6 +84,11 @@ SHARE_COUNTERS = (
     "shared-takeover-total",
     "shared-yield-total",
     "commit-race-lost-total",
+    "shared-round-total",
+    "shared-list-ms-total",
+    "shared-build-ms-total",
+    "shared-publish-ms-total",
+    "shared-look-total",
 )
 
 

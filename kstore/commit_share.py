@@ -78,9 +78,13 @@ _COMMITS_BEFORE_TAKEOVER = 3
 # not outlast its producer entry (a day, PROTOCOL.md 8.9), which makes a second take a
 # duplicate. A clock this far off only makes a committer leave fresh flushes to their writers.
 PENDING_MAX_AGE_MS = 3_600_000
+# A waiter's patience: this many average gaps between the versions it saw, when longer than the
+# takeover time, and at most this many takeover times.
+_PATIENCE_GAPS = 3.0
+_PATIENCE_MAX = 8.0
 # A listing started during a commit serves the round right after it, not one this much later.
 _AHEAD_MAX_S = 1.0
-DEFAULT_TAKEOVER_LOCAL_MS = 20
+DEFAULT_TAKEOVER_LOCAL_MS = 100
 DEFAULT_TAKEOVER_REMOTE_MS = 250
 
 Outcome = tuple[int, int] | BaseException  # (base offset, log start) or the partition's error
@@ -350,6 +354,7 @@ class CommitShare:
         self._number = 0
         self._seen_version = -1
         self._seen_at = 0.0
+        self._gap: float | None = None  # the average gap between new versions seen, s
         self._closed = False
         # The committer's next listing, started while its current commit is written
         # (PROTOCOL.md 30.4: rounds overlap), and the names of the flushes that commit takes,
@@ -368,6 +373,11 @@ class CommitShare:
             "shared-takeover-total",
             "shared-yield-total",
             "commit-race-lost-total",
+            "shared-round-total",
+            "shared-list-ms-total",
+            "shared-build-ms-total",
+            "shared-publish-ms-total",
+            "shared-look-total",
         ):
             metrics.setdefault(key, 0)
 
@@ -450,7 +460,20 @@ class CommitShare:
 
     def _observe(self, state: TopicLogState) -> None:
         if state.version != self._seen_version:
-            self._seen_version, self._seen_at = state.version, clock.monotonic()
+            now = clock.monotonic()
+            if 0 <= self._seen_version < state.version:
+                # One idle spell does not make a waiter slow to take over from a crashed holder.
+                gap = min((now - self._seen_at) / (state.version - self._seen_version), 1.0)
+                self._gap = gap if self._gap is None else 0.8 * self._gap + 0.2 * gap
+            self._seen_version, self._seen_at = state.version, now
+
+    def _patience(self) -> float:
+        """How long this writer waits for a new version before it takes over: the takeover
+        time, or, where the log's versions have lately come further apart (a loaded machine,
+        a slow store), ``_PATIENCE_GAPS`` of their average gap, at most ``_PATIENCE_MAX`` takeover
+        times (PROTOCOL.md 30.6): a committer merely slow is not taken over round after round."""
+        gap = self._gap or 0.0
+        return max(self._takeover_s, min(_PATIENCE_GAPS * gap, _PATIENCE_MAX * self._takeover_s))
 
     def _other_holds(self) -> bool:
         """Whether another writer committed this log's newest commit, seen less than the
@@ -461,7 +484,7 @@ class CommitShare:
             state.committer is not None
             and state.committer != self.writer_id
             and state.committer_version == state.version
-            and clock.monotonic() - self._seen_at < self._takeover_s
+            and clock.monotonic() - self._seen_at < self._patience()
         )
 
     def _start_committing(self) -> None:
@@ -543,6 +566,7 @@ class CommitShare:
         flush = own.flush
         path = f"{self._dir}/{flush.name}"
         payload = encode_pending(flush)
+        put_started = clock.monotonic()
         while True:
             try:
                 # Created whole or not at all (a committer may list it at any moment); "exists"
@@ -563,10 +587,20 @@ class CommitShare:
                 time.sleep(self._wait_poll_s)
         self._metrics["pending-flush-total"] += 1
         written = clock.monotonic()
-        base = self._log.state(refresh=False).version
-        last_version, last_change = base, written
+        # No commit can take the flush before a committer has listed it, read it and written
+        # its commit: three requests of about the PUT's latency. The first look waits for two
+        # of them (a look costs a GET and CPU, which 16 waiters on 2 cores feel).
+        first_look = written + min(2 * (written - put_started), self._takeover_s / 4)
+        # Commits are counted from the first look after the write (the cached state may be
+        # versions behind the log: counted from it, a waiter would take over at once).
+        base: int | None = None
+        last_version, last_change = self._log.state(refresh=False).version, written
         try:
             while True:
+                wait = first_look - clock.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                self._metrics["shared-look-total"] += 1
                 try:
                     state = self._log.state(tail=True)
                 except StorageError as exc:
@@ -584,12 +618,14 @@ class CommitShare:
                 if self._resolved(own):
                     return own.outcomes
                 now = clock.monotonic()
+                if base is None:
+                    base = state.version
                 if state.version != last_version:
                     last_version, last_change = state.version, now
                 if now >= own.deadline:
                     self._give_up_unresolved(own)
                     return own.outcomes
-                stalled = now - last_change >= self._takeover_s
+                stalled = now - last_change >= self._patience()
                 if stalled or state.version - base >= _COMMITS_BEFORE_TAKEOVER:
                     self._metrics["shared-takeover-total"] += 1
                     own.took_over = True
@@ -605,7 +641,7 @@ class CommitShare:
                         log.warning("takeover of %s failed: %s; waiting on", self._log, exc)
                     if self._resolved(own):
                         return own.outcomes
-                    base, last_change = self._log.state(refresh=False).version, clock.monotonic()
+                    base, last_change = None, clock.monotonic()
                     continue
                 time.sleep(self._wait_poll_s)
         finally:
@@ -628,10 +664,14 @@ class CommitShare:
         Sets each own flush's outcomes that the commit decides. Returns whether it took
         another writer's flush, and whether it met another writer's commits. Raises :class:`_YieldError` when
         ``voluntary`` and another committer's commit is newer than the state it started on."""
+        started = time.perf_counter()
         foreign = self._listing(ahead) if listing else []
         flushes = [own.flush for own in owns] + foreign
         if not flushes:
             return False, False
+        listed = time.perf_counter()
+        self._metrics["shared-round-total"] += 1
+        self._metrics["shared-list-ms-total"] += (listed - started) * 1000
         start = self._log.state(refresh=False).version
         plans: list[_Plan] = []
         built_on: list[int] = []
@@ -650,6 +690,7 @@ class CommitShare:
                 )
             ):
                 raise _YieldError()
+            build_started = time.perf_counter()
             plan = plan_round(state, flushes)
             plans[:] = [plan]
             if not plan.placed:
@@ -659,7 +700,9 @@ class CommitShare:
                 # the state this commit follows landed, so a flush written before then is seen
                 # by the commit after this one (PROTOCOL.md 30.7, I4).
                 self._list_ahead({f.name for f in foreign if f not in plan.deferred})
-            return commit_actions(plan, state, int(time.time() * 1000))
+            actions = commit_actions(plan, state, int(time.time() * 1000))
+            self._metrics["shared-build-ms-total"] += (time.perf_counter() - build_started) * 1000
+            return actions
 
         result = self._log.commit_state_build(
             build,
@@ -668,6 +711,7 @@ class CommitShare:
             durable=any(f.durable for f in flushes),
             info={"committer": self.writer_id} if listing else {},
         )
+        self._metrics["shared-publish-ms-total"] += (time.perf_counter() - listed) * 1000
         plan = plans[0]
         state = result.state if result is not None else self._log.state(refresh=False)
         self._observe(state)
