@@ -47,7 +47,11 @@ read once (distinct records read of those acknowledged, and duplicates).
     .venv/bin/python benchmarks/many_writers.py --writers 1,4,8 --partitions 8 --mode race
     .venv/bin/python benchmarks/many_writers.py --group --mode race,shared
 
-Writes benchmarks/results/many_writers.json (``--group``: many_writers_group.json).
+``--rate`` takes one rate for every partition count or one per count, as
+``--rate 8:1000,64:5000`` (issue 42's item 5: 64 partitions at 5,000 records/s).
+
+Writes benchmarks/results/many_writers.json (``--group``: many_writers_group.json;
+``--results NAME``: NAME.json).
 """
 
 from __future__ import annotations
@@ -78,6 +82,20 @@ TOPIC = "many"
 VALUE = b"v" * 100
 RECORD_BYTES = 100 + 8  # the value and a key of about 8 bytes
 HERE = Path(__file__).resolve()
+# The producer's counters of shared commits (PROTOCOL.md 30), summed over the writers per row.
+SHARE_COUNTERS = (
+    "shared-commit-total",
+    "shared-flush-taken-total",
+    "pending-flush-total",
+    "shared-takeover-total",
+    "shared-yield-total",
+    "commit-race-lost-total",
+    "shared-round-total",
+    "shared-list-ms-total",
+    "shared-build-ms-total",
+    "shared-publish-ms-total",
+    "shared-look-total",
+)
 
 
 # -- the children: a producer, a tailing consumer, a group member ------------------------------
@@ -188,6 +206,11 @@ def producer_child(spec: dict[str, Any]) -> None:
                 "commits": after["commit-total"] - before["commit-total"],
                 "flushes": after["batch-total"] - before["batch-total"],
                 "bytes": after["byte-total"] - before["byte-total"],
+                "share": {
+                    key: after.get(key, 0) - before.get(key, 0)
+                    for key in SHARE_COUNTERS
+                    if key in after
+                },
                 "client_requests": dict(counts_after - counts_before),
             }
         ),
@@ -429,7 +452,7 @@ def run_case(
             {
                 "url": url,
                 "options": options,
-                "rate": args.rate / writers,
+                "rate": rate_for(args, partitions) / writers,
                 "phase": k / writers,
                 "prefix": f"w{k}-",
                 "mode": mode,
@@ -450,8 +473,10 @@ def run_case(
         measure_from = plan["start"] + args.warmup
         _sleep_until(measure_from)
         stats_before = backend.stats()
+        load = os.getloadavg()[0]
         _sleep_until(measure_from + args.seconds)
         stats_after = backend.stats()
+        load = max(load, os.getloadavg()[0])
         produced = [p.result(120 + args.seconds) for p in producers]
         sent = sum(p["sent"] for p in produced)
         consumer.say({"expected": sent, "until": time.time() + args.drain})
@@ -470,6 +495,10 @@ def run_case(
         "partitions": partitions,
         "writers": writers,
         "mode": mode,
+        "rate": rate_for(args, partitions),
+        # The machine's 1-minute load average, the higher of the window's two ends (other
+        # work on the machine shows here).
+        "load": round(load, 2),
         "sent": sent,
         "measured_sent": sum(p["measured_sent"] for p in produced),
         "acked": len(acks),
@@ -488,7 +517,11 @@ def run_case(
         "commits_per_s": sum(commits) / args.seconds,
         "flushes": sum(int(p["flushes"]) for p in produced),
         "measured_mb": measured_mb,
+        "share": {
+            key: sum(p.get("share", {}).get(key, 0) for p in produced) for key in SHARE_COUNTERS
+        },
     }
+    row["flushes_per_commit"] = row["flushes"] / max(sum(commits), 1)
     client = collections.Counter(consumed.get("client_requests", {}))
     for p in produced:
         client.update(p.get("client_requests", {}))
@@ -604,7 +637,13 @@ def run_broker_case(
     )
     producers = [
         broker.child(
-            ["producer", broker.bootstrap, topic, str(args.rate / writers), f"w{k}-"],
+            [
+                "producer",
+                broker.bootstrap,
+                topic,
+                str(rate_for(args, partitions) / writers),
+                f"w{k}-",
+            ],
             log_dir,
             f"{tag}-writer{k}",
         )
@@ -617,7 +656,9 @@ def run_broker_case(
         plan = {"start": time.time() + 1.0, "warmup": args.warmup, "seconds": args.seconds}
         for child in children:
             child.say(plan)
+        load = os.getloadavg()[0]
         produced = [p.result(120 + args.warmup + args.seconds) for p in producers]
+        load = max(load, os.getloadavg()[0])
         sent = sum(p["sent"] for p in produced)
         consumer.say({"expected": sent, "until": time.time() + args.drain})
         consumed = consumer.result(args.drain + 60)
@@ -631,6 +672,8 @@ def run_broker_case(
         "partitions": partitions,
         "writers": writers,
         "mode": "kafka",
+        "rate": rate_for(args, partitions),
+        "load": round(load, 2),
         "sent": sent,
         "acked": len(acks),
         "errors": sum(p["errors"] for p in produced),
@@ -675,7 +718,7 @@ def run_group_case(backend: Backend, mode: str, args: Any, log_dir: Path) -> dic
         {
             "url": url,
             "options": options,
-            "rate": args.rate,
+            "rate": rate_for(args, partitions),
             "phase": 0.0,
             "prefix": "g-",
             "mode": mode,
@@ -813,6 +856,8 @@ SHOWN = [
     ("proxy cpu", "proxy_cpu_share"),
     ("client/proxy", "client_per_proxy"),
     ("read/sent", "read_of_sent"),
+    ("flushes/commit", "flushes_per_commit"),
+    ("load", "load"),
 ]
 
 
@@ -872,6 +917,28 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def parse_rates(text: str) -> dict[int | str, float]:
+    """``--rate``: one rate for every partition count (key ``*``), or ``P:rate`` pairs."""
+    rates: dict[int | str, float] = {}
+    try:
+        for item in (x.strip() for x in text.split(",") if x.strip()):
+            if ":" in item:
+                partitions, _, rate = item.partition(":")
+                rates[int(partitions)] = float(rate)
+            else:
+                rates["*"] = float(item)
+    except ValueError:
+        raise SystemExit(f"--rate takes a rate or P:rate pairs, got {text!r}") from None
+    if not rates or min(rates.values()) <= 0:
+        raise SystemExit(f"--rate must give positive rates, got {text!r}")
+    return rates
+
+
+def rate_for(args: Any, partitions: int) -> float:
+    rate: float = args.rates.get(partitions, args.rates.get("*", 0.0))
+    return rate
+
+
 def parse_list(text: str, what: str, kind: type = int) -> list[Any]:
     try:
         values = [kind(x.strip()) for x in text.split(",") if x.strip()]
@@ -898,7 +965,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--writers", default="1,2,4,8,16", help="producer processes, a list")
     parser.add_argument("--partitions", default="8,64")
-    parser.add_argument("--rate", type=float, default=1000.0, help="records/s over all writers")
+    parser.add_argument(
+        "--rate",
+        default="1000",
+        help="records/s over all writers: one figure, or per partition count (8:1000,64:5000)",
+    )
     parser.add_argument("--linger-ms", type=int, default=5)
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--seconds", type=float, default=15.0, help="measured, per run")
@@ -919,6 +990,12 @@ def main() -> None:
     parser.add_argument("--group-members", type=int, default=16)
     parser.add_argument("--group-partitions", type=int, default=64)
     parser.add_argument("--keep-logs", action="store_true", help="keep the children's stderr")
+    parser.add_argument(
+        "--results",
+        default=None,
+        help="the results file's name in benchmarks/results/, without .json "
+        "(default many_writers, or many_writers_group)",
+    )
     args = parser.parse_args()
     writer_counts = parse_list(args.writers, "--writers")
     partition_counts = parse_list(args.partitions, "--partitions")
@@ -928,7 +1005,11 @@ def main() -> None:
         raise SystemExit(f"--mode names race and/or shared, got {args.mode!r}")
     if any(n not in ("local", "s3like") for n in names):
         raise SystemExit(f"--backends names local and/or s3like, got {args.backends!r}")
-    if min(writer_counts) < 1 or min(partition_counts) < 1 or args.rate <= 0 or args.seconds <= 0:
+    args.rates = parse_rates(args.rate)
+    for partitions in [args.group_partitions] if args.group else partition_counts:
+        if "*" not in args.rates and partitions not in args.rates:
+            raise SystemExit(f"--rate {args.rate!r} gives no rate for {partitions} partitions")
+    if min(writer_counts) < 1 or min(partition_counts) < 1 or args.seconds <= 0:
         raise SystemExit("--writers, --partitions, --rate and --seconds must be positive")
     if args.rounds < 1 or args.warmup < 0:
         raise SystemExit("--rounds must be at least 1 and --warmup at least 0")
@@ -1018,7 +1099,7 @@ def main() -> None:
             if (mine := [r for r in runs if r["mode"] == mode])
         ]
         print(table(rows, list(rows[0])))
-        name = "many_writers_group"
+        name = args.results or "many_writers_group"
     else:
         rows = summarise(runs)
         first = ["backend", "P", "N", "mode", "rounds"]
@@ -1027,7 +1108,7 @@ def main() -> None:
         columns = [c for c in ordered if c in present]
         columns += [c for c in dict.fromkeys(k for row in rows for k in row) if c not in columns]
         print(table(rows, columns))
-        name = "many_writers"
+        name = args.results or "many_writers"
     path = write_results(
         name,
         {

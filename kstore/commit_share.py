@@ -18,8 +18,9 @@ chained) and gets each partition's offsets or error back.
 
 from __future__ import annotations
 
-import contextlib
+import concurrent.futures
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -77,7 +78,13 @@ _COMMITS_BEFORE_TAKEOVER = 3
 # not outlast its producer entry (a day, PROTOCOL.md 8.9), which makes a second take a
 # duplicate. A clock this far off only makes a committer leave fresh flushes to their writers.
 PENDING_MAX_AGE_MS = 3_600_000
-DEFAULT_TAKEOVER_LOCAL_MS = 20
+# A waiter's patience: this many average gaps between the versions it saw, when longer than the
+# takeover time, and at most this many takeover times.
+_PATIENCE_GAPS = 3.0
+_PATIENCE_MAX = 8.0
+# A listing started during a commit serves the round right after it, not one this much later.
+_AHEAD_MAX_S = 1.0
+DEFAULT_TAKEOVER_LOCAL_MS = 100
 DEFAULT_TAKEOVER_REMOTE_MS = 250
 
 Outcome = tuple[int, int] | BaseException  # (base offset, log start) or the partition's error
@@ -101,6 +108,7 @@ class _Own:
     outcomes: dict[int, Outcome] = field(default_factory=dict)
     done: threading.Event = field(default_factory=threading.Event)
     handed_back: bool = False  # the committer yielded before taking it: the caller waits
+    took_over: bool = False  # its writer committed a round for it (PROTOCOL.md 30.6)
 
 
 @dataclass
@@ -346,7 +354,18 @@ class CommitShare:
         self._number = 0
         self._seen_version = -1
         self._seen_at = 0.0
+        self._gap: float | None = None  # the average gap between new versions seen, s
         self._closed = False
+        # The committer's next listing, started while its current commit is written
+        # (PROTOCOL.md 30.4: rounds overlap), and the names of the flushes that commit takes,
+        # which that listing does not read again.
+        self._lister: concurrent.futures.ThreadPoolExecutor | None = None
+        self._next_listing: concurrent.futures.Future[list[Flush]] | None = None
+        self._next_listing_at = 0.0
+        self._in_round: set[str] = set()
+        # Pending files to delete, off every flush's path (a DELETE is one request of latency).
+        self._deletes: queue.Queue[list[str] | None] = queue.Queue()
+        self._deleter: threading.Thread | None = None
         for key in (
             "shared-commit-total",
             "shared-flush-taken-total",
@@ -354,6 +373,11 @@ class CommitShare:
             "shared-takeover-total",
             "shared-yield-total",
             "commit-race-lost-total",
+            "shared-round-total",
+            "shared-list-ms-total",
+            "shared-build-ms-total",
+            "shared-publish-ms-total",
+            "shared-look-total",
         ):
             metrics.setdefault(key, 0)
 
@@ -423,12 +447,33 @@ class CommitShare:
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
+        with self._lock:
+            lister, self._lister = self._lister, None
+            deleter, self._deleter = self._deleter, None
+        if lister is not None:
+            lister.shutdown(wait=True)
+        if deleter is not None:
+            self._deletes.put(None)
+            deleter.join(timeout)
 
     # -- roles ---------------------------------------------------------------------------------
 
     def _observe(self, state: TopicLogState) -> None:
         if state.version != self._seen_version:
-            self._seen_version, self._seen_at = state.version, clock.monotonic()
+            now = clock.monotonic()
+            if 0 <= self._seen_version < state.version:
+                # One idle spell does not make a waiter slow to take over from a crashed holder.
+                gap = min((now - self._seen_at) / (state.version - self._seen_version), 1.0)
+                self._gap = gap if self._gap is None else 0.8 * self._gap + 0.2 * gap
+            self._seen_version, self._seen_at = state.version, now
+
+    def _patience(self) -> float:
+        """How long this writer waits for a new version before it takes over: the takeover
+        time, or, where the log's versions have lately come further apart (a loaded machine,
+        a slow store), ``_PATIENCE_GAPS`` of their average gap, at most ``_PATIENCE_MAX`` takeover
+        times (PROTOCOL.md 30.6): a committer merely slow is not taken over round after round."""
+        gap = self._gap or 0.0
+        return max(self._takeover_s, min(_PATIENCE_GAPS * gap, _PATIENCE_MAX * self._takeover_s))
 
     def _other_holds(self) -> bool:
         """Whether another writer committed this log's newest commit, seen less than the
@@ -439,7 +484,7 @@ class CommitShare:
             state.committer is not None
             and state.committer != self.writer_id
             and state.committer_version == state.version
-            and clock.monotonic() - self._seen_at < self._takeover_s
+            and clock.monotonic() - self._seen_at < self._patience()
         )
 
     def _start_committing(self) -> None:
@@ -465,7 +510,7 @@ class CommitShare:
                     return
             try:
                 with self._round_lock:
-                    took, _ = self._round(owns, voluntary=True, listing=True)
+                    took, _ = self._round(owns, voluntary=True, listing=True, ahead=True)
             except _YieldError:
                 self._metrics["shared-yield-total"] += 1
                 with self._wake:
@@ -521,6 +566,7 @@ class CommitShare:
         flush = own.flush
         path = f"{self._dir}/{flush.name}"
         payload = encode_pending(flush)
+        put_started = clock.monotonic()
         while True:
             try:
                 # Created whole or not at all (a committer may list it at any moment); "exists"
@@ -541,10 +587,20 @@ class CommitShare:
                 time.sleep(self._wait_poll_s)
         self._metrics["pending-flush-total"] += 1
         written = clock.monotonic()
-        base = self._log.state(refresh=False).version
-        last_version, last_change = base, written
+        # No commit can take the flush before a committer has listed it, read it and written
+        # its commit: three requests of about the PUT's latency. The first look waits for two
+        # of them (a look costs a GET and CPU, which 16 waiters on 2 cores feel).
+        first_look = written + min(2 * (written - put_started), self._takeover_s / 4)
+        # Commits are counted from the first look after the write (the cached state may be
+        # versions behind the log: counted from it, a waiter would take over at once).
+        base: int | None = None
+        last_version, last_change = self._log.state(refresh=False).version, written
         try:
             while True:
+                wait = first_look - clock.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                self._metrics["shared-look-total"] += 1
                 try:
                     state = self._log.state(tail=True)
                 except StorageError as exc:
@@ -562,14 +618,17 @@ class CommitShare:
                 if self._resolved(own):
                     return own.outcomes
                 now = clock.monotonic()
+                if base is None:
+                    base = state.version
                 if state.version != last_version:
                     last_version, last_change = state.version, now
                 if now >= own.deadline:
                     self._give_up_unresolved(own)
                     return own.outcomes
-                stalled = now - last_change >= self._takeover_s
+                stalled = now - last_change >= self._patience()
                 if stalled or state.version - base >= _COMMITS_BEFORE_TAKEOVER:
                     self._metrics["shared-takeover-total"] += 1
+                    own.took_over = True
                     try:
                         with self._round_lock:
                             self._round([own], voluntary=False, listing=True)
@@ -582,25 +641,37 @@ class CommitShare:
                         log.warning("takeover of %s failed: %s; waiting on", self._log, exc)
                     if self._resolved(own):
                         return own.outcomes
-                    base, last_change = self._log.state(refresh=False).version, clock.monotonic()
+                    base, last_change = None, clock.monotonic()
                     continue
                 time.sleep(self._wait_poll_s)
         finally:
-            with contextlib.suppress(KStoreError):
-                self._storage.delete([path])
+            # A flush another writer's commit took is deleted by that committer (PROTOCOL.md
+            # 30.4 step 7); the writer deletes its file itself in every other case.
+            if not (
+                self._resolved(own)
+                and not own.took_over
+                and all(isinstance(o, tuple) for o in own.outcomes.values())
+            ):
+                self._delete_later([path])
 
     # -- a round -------------------------------------------------------------------------------
 
-    def _round(self, owns: list[_Own], *, voluntary: bool, listing: bool) -> tuple[bool, bool]:
+    def _round(
+        self, owns: list[_Own], *, voluntary: bool, listing: bool, ahead: bool = False
+    ) -> tuple[bool, bool]:
         """One commit of this writer's ``owns`` (first) and, when ``listing``, every valid
         pending flush it finds; only a listing round names this writer as the log's holder.
         Sets each own flush's outcomes that the commit decides. Returns whether it took
         another writer's flush, and whether it met another writer's commits. Raises :class:`_YieldError` when
         ``voluntary`` and another committer's commit is newer than the state it started on."""
-        foreign = self._pending_flushes() if listing else []
+        started = time.perf_counter()
+        foreign = self._listing(ahead) if listing else []
         flushes = [own.flush for own in owns] + foreign
         if not flushes:
             return False, False
+        listed = time.perf_counter()
+        self._metrics["shared-round-total"] += 1
+        self._metrics["shared-list-ms-total"] += (listed - started) * 1000
         start = self._log.state(refresh=False).version
         plans: list[_Plan] = []
         built_on: list[int] = []
@@ -619,11 +690,19 @@ class CommitShare:
                 )
             ):
                 raise _YieldError()
+            build_started = time.perf_counter()
             plan = plan_round(state, flushes)
             plans[:] = [plan]
             if not plan.placed:
                 return None
-            return commit_actions(plan, state, int(time.time() * 1000))
+            if listing:
+                # The next round's listing runs while this commit is written: it starts after
+                # the state this commit follows landed, so a flush written before then is seen
+                # by the commit after this one (PROTOCOL.md 30.7, I4).
+                self._list_ahead({f.name for f in foreign if f not in plan.deferred})
+            actions = commit_actions(plan, state, int(time.time() * 1000))
+            self._metrics["shared-build-ms-total"] += (time.perf_counter() - build_started) * 1000
+            return actions
 
         result = self._log.commit_state_build(
             build,
@@ -632,6 +711,7 @@ class CommitShare:
             durable=any(f.durable for f in flushes),
             info={"committer": self.writer_id} if listing else {},
         )
+        self._metrics["shared-publish-ms-total"] += (time.perf_counter() - listed) * 1000
         plan = plans[0]
         state = result.state if result is not None else self._log.state(refresh=False)
         self._observe(state)
@@ -675,6 +755,8 @@ class CommitShare:
                 1 for f in foreign if f.name in plan.taken
             )
         self._forget_decided(decided)
+        with self._lock:
+            self._in_round.clear()
         # Met another writer: a lost race, or (an object store's look before the PUT) versions
         # written since this writer's state was last its own.
         met = (result is not None and result.attempts > 1) or (
@@ -691,8 +773,74 @@ class CommitShare:
             if len(self._known) > 4096 or names:
                 self._known = {n: t for n, t in self._known.items() if now - t < _KNOWN_S}
         if names:
-            with contextlib.suppress(KStoreError):
-                self._storage.delete([f"{self._dir}/{name}" for name in names])
+            self._delete_later([f"{self._dir}/{name}" for name in names])
+
+    def _delete_later(self, paths: list[str]) -> None:
+        """Delete ``paths`` on this writer's deleting thread: no flush waits for a DELETE. One
+        that fails costs nothing (PROTOCOL.md 30.4 step 7: vacuum deletes what is left)."""
+        with self._lock:
+            if self._deleter is None:
+                self._deleter = threading.Thread(
+                    target=self._delete_loop,
+                    name=f"kstore-pending-delete-{self._client_id}-{self._log.index}",
+                    daemon=True,
+                )
+                self._deleter.start()
+        self._deletes.put(paths)
+
+    def _delete_loop(self) -> None:
+        while True:
+            paths = self._deletes.get()
+            try:
+                if paths is None:
+                    return
+                self._storage.delete(paths)
+            except Exception as exc:  # a failed DELETE, or the store closed: vacuum's then
+                log.debug("deleting pending flushes %s failed: %s", paths, exc)
+            finally:
+                self._deletes.task_done()
+
+    def wait_for_deletes(self) -> None:
+        """Return once the DELETEs asked for so far are done (or failed)."""
+        self._deletes.join()
+
+    def _list_ahead(self, in_round: set[str]) -> None:
+        """Start the next round's listing now, leaving out ``in_round`` (the flushes the commit
+        being built decides)."""
+        with self._lock:
+            self._in_round = set(in_round)
+            if self._closed or self._next_listing is not None:
+                return
+            if self._lister is None:
+                self._lister = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix=f"kstore-lister-{self._client_id}"
+                )
+            self._next_listing = self._lister.submit(self._pending_flushes)
+            self._next_listing_at = clock.monotonic()
+
+    def _listing(self, use_ahead: bool) -> list[Flush]:
+        """The pending flushes for this round: when ``use_ahead`` (the committer's rounds, one
+        after another), the listing started during the last commit, if any (less those
+        decided since), else a listing now."""
+        with self._lock:
+            ahead, self._next_listing = self._next_listing, None
+            if not use_ahead:
+                ahead = None
+            if ahead is not None and clock.monotonic() - self._next_listing_at > _AHEAD_MAX_S:
+                ahead = None  # started for a round that did not follow: list afresh
+            if ahead is None:
+                self._in_round.clear()  # no commit is being written: nothing to leave out
+        if ahead is None:
+            return self._pending_flushes()
+        try:
+            flushes = ahead.result()
+        except Exception as exc:  # listed again now: a failed listing is not a round's
+            log.warning("listing pending flushes of %s failed: %s", self._dir, exc)
+            return self._pending_flushes()
+        with self._lock:
+            known = set(self._known)
+            self._in_round.clear()
+        return [f for f in flushes if f.name not in known]
 
     def _pending_flushes(self) -> list[Flush]:
         """Every pending flush of another writer whose outcome this writer does not know, read
@@ -704,7 +852,7 @@ class CommitShare:
             log.warning("listing %s failed: %s", self._dir, exc)
             return []
         with self._lock:
-            known = set(self._known)
+            known = set(self._known) | self._in_round
         now_ms = int(time.time() * 1000)
         wanted: dict[str, int] = {}
         for info in listed:

@@ -205,6 +205,7 @@ def _pending(store: Store, incarnation: str, flush: Flush, age_s: float = 0) -> 
 def _round(share: CommitShare, own: Flush | None) -> _Own | None:
     owns = [] if own is None else [_Own(own, time.monotonic() + 60)]
     share._round(owns, voluntary=False, listing=True)
+    share.wait_for_deletes()  # a round's DELETEs run on their own thread
     return owns[0] if owns else None
 
 
@@ -338,8 +339,125 @@ def test_a_waiter_takes_over_when_the_holder_stops(local_store: tuple[str, dict[
     assert waiter._metrics["shared-takeover-total"] == 1
     info, _ = _last_commit(store)
     assert info["committer"] == waiter.writer_id
+    waiter.wait_for_deletes()  # it took over: it deletes its own file
     assert not store.storage.exists(f"{pending_dir(incarnation, 0)}/{flush.name}")
     waiter.close()
+
+
+def _second_writer(url: str, incarnation: str, takeover_s: float) -> tuple[CommitShare, list[str]]:
+    """Another writer of topic ``t``'s log 0 on a store of its own, and the paths it DELETEs."""
+    other = Store(url)
+    deleted: list[str] = []
+    storage_delete = other.storage.delete
+
+    def delete(rels: Any) -> None:
+        deleted.extend(rels)
+        storage_delete(rels)
+
+    other.storage.delete = delete  # type: ignore[method-assign]
+    share = CommitShare(
+        other.topic_log("t", other.topic("t"), 0),
+        other.storage,
+        incarnation_dir=incarnation,
+        partitions=4,
+        commit_logs=1,
+        takeover_s=takeover_s,
+        metrics={},
+    )
+    return share, deleted
+
+
+def test_a_waiter_behind_the_log_counts_commits_from_its_first_look(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    """A waiter whose state is versions behind the log (it last looked long ago) does not take
+    over at its first look: the three commits of PROTOCOL.md 30.6 rule 2 count from what that
+    look found. The holder's round takes its flush, and the holder, not the waiter, deletes
+    the pending file."""
+    url, _ = local_store
+    store, holder, incarnation = _setup(url)
+    waiter, deleted = _second_writer(url, incarnation, takeover_s=5.0)
+    stale = waiter._log.state(refresh=False).version
+    for n in range(5):  # the holder's listing commits: the waiter's state is 5 behind
+        _round(holder, _flush(holder, {1: (_pid(2), 0, n, 1)}))
+    assert store.topic_log("t", store.topic("t"), 0).state().version >= stale + 5
+    holder._start_committing()  # its rounds list and take others' flushes from now on
+    flush = _flush(waiter, {3: (_pid(3), 0, 0, 2)})
+    outcomes = waiter._wait(_Own(flush, time.monotonic() + 30))
+    assert outcomes == {3: (0, 0)}
+    assert waiter._metrics["shared-takeover-total"] == 0  # counted from its first look
+    info, actions = _last_commit(store)
+    assert info["committer"] == holder.writer_id
+    assert next(b for n, b in actions if n == "flushes")["taken"] == [
+        {"name": flush.name, "partitions": [3]}
+    ]
+    holder.close()
+    holder.wait_for_deletes()
+    waiter.wait_for_deletes()
+    path = f"{pending_dir(incarnation, 0)}/{flush.name}"
+    assert not store.storage.exists(path)  # deleted by the holder that took it
+    assert path not in deleted  # one DELETE a flush: the waiter sent none
+    waiter.close()
+
+
+def test_a_waiter_is_patient_with_a_slow_log_up_to_eight_takeover_times() -> None:
+    """The wait before a takeover stretches to three average gaps between the versions a
+    writer saw, at most 8 T, and an idle spell counts as a gap of at most 1 s."""
+    from types import SimpleNamespace
+
+    share = CommitShare.__new__(CommitShare)
+    share._takeover_s, share._gap = 0.1, None
+    share._seen_version, share._seen_at = -1, 0.0
+    assert share._patience() == 0.1  # nothing seen yet: T
+    share._observe(SimpleNamespace(version=10))  # type: ignore[arg-type]
+    time.sleep(0.2)
+    share._observe(SimpleNamespace(version=12))  # type: ignore[arg-type]
+    assert share._gap is not None
+    assert 0.09 <= share._gap <= 0.5  # 0.2 s (or more, on a loaded machine) over 2 versions
+    assert 0.27 <= share._patience() <= 0.8
+    share._gap = 0.01  # versions faster than T: T
+    assert share._patience() == 0.1
+    share._gap = 5.0  # a log very slow: at most 8 T
+    assert share._patience() == pytest.approx(0.8)
+    share._seen_at -= 30  # an idle spell of 30 s counts as 1 s
+    share._gap = None
+    share._observe(SimpleNamespace(version=13))  # type: ignore[arg-type]
+    assert share._gap == pytest.approx(1.0, abs=0.01)
+
+
+def test_the_listing_during_a_commit_leaves_out_what_it_takes_and_serves_the_next_round(
+    local_store: tuple[str, dict[str, Any]],
+) -> None:
+    """A committer's next listing starts while its commit is built and written: it does not
+    read again the flushes that commit takes, and a flush written before it is taken by the
+    next round."""
+    url, _ = local_store
+    store, share, incarnation = _setup(url)
+    first = _flush(share, {1: (_pid(2), 0, 0, 1)}, writer=_pid(30))
+    _pending(store, incarnation, first)
+    reads: list[list[str]] = []
+    read_many = store.storage.read_many
+
+    def counting(rels: list[str]) -> dict[str, bytes]:
+        reads.append(list(rels))
+        return read_many(rels)
+
+    store.storage.read_many = counting  # type: ignore[method-assign]
+    share._round([], voluntary=False, listing=True)  # takes first, lists ahead
+    ahead = share._next_listing
+    assert ahead is not None
+    ahead.result(timeout=30)
+    second = _flush(share, {2: (_pid(3), 0, 0, 1)}, writer=_pid(31))
+    _pending(store, incarnation, second)
+    assert not any(f"{pending_dir(incarnation, 0)}/{first.name}" in r for r in reads[1:])
+    # The listing ahead ran before the second was written: the next round finds nothing in
+    # it, and the round after that takes the second flush.
+    share._round([], voluntary=False, listing=True, ahead=True)
+    share._round([], voluntary=False, listing=True, ahead=True)
+    state = store.topic_log("t", store.topic("t"), 0).state()
+    assert resolve(first, state) == {1: (0, 0)}
+    assert resolve(second, state) == {2: (0, 0)}
+    share.close()
 
 
 def test_topics_below_writer_version_8_are_written_solo_until_raised(
