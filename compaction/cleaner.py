@@ -35,7 +35,7 @@ run.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -264,6 +264,7 @@ class _Cleaner:
         is_latest = _Membership(latest, self.plan.cleaned_offset, self.plan.new_cleaned_offset)
         reasons = [self.plan.why]
         would = _DryRun()
+        replaced: set[str] = set()  # segments this run's commits removed
         for number, group in enumerate(groups):
             tables, horizon, read = [], None, 0
             for seg in group:
@@ -290,8 +291,21 @@ class _Cleaner:
                     layout=self.part.layout,
                 )
             new_c = self.plan.new_cleaned_offset if last else None
+            # The dirty segments this run has not replaced yet hold the newest record of each
+            # key, which decided what this group drops: were one removed meanwhile (a late
+            # commit withdrawn, PROTOCOL.md 23.2; a merge), a record dropped here could be its
+            # key's newest left. The group commits only while they are all still live.
+            deciding = {s.path for s in self.plan.dirty} - replaced
             if not replace_segments(
-                self.part, group, written, horizon, self.now, OPERATION, new_c, written_at
+                self.part,
+                group,
+                written,
+                horizon,
+                self.now,
+                OPERATION,
+                new_c,
+                written_at,
+                still_live=deciding,
             ):
                 result.outcome = "conflict"
                 reasons.append(
@@ -299,6 +313,7 @@ class _Cleaner:
                     f"{len(groups)}; the next run starts over"
                 )
                 break
+            replaced.update(s.path for s in group)
             result.outcome = "committed"
             result.commits += 1
             result.segments_removed += len(group)
@@ -531,15 +546,20 @@ def replace_segments(
     operation: str,
     cleaned: int | None = None,
     written_at: float | None = None,
+    *,
+    still_live: Collection[str] = (),
 ) -> bool:
     """Commit: remove ``group``, add ``written`` over the same offset range (and advance the
     cleaned point). False, with the new file deleted, when a concurrent commit removed any of
-    the group's segments first (a producer's appends never cause that), or when ``written``,
-    whose write started at ``written_at`` (``kstore.clock.monotonic()``), is too old to commit."""
+    the group's segments or of ``still_live`` first (a producer's appends never cause that), or
+    when ``written``, whose write started at ``written_at`` (``kstore.clock.monotonic()``), is
+    too old to commit."""
     new_paths = [written.path] if written is not None else []
 
     def build(state: PartitionState) -> list[Action] | None:
-        return replacement_actions(state, group, written, horizon, now, cleaned, written_at)
+        return replacement_actions(
+            state, group, written, horizon, now, cleaned, written_at, still_live=still_live
+        )
 
     try:
         landed = (
@@ -568,11 +588,15 @@ def replacement_actions(
     now: int,
     cleaned: int | None = None,
     written_at: float | None = None,
+    *,
+    still_live: Collection[str] = (),
 ) -> list[Action] | None:
     """The actions that replace ``group`` with ``written`` in ``state`` (:func:`replace_segments`), or
-    None when a segment of the group is no longer live or ``written`` is too old to commit."""
+    None when a segment of the group, or one of ``still_live`` (the segments whose records
+    decided what ``written`` leaves out), is no longer live, or ``written`` is too old to
+    commit."""
     live = {s.path for s in state.segments}
-    if not {s.path for s in group} <= live or (
+    if not ({s.path for s in group} | set(still_live)) <= live or (
         written_at is not None and too_old_to_commit(written_at)
     ):
         return None

@@ -396,3 +396,41 @@ def test_dry_runs_change_nothing(local_store: Target) -> None:
     assert merge.count("dry-run") == 1
     assert part.state().version == version
     assert segment_files(store, part) == files
+
+
+def test_a_withdrawn_newer_record_keeps_the_older_one(
+    local_store: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (torture seed 663744393): compaction planned on a state in which a late
+    commit's record was a key's newest; the commit was then withdrawn (PROTOCOL.md 23.2), and
+    compaction still dropped the older record, the key's newest left: an acknowledged record
+    lost. A group now commits only while every dirty segment that decided what it drops is
+    live; otherwise the run is a conflict and the next one plans again."""
+    store = open_store(local_store)
+    store.create_topic("t", 1, COMPACT)
+    part = store.partition("t", 0)
+    append(part, [b"k9"], [b"acknowledged"], now_ms())
+    append(part, [b"k9"], [b"withdrawn"], now_ms())
+    older, newer = part.state().segments
+    real_groups, real_replace = cleaner._groups, cleaner.replace_segments
+    # One group per segment, as segment.bytes makes them in a larger partition.
+    monkeypatch.setattr(cleaner, "_groups", lambda segs, *a, **k: [[s] for s in segs])
+    withdrawn = []
+
+    def withdraw_then_replace(*args: Any, **kwargs: Any) -> bool:
+        if not withdrawn:
+            part.commit_actions(
+                lambda state: [{"remove": {"path": newer.path, "deletionTimestamp": now_ms()}}],
+                operation="WITHDRAW",
+            )
+            withdrawn.append(newer.path)
+        return bool(real_replace(*args, **kwargs))
+
+    monkeypatch.setattr(cleaner, "replace_segments", withdraw_then_replace)
+    summary = run_compaction(None, *local_store, verbose=False)
+    assert summary.count("conflict") == 1
+    assert rows(part) == [(older.base_offset, b"k9", b"acknowledged")]
+    monkeypatch.setattr(cleaner, "_groups", real_groups)
+    monkeypatch.setattr(cleaner, "replace_segments", real_replace)
+    run_compaction(None, *local_store, verbose=False)
+    assert rows(part) == [(older.base_offset, b"k9", b"acknowledged")]
