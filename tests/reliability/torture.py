@@ -574,18 +574,18 @@ class Torture:
             else:
                 p.process.send_signal(signal.SIGCONT)
 
-    def time_jump(self, inside_commit: _Proc | None = None) -> None:
+    def time_jump(self, inside_commit: _Proc | None = None) -> bool:
         """Every clock jumps by ``jump_s`` while a few clients are stopped across it: a producer
         that stopped itself inside a commit (when one did), another producer, a group member
         and the Spark driver; they are resumed some seconds later, after vacuum has had a pass
-        in the jumped time."""
+        in the jumped time. False, with no jump, when no client is up to be stopped across it
+        (a loaded machine's restarts): the caller tries again at its next round."""
         assert self.clock_path is not None
         if self.jump_resume_at is not None:  # the last jump's victims are still stopped
             if inside_commit is not None:
                 self.jumped.append(inside_commit)
                 inside_commit.stopped = True
-            return
-        self.jumps_left -= 1
+            return True
         victims = [inside_commit] if inside_commit is not None else []
         for role in ("producer", "consumer"):
             live = [
@@ -599,6 +599,9 @@ class Torture:
             ]
             if live:
                 victims.append(self.rng.choice(live))
+        if not victims:
+            return False
+        self.jumps_left -= 1
         for p in victims:
             if p is not inside_commit:
                 p.process.send_signal(signal.SIGSTOP)
@@ -618,6 +621,7 @@ class Torture:
             f"{', '.join(p.name for p in victims) or 'no client'} stopped"
             f"{' (one inside a commit)' if inside_commit is not None else ''}"
         )
+        return True
 
     def resume_jumped(self) -> None:
         if self.jump_resume_at is None or time.monotonic() < self.jump_resume_at:
@@ -752,9 +756,13 @@ class Torture:
                 self.find_self_paused()
                 if jump_times and self.jumps_left <= 0:
                     jump_times.clear()
-                if jump_times and time.monotonic() >= jump_times[0] and self.jump_resume_at is None:
+                if (
+                    jump_times
+                    and time.monotonic() >= jump_times[0]
+                    and self.jump_resume_at is None
+                    and self.time_jump()
+                ):
                     jump_times.pop(0)
-                    self.time_jump()
                 self.resume_jumped()
                 self.resume_stopped()
                 self.replace_dead()
