@@ -549,11 +549,13 @@ def test_a_run_longer_than_its_lease_keeps_it(store: Store) -> None:
 
     def slow(ctx: Any) -> dict[str, int]:
         started.set()
-        time.sleep(1.5)
+        time.sleep(5.0)
         return {"files": 1}
 
     tasks = [IntervalTask("slow", "store", slow)]
-    settings = Settings(lease_ms=300)
+    # Renewed every third of a lease: one of 300 ms ran out under the whole suite's load
+    # (a renewal 370 ms late), so the lease here is a second, the run five.
+    settings = Settings(lease_ms=1_000)
     [item] = plan(store, settings, now_ms(), tasks=tasks).due
     out: list[TaskRun] = []
     runner_thread = threading.Thread(
@@ -561,7 +563,7 @@ def test_a_run_longer_than_its_lease_keeps_it(store: Store) -> None:
     )
     runner_thread.start()
     assert started.wait(10)
-    time.sleep(0.9)  # three leases' length into the run
+    time.sleep(3.0)  # three leases' length into the run
     other = Store(store.url, store.storage.storage_options)
     assert plan(other, settings, now_ms(), tasks=tasks).due == []  # held: nothing due
     stolen = run_item(other, item, settings, holder="b", tasks=tasks)
