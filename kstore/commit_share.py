@@ -38,6 +38,7 @@ from kstore.errors import (
     ProducerFencedError,
     StorageError,
 )
+from kstore.handoff import read_handed_over
 from kstore.log import CARRIED, Action
 from kstore.manifest import PartitionState, ProducerEntry, add_action
 from kstore.pending import (
@@ -78,6 +79,20 @@ _COMMITS_BEFORE_TAKEOVER = 3
 # not outlast its producer entry (a day, PROTOCOL.md 8.9), which makes a second take a
 # duplicate. A clock this far off only makes a committer leave fresh flushes to their writers.
 PENDING_MAX_AGE_MS = 3_600_000
+# The counters a share adds to its producer's metrics (Producer.metrics()).
+SHARE_METRICS = (
+    "shared-commit-total",
+    "shared-flush-taken-total",
+    "pending-flush-total",
+    "shared-takeover-total",
+    "shared-yield-total",
+    "commit-race-lost-total",
+    "shared-round-total",
+    "shared-list-ms-total",
+    "shared-build-ms-total",
+    "shared-publish-ms-total",
+    "shared-look-total",
+)
 # A waiter's patience: this many average gaps between the versions it saw, when longer than the
 # takeover time, and at most this many takeover times.
 _PATIENCE_GAPS = 3.0
@@ -366,19 +381,7 @@ class CommitShare:
         # Pending files to delete, off every flush's path (a DELETE is one request of latency).
         self._deletes: queue.Queue[list[str] | None] = queue.Queue()
         self._deleter: threading.Thread | None = None
-        for key in (
-            "shared-commit-total",
-            "shared-flush-taken-total",
-            "pending-flush-total",
-            "shared-takeover-total",
-            "shared-yield-total",
-            "commit-race-lost-total",
-            "shared-round-total",
-            "shared-list-ms-total",
-            "shared-build-ms-total",
-            "shared-publish-ms-total",
-            "shared-look-total",
-        ):
+        for key in SHARE_METRICS:
             metrics.setdefault(key, 0)
 
     # -- the sender's entry point ------------------------------------------------------------
@@ -846,44 +849,31 @@ class CommitShare:
         """Every pending flush of another writer whose outcome this writer does not know, read
         and checked, oldest first (by listed time, then name). A file that fails its checks is
         deleted with a warning: its writer commits the flush itself after the takeover time."""
-        try:
-            listed = self._storage.list_dir(self._dir)
-        except StorageError as exc:
-            log.warning("listing %s failed: %s", self._dir, exc)
-            return []
         with self._lock:
             known = set(self._known) | self._in_round
-        now_ms = int(time.time() * 1000)
-        wanted: dict[str, int] = {}
-        for info in listed:
-            parsed = parse_pending_name(info.name)
-            if parsed is None or parsed[0] == self.writer_id or info.name in known:
-                continue
-            if info.mtime_ms is not None and now_ms - info.mtime_ms > PENDING_MAX_AGE_MS:
-                continue  # left by a crash: vacuum's (PROTOCOL.md 30.8)
-            wanted[info.name] = info.mtime_ms if info.mtime_ms is not None else 0
-        if not wanted:
-            return []
-        try:
-            found = self._storage.read_many([f"{self._dir}/{name}" for name in wanted])
-        except StorageError as exc:
-            log.warning("reading pending flushes of %s failed: %s", self._dir, exc)
-            return []
+
+        def wanted(name: str) -> bool:
+            parsed = parse_pending_name(name)
+            return parsed is not None and parsed[0] != self.writer_id and name not in known
+
         flushes: list[Flush] = []
         bad: list[str] = []
-        for name, listed_ms in wanted.items():
-            data = found.get(f"{self._dir}/{name}")
-            if data is None:
-                continue  # its writer deleted it: its outcome is known
-            where = f"{self._storage.display_url}/{self._dir}/{name}"
+        for file in read_handed_over(
+            self._storage,
+            self._dir,
+            wanted=wanted,
+            max_age_ms=PENDING_MAX_AGE_MS,  # older: vacuum's (PROTOCOL.md 30.8)
+            what="pending flushes",
+        ):
+            where = f"{self._storage.display_url}/{self._dir}/{file.name}"
             try:
-                flush = decode_pending(data, name=name, log=self._log.index, where=where)
+                flush = decode_pending(file.data, name=file.name, log=self._log.index, where=where)
                 self._check_partitions(flush, where)
             except CorruptLogError as exc:
                 log.warning("refusing pending flush: %s", exc)
-                bad.append(name)
+                bad.append(file.name)
                 continue
-            flush.listed_ms = listed_ms
+            flush.listed_ms = file.listed_ms
             flushes.append(flush)
         self._forget_decided(bad)
         flushes.sort(key=lambda f: (f.listed_ms, f.name))
@@ -907,6 +897,7 @@ def carried_parts(
 
 
 __all__ = [
+    "SHARE_METRICS",
     "CommitShare",
     "Outcome",
     "carried_parts",

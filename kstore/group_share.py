@@ -36,6 +36,7 @@ import orjson
 
 from kstore import clock
 from kstore.errors import CorruptLogError, KStoreError, StorageError
+from kstore.handoff import read_handed_over
 from kstore.storage import Storage, unique_id
 
 log = logging.getLogger("kstore.consumer")
@@ -396,33 +397,21 @@ class GroupShare:
         """Every other writer's pending request whose outcome this member does not know, read
         and checked, oldest first. A file that fails its checks is deleted: its writer commits
         the request itself after the takeover time."""
-        try:
-            listed = self._storage.list_dir(self._dir)
-        except StorageError as exc:
-            log.warning("listing %s failed: %s", self._dir, exc)
-            return []
-        now_ms = int(time.time() * 1000)
-        wanted: dict[str, int] = {}
-        for info in listed:
-            parsed = parse_request_name(info.name)
-            if parsed is None or parsed[0] == self.writer_id or info.name in self._known:
-                continue
-            if info.mtime_ms is not None and now_ms - info.mtime_ms > REQUEST_MAX_AGE_MS:
-                continue  # left by a crash: the housekeeping's
-            wanted[info.name] = info.mtime_ms if info.mtime_ms is not None else 0
-        if not wanted:
-            return []
-        try:
-            found = self._storage.read_many([f"{self._dir}/{name}" for name in wanted])
-        except StorageError as exc:
-            log.warning("reading pending requests of %s failed: %s", self._dir, exc)
-            return []
+
+        def wanted(name: str) -> bool:
+            parsed = parse_request_name(name)
+            return parsed is not None and parsed[0] != self.writer_id and name not in self._known
+
         out: list[GroupRequest] = []
         bad: list[str] = []
-        for name, listed_ms in wanted.items():
-            data = found.get(f"{self._dir}/{name}")
-            if data is None:
-                continue
+        for file in read_handed_over(
+            self._storage,
+            self._dir,
+            wanted=wanted,
+            max_age_ms=REQUEST_MAX_AGE_MS,  # older: the housekeeping's
+            what="pending requests",
+        ):
+            name, data, listed_ms = file.name, file.data, file.listed_ms
             try:
                 request = decode_request(
                     data, name=name, where=f"{self._storage.display_url}/{self._dir}/{name}"
