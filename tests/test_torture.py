@@ -28,8 +28,6 @@ from tests.servers import SeaweedServer
 pytestmark = pytest.mark.slow
 
 SEED = int(os.environ["KSTORE_TORTURE_SEED"]) if "KSTORE_TORTURE_SEED" in os.environ else None
-# The runs' clients below the other tests' processes (TortureConfig.niceness says why).
-NICENESS = 10
 
 
 def _assert_clean(stats: Any, result: Any, *, min_acks: int) -> None:
@@ -53,7 +51,6 @@ def test_torture_on_local_disk(tmp_path: Path, capsys: pytest.CaptureFixture[str
         workdir=str(tmp_path / "work"),
         duration_s=35.0,
         seed=SEED,
-        niceness=NICENESS,
         backend="local",
         spark=True,
         # Every clock jumps three days twice, with clients (and the Spark driver) stopped across
@@ -79,7 +76,6 @@ def test_torture_with_pauses_clock_skew_and_a_machine_crash(tmp_path: Path) -> N
         workdir=str(tmp_path / "work"),
         duration_s=35.0,
         seed=SEED,
-        niceness=NICENESS,
         backend="local",
         skew_s=180.0,
         long_pause_s=6.0,
@@ -108,7 +104,6 @@ def test_torture_on_seaweedfs_with_a_restart(tmp_path: Path) -> None:
             workdir=str(tmp_path / "work"),
             duration_s=35.0,
             seed=SEED,
-            niceness=NICENESS,
             backend="seaweed",
             restart_storage=server.restart,
             # Skews, but no pauses: a worker needs seconds to start on S3, and a member paused

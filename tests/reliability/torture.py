@@ -188,11 +188,6 @@ class TortureConfig:
     # whole suite's load none finished one in a 35 s run on SeaweedFS (seed 889534147).
     min_maintenance_runs: int = 0
     overtime_s: float = 0.0
-    # The client processes' (and the Spark driver's) nice value: the test suite runs them at
-    # a lower priority than the other tests' processes, whose Spark drivers must see a new
-    # Python worker connect back within a fixed 10 s (Spark's PythonWorkerFactory): under a
-    # dozen torture clients on 2 cores, the demo's streaming source worker did not.
-    niceness: int = 0
     log: Callable[[str], None] = print
 
 
@@ -428,14 +423,7 @@ class Torture:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with open(self.work / f"{name}.stderr", "wb") as stderr:  # the child keeps its copy
             process = subprocess.Popen(
-                [
-                    *self.nice(),
-                    sys.executable,
-                    "-m",
-                    "tests.reliability.worker",
-                    role,
-                    json.dumps(config),
-                ],
+                [sys.executable, "-m", "tests.reliability.worker", role, json.dumps(config)],
                 cwd=str(REPO),
                 env=env,
                 stdout=subprocess.DEVNULL,
@@ -460,11 +448,6 @@ class Torture:
         thread.start()
         self.threads.append(thread)
 
-    def nice(self) -> list[str]:
-        """The command prefix that starts a client at the configured priority (``nice``
-        execs the command: the process keeps its pid, which the kills and stops use)."""
-        return ["nice", "-n", str(self.config.niceness)] if self.config.niceness else []
-
     def store_root(self) -> str:
         return self.config.url.removeprefix("file://")
 
@@ -475,7 +458,6 @@ class Torture:
         with open(self.work / "spark.stderr", "ab") as stderr:  # the child keeps its copy
             self.spark = subprocess.Popen(
                 [
-                    *self.nice(),
                     sys.executable,
                     str(script),
                     self.config.url,
