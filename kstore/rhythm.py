@@ -8,9 +8,11 @@ writer's rhythm from the timestamps in its commits (``commitInfo.timestamp``, th
 clock) can look when the next one is due.
 
 The writer's clock is never compared with the reader's directly: what is learnt is, per writer,
-how long after its timestamp a commit is seen here (the commit's own latency plus any clock
-skew), measured from finds that came right after a look that missed (so they are within one
-backoff step of the landing), and the upper quartile of those is used.
+how long after its timestamp a look that finds its commit starts here (the commit's own latency
+plus any clock skew), measured from finds that came right after a look that missed (so they
+are within one backoff step of the landing), and the upper quartile of those is used. Timed
+from the look's start, not its end, the next look starts when one that finds the commit is due;
+timed from its end, every look started one request late.
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ class WriterRhythms:
         self._writers: dict[str, _Writer] = {}
 
     def note(self, writer: str, timestamp_ms: int, seen_at: float, *, tight: bool) -> None:
-        """A commit by ``writer`` stamped ``timestamp_ms`` was found at ``seen_at`` (wall clock,
-        seconds). ``tight``: found by a look moments after one that missed it."""
+        """A commit by ``writer`` stamped ``timestamp_ms`` was found by a look started at
+        ``seen_at`` (wall clock, seconds). ``tight``: a look moments after one that missed it."""
         ts = timestamp_ms / 1000
         known = self._writers.get(writer)
         if known is None:
