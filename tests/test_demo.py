@@ -23,5 +23,5 @@ def test_demo(spark: Any, tmp_path: Path) -> None:
     assert results.lag_seen[-1] == 0
     assert max(results.lag_seen) > 0
     assert 0 < results.replayed < results.clicks  # only the last hour replayed
-    again = demo.run(tmp_path / "demo", clicks=2_000, spark=spark)  # re-running starts clean
-    assert again.delta_total == 2_000
+    again = demo.run(tmp_path / "demo", clicks=1_000, spark=spark)  # re-running starts clean
+    assert again.delta_total == 1_000

@@ -291,9 +291,9 @@ def small_pages(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest)
 
 
 def retained_sizes(kind: str) -> tuple[int, int]:
-    """The retained phase's versions, and twice as many: ten and twenty pages on moto (half as
-    many as elsewhere, as each costs a round trip), twenty and forty elsewhere."""
-    return (125, 250) if kind == "moto" else (1000, 2000)
+    """The retained phase's versions, and twice as many: six and twelve pages on moto (half as
+    many as elsewhere, as each costs a round trip), ten and twenty elsewhere."""
+    return (75, 150) if kind == "moto" else (500, 1000)
 
 
 def log_names(fx: Fixture) -> set[str]:
