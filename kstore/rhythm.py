@@ -33,10 +33,10 @@ _DUE_TOLERANCE = 0.1
 
 
 def _lag(writer: _Writer) -> float:
-    """How long after its timestamp a writer's commit is seen. Tight finds are within a
-    backoff step of the landing: their upper quartile (a look a little late costs a few
-    milliseconds, one a little early a GET that finds nothing and a backoff step). Without
-    them, the least lag seen (a find on a first look is late by the look's delay)."""
+    """How long after its timestamp a look that finds a writer's commit starts. Tight finds
+    are within a backoff step of the landing: their upper quartile (a look a little late costs
+    a few milliseconds, one a little early a GET that finds nothing and a backoff step).
+    Without them, the least lag seen (a find on a first look is late by the look's delay)."""
     if len(writer.lags) >= 4:
         return statistics.quantiles(writer.lags, n=4)[2]
     if writer.lags:
