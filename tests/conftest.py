@@ -26,8 +26,6 @@ StoreURL = tuple[str, dict[str, Any]]
 os.environ.pop("COLUMNS", None)
 
 
-# The longest tests (a minute or more each), started first so that no worker is left running
-# one of them alone at the end.
 # The Spark tests' files that share the first of the two Spark sessions (the rest share the
 # other): about five minutes of tests on each side on a quiet 2-core machine.
 SPARK_GROUP_A = frozenset(
@@ -41,24 +39,33 @@ SPARK_GROUP_A = frozenset(
         "test_bad_input_spark.py",
     }
 )
+# The longest tests (a minute or more each), started first so that no worker is left running
+# one of them alone at the end.
 LONGEST_FIRST = (
-    "tests/test_torture.py::test_torture_",
     "tests/test_demo.py::",
     "tests/test_storage_deadlines.py::test_a_tree_of_several_pages",
 )
+TORTURE_RUNS = "tests/test_torture.py::test_torture_"
+# The torture runs (five minutes together, a dozen client processes and a Spark session of
+# their own) are scheduled after this many other tests, not first: started beside both Spark
+# groups' sessions, they made those take 85-113 s to start (a few seconds on a quiet machine)
+# and the first Spark tests miss Spark's fixed 10 s for a Python worker to connect back. A
+# worker reaches them within a minute or two, long before the end.
+TORTURE_AFTER = 150
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """With pytest-xdist (``make test`` runs three workers, ``--dist loadgroup``), the Spark
     tests run in two groups, each on one worker with a session (a JVM) of its own, while the
-    other workers take the rest; the torture runs go one after another; the longest first.
+    other workers take the rest; the torture runs go one after another, once the Spark
+    sessions are up (TORTURE_AFTER); the longest of the rest first.
 
     First among the hooks: xdist's own (on each worker) turns the ``xdist_group`` markers into
     the ``@group`` suffix of the node ids it schedules by, and sees only the markers set by
     then. :func:`pytest_xdist_node_collection_finished` checks that it did."""
     for item in items:
-        if item.nodeid.startswith("tests/test_torture.py::test_torture_"):
+        if item.nodeid.startswith(TORTURE_RUNS):
             # One torture run at a time: each starts a dozen client processes, and two at once
             # load the machine past the runs' own liveness checks.
             item.add_marker(pytest.mark.xdist_group("torture"))
@@ -67,6 +74,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             group = "spark-a" if item.path.name in SPARK_GROUP_A else "spark-b"
             item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))
+    torture = [item for item in items if item.nodeid.startswith(TORTURE_RUNS)]
+    rest = [item for item in items if not item.nodeid.startswith(TORTURE_RUNS)]
+    items[:] = rest[:TORTURE_AFTER] + torture + rest[TORTURE_AFTER:]
 
 
 def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
@@ -79,7 +89,7 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     torture runs missed their liveness checks."""
     if node.config.getoption("dist", None) != "loadgroup":
         return
-    lost = [i for i in ids if i.startswith(LONGEST_FIRST[0]) and "@" not in i]
+    lost = [i for i in ids if i.startswith(TORTURE_RUNS) and "@" not in i]
     if lost:
         pytest.exit(
             f"pytest-xdist --dist loadgroup did not group {lost[0]}: this pytest and "
