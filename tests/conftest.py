@@ -47,19 +47,19 @@ LONGEST_FIRST = (
 )
 TORTURE_RUNS = "tests/test_torture.py::test_torture_"
 # The torture runs (five minutes together, a dozen client processes and a Spark session of
-# their own) are scheduled after this many other tests, not first: started beside both Spark
-# groups' sessions, they made those take 85-113 s to start (a few seconds on a quiet machine)
-# and the first Spark tests miss Spark's fixed 10 s for a Python worker to connect back. A
-# worker reaches them within a minute or two, long before the end.
-TORTURE_AFTER = 150
+# their own each) run one after another on the worker of Spark group A, after its Spark tests.
+# Beside both groups' Spark sessions starting (as a group of their own, which pytest-xdist
+# schedules third, at once) they made those take 85-113 s to start against a few seconds on a
+# quiet machine, and Spark tests missed Spark's fixed 10 s for a Python worker to connect back.
+TORTURE_GROUP = "spark-a"
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """With pytest-xdist (``make test`` runs three workers, ``--dist loadgroup``), the Spark
     tests run in two groups, each on one worker with a session (a JVM) of its own, while the
-    other workers take the rest; the torture runs go one after another, once the Spark
-    sessions are up (TORTURE_AFTER); the longest of the rest first.
+    other workers take the rest; the torture runs go one after another, after group A's
+    Spark tests (TORTURE_GROUP); the longest first.
 
     First among the hooks: xdist's own (on each worker) turns the ``xdist_group`` markers into
     the ``@group`` suffix of the node ids it schedules by, and sees only the markers set by
@@ -68,20 +68,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.nodeid.startswith(TORTURE_RUNS):
             # One torture run at a time: each starts a dozen client processes, and two at once
             # load the machine past the runs' own liveness checks.
-            item.add_marker(pytest.mark.xdist_group("torture"))
+            item.add_marker(pytest.mark.xdist_group(TORTURE_GROUP))
         elif "spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark"):
             # Two groups of about equal length (measured): two workers, a JVM each.
             group = "spark-a" if item.path.name in SPARK_GROUP_A else "spark-b"
             item.add_marker(pytest.mark.xdist_group(group))
+    # Stable sorts: the longest first, and the torture runs last of their group.
     items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))
-    torture = [item for item in items if item.nodeid.startswith(TORTURE_RUNS)]
-    rest = [item for item in items if not item.nodeid.startswith(TORTURE_RUNS)]
-    items[:] = rest[:TORTURE_AFTER] + torture + rest[TORTURE_AFTER:]
+    items.sort(key=lambda item: item.nodeid.startswith(TORTURE_RUNS))
 
 
 def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     """Refuse to run when a worker's collection lost the groups: under ``--dist loadgroup``
-    every torture run's node id carries its ``@torture`` suffix, or xdist schedules the runs
+    every torture run's node id carries its group's ``@`` suffix, or xdist schedules the runs
     as if ungrouped, silently. pytest 9.2 made pytest-xdist 3.8's suffix a no-op (pytest-xdist
     issue 1386; pyproject.toml pins pytest below it); for as long as that went unseen the
     torture runs went side by side with a Spark session on every worker, and under that load
