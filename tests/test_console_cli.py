@@ -169,10 +169,14 @@ def test_no_credential_from_kstore_ui(seaweed_server: Any) -> None:
     )
     try:
         assert process.stderr is not None
-        found = re.search(
-            r"metrics at (http://127\.0\.0\.1:\d+/metrics)", process.stderr.readline()
-        )
-        assert found
+        # The line that says where, read up to it (whatever came before it is kept and
+        # checked with the rest); a process that ends without it shows what it wrote.
+        before: list[str] = []
+        found = None
+        while found is None and (line := process.stderr.readline()):
+            before.append(line)
+            found = re.search(r"metrics at (http://127\.0\.0\.1:\d+/metrics)", line)
+        assert found, "".join(before)
         scraped = ""
         began = time.monotonic()
         while "kafka_consumergroup_group_lag{" not in scraped and time.monotonic() - began < 60:
@@ -184,7 +188,7 @@ def test_no_credential_from_kstore_ui(seaweed_server: Any) -> None:
         out, maintainer_err = process.communicate(timeout=60)
     assert process.returncode == 0, maintainer_err
     assert "kafka_consumergroup_group_lag{" in scraped
-    bodies += [scraped, out, maintainer_err]
+    bodies += [scraped, out, "".join(before) + maintainer_err]
     assert len(bodies) == 15
     assert "kafka_consumergroup_group_lag{" in bodies[6]
     assert "kstore_storage_requests_total{" in bodies[6]
