@@ -8,11 +8,9 @@ writer's rhythm from the timestamps in its commits (``commitInfo.timestamp``, th
 clock) can look when the next one is due.
 
 The writer's clock is never compared with the reader's directly: what is learnt is, per writer,
-how long after its timestamp a look that finds its commit starts here (the commit's own latency
-plus any clock skew), measured from finds that came right after a look that missed (so they
-are within one backoff step of the landing), and the upper quartile of those is used. Timed
-from the look's start, not its end, the next look starts when one that finds the commit is due;
-timed from its end, every look started one request late.
+how long after its timestamp a commit is seen here (the commit's own latency plus any clock
+skew), measured from finds that came right after a look that missed (so they are within one
+backoff step of the landing), and the upper quartile of those is used.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ _DUE_TOLERANCE = 0.1
 
 
 def _lag(writer: _Writer) -> float:
-    """How long after its timestamp a look that finds a writer's commit starts. Tight finds
+    """How long after its timestamp a writer's commit is seen (a look finds it). Tight finds
     are within a backoff step of the landing: their upper quartile (a look a little late costs
     a few milliseconds, one a little early a GET that finds nothing and a backoff step).
     Without them, the least lag seen (a find on a first look is late by the look's delay)."""
@@ -60,8 +58,8 @@ class WriterRhythms:
         self._writers: dict[str, _Writer] = {}
 
     def note(self, writer: str, timestamp_ms: int, seen_at: float, *, tight: bool) -> None:
-        """A commit by ``writer`` stamped ``timestamp_ms`` was found by a look started at
-        ``seen_at`` (wall clock, seconds). ``tight``: a look moments after one that missed it."""
+        """A commit by ``writer`` stamped ``timestamp_ms`` was found at ``seen_at`` (wall clock,
+        seconds). ``tight``: found by a look moments after one that missed it."""
         ts = timestamp_ms / 1000
         known = self._writers.get(writer)
         if known is None:

@@ -793,52 +793,6 @@ def test_a_reader_that_knows_its_writers_rhythms_looks_when_the_next_commit_is_d
     assert looks >= 3
 
 
-def test_a_writers_rhythm_is_timed_from_the_start_of_the_look_that_found_its_commit(
-    moto_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each of the reader's GETs takes 30 ms here. A writer's rhythm records when the look that
-    found its commit started: the reader's next look then starts when one that finds the next
-    commit is due. Timed from when the look ended, every next look started one GET late (on
-    the S3-like proxy, a tailing consumer saw a commit 41 ms after it landed, p50, where one
-    GET is 21 ms)."""
-    from kstore.log import LogState
-
-    tailed = _TailedLog(moto_store, monkeypatch, "rhythm-start/_log")
-    reader = tailed.reader
-    wall = [5_000.0]
-    tailed.clock.time = lambda: wall[0]  # type: ignore[attr-defined]
-    timed = tailed.storage.read_many
-
-    def slow(rels: list[str]) -> dict[str, bytes]:
-        found = timed(rels)
-        wall[0] += 0.030
-        return found
-
-    monkeypatch.setattr(tailed.storage, "read_many", slow)
-    noted: list[tuple[int, float]] = []
-    monkeypatch.setattr(
-        reader.rhythms,
-        "note",
-        lambda writer, stamp, seen_at, *, tight: noted.append((stamp, seen_at)),
-    )
-    state = reader.update(LogState(), tail=True)
-    for n in range(3):
-        tailed.newest += 1
-        tailed.storage.put_if_absent(
-            f"{tailed.directory}/{tailed.newest:020d}.json",
-            encode_commit(
-                [{"producer": {"id": "writer-a", "epoch": 0, "partition": 0}}],
-                {"timestamp": 4_999_000 + n, "operation": "APPEND"},
-            ),
-        )
-        looked_at = wall[0]
-        tailed.clock.now += 0.05
-        state = reader.update(state, tail=True)
-        assert state.version == tailed.newest
-        assert noted[-1] == (4_999_000 + n, looked_at), noted
-        assert wall[0] > looked_at  # the look itself took its 30 ms
-
-
 def test_writers_in_rhythm_whose_commits_fall_due_together_are_asked_for_without_the_next(
     moto_store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
