@@ -23,7 +23,8 @@ Conditional writes, as measured here (s3fs 2026.9, aiobotocore 3.10, moto 5.2.5,
 * SeaweedFS serialises racing conditional PUTs of one key: exactly one of 8 concurrent writers
   won in every round tried, but losers may wait in steps of ~1 s (server side; seen with boto3
   retries disabled), so a round of 8 writers takes up to ~3-4 s. Uncontended PUT/GET ~3 ms.
-  moto's check is not locked (design brief, section 5), so races are tested on SeaweedFS only.
+  moto's check is not locked (design brief, section 5): the suite's moto child serialises key
+  writes (``_MOTO_CHILD``), but races are proven on SeaweedFS only.
 
 SeaweedFS notes: ``weed mini`` answers S3 ~0.6 s after launch and passes the write probe in
 ~0.8-1.1 s; a start on existing data (restart) takes 0.8 s, or ~5.5 s about half the time (the
@@ -135,10 +136,22 @@ class S3Server:
 
 # --- moto -------------------------------------------------------------------------------------
 
+# moto checks a conditional PUT and then writes, without a lock: two racing creates of one key
+# can both succeed. The child serialises every write to a key under one lock, so that a test that
+# happens to run writers at once on moto is sound. Races are still proven on SeaweedFS.
 _MOTO_CHILD = """
-import logging, sys
+import logging, sys, threading
+from moto.s3.responses import S3Response
 from moto.server import ThreadedMotoServer
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # it logs every request at INFO
+_writes = threading.Lock()
+def _one_at_a_time(handler):
+    def locked(*args, **kwargs):
+        with _writes:
+            return handler(*args, **kwargs)
+    return locked
+for _name in ("_key_response_put", "_key_response_post", "_key_response_delete"):
+    setattr(S3Response, _name, _one_at_a_time(getattr(S3Response, _name)))
 server = ThreadedMotoServer(ip_address=sys.argv[1], port=0, verbose=False)
 server.start()
 host, port = server.get_host_and_port()
