@@ -282,6 +282,8 @@ class SeaweedServer(S3Server):
     brings it back on the same ports with the same data, and ``restart()`` does both.
     """
 
+    _shared_bucket: str | None  # set in __init__; declared here for new_store_url above it
+
     def new_store_url(self, prefix: str = "store") -> tuple[str, dict[str, Any]]:
         """A fresh store under a unique prefix of one shared bucket. Every SeaweedFS bucket
         takes volumes of its own, and a full test run would exhaust them with a bucket per
