@@ -401,3 +401,40 @@ def test_send_succeeds_when_a_segment_put_is_sent_again_after_its_answer_was_los
     with Consumer("t", store=Store(url, options), auto_offset_reset="earliest") as consumer:
         records = [r for batch in consumer.poll(timeout_ms=5000).values() for r in batch]
     assert [(r.key, r.value, r.offset) for r in records] == [(b"k", b"once", 0)]
+
+
+# --- a create sent again after its answer was lost (direct requests) ---------------------------
+
+
+def test_a_create_whose_answer_was_lost_succeeds_and_another_writers_stands(
+    s3_store: tuple[str, dict[str, Any]],
+) -> None:
+    """The direct path sends an unanswered PUT again; the retry of a create that landed gets
+    412. It reads the object back: its own bytes are its own create (seen in CI under load, a
+    fresh key's first create reported as "exists"); another writer's bytes are a refusal."""
+    url, options = s3_store
+    storage = Storage(url, options)
+    sender = storage.direct_requests()
+    assert sender is not None
+    storage.put_if_absent("taken", b"theirs")
+    lost: list[tuple[str, int]] = []
+
+    def lose_first_answer(method: str, key: str, status: int) -> bool:
+        if method == "PUT" and not any(k == key for k, _ in lost):
+            lost.append((key, status))
+            return True
+        return False
+
+    sender.after_answer.append(lose_first_answer)
+    try:
+        storage.put_if_absent("fresh", b"mine")
+        with pytest.raises(FileExistsError):
+            storage.put_if_absent("taken", b"mine")
+    finally:
+        sender.after_answer.remove(lose_first_answer)
+    assert [status for key, status in lost if key.endswith("fresh")] == [200]  # it had landed
+    assert [status for key, status in lost if key.endswith("taken")] == [412]
+    assert storage.read("fresh") == b"mine"
+    assert storage.read("taken") == b"theirs"
+    with pytest.raises(FileExistsError):  # a later create, answered, is refused as before
+        storage.put_if_absent("fresh", b"mine")

@@ -23,7 +23,9 @@ Failures read as s3fs's do: an absent object is ``FileNotFoundError``, a refused
 gets no answer (each waits at most the attempt timeout to connect or for the next bytes) is sent
 again until the caller's deadline; a server that refuses connections fails after three
 attempts, and the answers botocore's standard retry mode retries (500, 502, 503, 504,
-throttling) are retried, three attempts in all.
+throttling) are retried, three attempts in all. A create (``If-None-Match: *``) refused after
+one of its attempts went unanswered reads the object back: holding exactly its bytes, it was
+that attempt's, and the create succeeded.
 """
 
 from __future__ import annotations
@@ -173,6 +175,16 @@ class DirectS3:
             headers["If-None-Match"] = "*"
         await self._send("PUT", bucket, key, headers, data)
 
+    async def _landed_earlier(self, bucket: str, key: str, body: bytes) -> bool:
+        """Whether a create refused after one of its attempts went unanswered was made by that
+        attempt: the object holds exactly ``body``. Otherwise, or when it cannot be read, the
+        refusal stands (another writer made it, or it is gone again)."""
+        try:
+            found = await self.get(bucket, key, None, None)
+        except (FileNotFoundError, OSError):
+            return False
+        return found == body
+
     async def _send(
         self, method: str, bucket: str, key: str, headers: dict[str, str], body: bytes
     ) -> bytes:
@@ -191,6 +203,7 @@ class DirectS3:
         url = f"{root}/{quote(key, safe='/~')}"
         session = await self._http()
         refused = answered = 0
+        unanswered = False  # an attempt went without an answer: it may have landed
         while True:
             request = AWSRequest(method=method, url=url, headers=dict(headers), data=body)
             if not self._anonymous:
@@ -220,6 +233,7 @@ class DirectS3:
                 if any(hook(method, key, status) for hook in list(self.after_answer)):
                     status = 0  # the answer was lost on the way
             if status == 0:
+                unanswered = True
                 await asyncio.sleep(_BACKOFF_S * random.random())
                 continue
             if status < 300:
@@ -229,6 +243,13 @@ class DirectS3:
             if status == 404:
                 raise FileNotFoundError(key)
             if status == 412:
+                if (
+                    unanswered
+                    and method == "PUT"
+                    and headers.get("If-None-Match") == "*"
+                    and await self._landed_earlier(bucket, key, body)
+                ):
+                    return b""
                 raise FileExistsError(key)
             if status == 416:
                 return b""  # a range starting at or past the end
